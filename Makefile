@@ -1,0 +1,39 @@
+# sandcell: every target sets up what it needs, so each works on a fresh machine.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+BASE    ?=
+export SANDCELL_IMAGE ?= sandcell-sandbox:latest
+
+.PHONY: install engine image test unit bench demo lint clean
+
+install: $(STAMP)
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+engine:
+	@scripts/ensure-docker.sh
+
+image: engine
+	@BASE=$(BASE) images/build.sh
+
+test: install engine image
+	$(PY) -m pytest -n 4 --dist loadgroup $(PYTEST_ARGS)
+
+unit: install
+	$(PY) -m pytest -m 'not docker' $(PYTEST_ARGS)
+
+bench: install engine image
+	$(PY) -m bench $(BENCH_ARGS)
+
+demo: install engine image
+	$(PY) -m agent.demo $(DEMO_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check sandbox agent tools tests bench
+	$(VENV)/bin/ruff format --check sandbox agent tools tests bench
+
+clean:
+	rm -rf $(VENV) images/.wheels

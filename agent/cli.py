@@ -1,0 +1,16 @@
+"""The `sandcell` command. Each subcommand lives in its own module; this file only
+assembles them, so one reason to change per module holds."""
+
+from importlib.metadata import version
+
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(version("sandcell"), prog_name="sandcell")
+def main() -> None:
+    """sandcell: a code-interpreter agent whose Python runs in a sealed Docker sandbox."""
+
+
+if __name__ == "__main__":
+    main()

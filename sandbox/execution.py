@@ -1,0 +1,80 @@
+"""The one result type of running a cell, used by every caller and test."""
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class StreamChunk:
+    name: str  # "stdout" or "stderr"
+    text: str
+
+
+@dataclass
+class Result:
+    """A rich output (execute_result or display_data): data by MIME type."""
+
+    data: dict[str, str]
+    metadata: dict = field(default_factory=dict)
+    is_main: bool = False  # the value of the cell's last expression
+
+    @property
+    def path(self) -> str | None:
+        """Workspace path where an image of this result was saved, if any."""
+        return self.metadata.get("sandcell/path")
+
+
+@dataclass
+class Error:
+    name: str
+    value: str
+    traceback: list[str]  # compact: ANSI stripped, frames in the user's code
+
+
+@dataclass
+class Execution:
+    code: str = ""
+    stream: list[StreamChunk] = field(default_factory=list)
+    results: list[Result] = field(default_factory=list)
+    error: Error | None = None
+    execution_count: int | None = None
+    duration_s: float = 0.0
+    timed_out: bool = False
+    interrupted: bool = False  # stopped by interrupt (deadline or caller); state kept
+    restarted: str | None = None  # why a fresh kernel was started: "timeout", "out of memory", "died"
+    dropped_bytes: int = 0  # output cut by the caps (kernel and host)
+    saved_output: str | None = None  # workspace path of the full text when it was cut for the model
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.timed_out and self.restarted is None
+
+    @property
+    def stdout(self) -> str:
+        return "".join(c.text for c in self.stream if c.name == "stdout")
+
+    @property
+    def stderr(self) -> str:
+        return "".join(c.text for c in self.stream if c.name == "stderr")
+
+    @property
+    def text(self) -> str | None:
+        """text/plain of the cell's value, if the last line was an expression."""
+        for r in self.results:
+            if r.is_main:
+                return r.data.get("text/plain")
+        return None
+
+    @property
+    def images(self) -> list[str]:
+        return [r.path for r in self.results if r.path]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Execution":
+        d = dict(d)
+        d["stream"] = [StreamChunk(**c) for c in d.get("stream", [])]
+        d["results"] = [Result(**r) for r in d.get("results", [])]
+        d["error"] = Error(**d["error"]) if d.get("error") else None
+        return cls(**d)

@@ -1,0 +1,20 @@
+"""Resource limits of one sandbox, with defaults a CSV analysis needs."""
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_mb: int = 1024  # RAM, and RAM + swap: no swap at all
+    cpus: float = 1.0
+    pids: int = 256
+    timeout_s: float = 60.0  # wall-clock deadline of one cell
+    workspace_mb: int = 512  # tmpfs at /workspace, kept across kernel restarts
+    tmp_mb: int = 256  # tmpfs at /tmp
+    output_bytes: int = 1 << 20  # stdout/stderr kept per cell (inside the kernel and on the host)
+    observation_chars: int = 4000  # what the model sees of one execution
+    open_files: int = 1024
+    interrupt_grace_s: float = 3.0  # after an interrupt, how long the kernel has to come back
+
+    def to_dict(self) -> dict:
+        return asdict(self)

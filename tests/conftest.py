@@ -1,0 +1,48 @@
+"""Shared fixtures. Docker tests skip outside CI when no engine or image is there (with the
+reason printed); with CI=true a missing engine or image is a failure."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+IMAGE = os.environ.get("SANDCELL_IMAGE", "sandcell-sandbox:latest")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _docker_problem() -> str | None:
+    if shutil.which("docker") is None:
+        return "the docker client is not installed (run `make engine`)"
+    probe = subprocess.run(["docker", "info"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return "no Docker engine answers (run `make engine`)"
+    probe = subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"the sandbox image {IMAGE} is missing (run `make image`)"
+    return None
+
+
+_PROBLEM: list = []
+
+
+def docker_problem() -> str | None:
+    if not _PROBLEM:
+        _PROBLEM.append(_docker_problem())
+    return _PROBLEM[0]
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("docker") is None:
+        return
+    problem = docker_problem()
+    if problem is None:
+        return
+    if IN_CI:
+        pytest.fail(f"CI=true but {problem}", pytrace=False)
+    pytest.skip(f"docker test skipped: {problem}")
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    return IMAGE
