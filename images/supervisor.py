@@ -5,7 +5,8 @@ Starts the Jupyter kernel, reaps orphans, and on request kills every other proce
 It makes itself non-dumpable so model code, which runs as the same uid, can neither
 ptrace it nor read its memory through /proc.
 
-Signals (sent by the host with `docker kill --signal`):
+Signals (sent by the host with `docker kill --signal`; the same signals sent by a
+process inside the container carry its pid and are ignored):
   SIGUSR1  kill everything but PID 1, start a fresh kernel  (hard restart)
   SIGUSR2  kill everything but PID 1 and the kernel          (sweep after a timeout)
   SIGTERM  kill everything and exit
@@ -104,7 +105,10 @@ def main() -> None:
         pass
     kernel = start_kernel()
     while True:
-        sig = signal.sigwaitinfo(HANDLED).si_signo
+        info = signal.sigwaitinfo(HANDLED)
+        sig = info.si_signo
+        if sig != signal.SIGCHLD and info.si_pid != 0:
+            continue  # sent from inside the container (model code): only the host may ask
         if sig == signal.SIGCHLD:
             if any(pid == kernel for pid, _ in reap()):
                 kernel = -1  # the host notices through the heartbeat and asks for a restart

@@ -1,0 +1,169 @@
+"""Docker side of a sandbox: the sealed container, its labels, orphan reaping, and file
+operations through `docker exec` (the workspace is a tmpfs, which Docker's archive API
+cannot see)."""
+
+import io
+import os
+import socket
+import struct
+import tarfile
+from pathlib import Path
+
+import docker
+import docker.errors
+from docker.types import LogConfig, Ulimit
+
+from sandbox.errors import SandboxError, SandboxUnavailable
+from sandbox.limits import Limits
+
+DEFAULT_IMAGE = os.environ.get("SANDCELL_IMAGE", "sandcell-sandbox:latest")
+LABEL = "sandcell"  # every sandbox container carries it
+OWNER_LABEL = "sandcell.owner"  # "<hostname>:<pid>" of the process that started it
+CONNECTION_DIR = "/run/sandcell"
+WORKSPACE = "/workspace"
+SANDBOX_USER = "1000:1000"
+
+
+def engine() -> docker.DockerClient:
+    try:
+        client = docker.from_env(timeout=60)
+        client.ping()
+    except docker.errors.DockerException as error:
+        raise SandboxUnavailable(
+            f"no Docker engine answers ({error}). Start one (`make engine`, or start Docker "
+            "Desktop) and check that your user may use it (`docker info`)."
+        ) from None
+    return client
+
+
+def owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def start(client: docker.DockerClient, image: str, limits: Limits, conn_dir: str,
+          inputs: dict[str, Path], session: str, runtime: str | None = None,
+          staging_dir: Path | None = None):
+    """Start a sealed container whose PID 1 (the supervisor) starts the kernel."""
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        raise SandboxUnavailable(
+            f"the sandbox image {image} is missing. Build it with `make image`."
+        ) from None
+    volumes = {conn_dir: {"bind": CONNECTION_DIR, "mode": "rw"}}
+    for name, path in inputs.items():  # one file at a time, read-only: never a whole folder
+        volumes[str(path)] = {"bind": f"/data/{name}", "mode": "ro"}
+    if staging_dir is not None:  # a pool sandbox: its inputs are placed here on acquire
+        volumes[str(staging_dir)] = {"bind": "/data", "mode": "ro"}
+    return client.containers.run(
+        image,
+        detach=True,
+        network_mode="none",
+        read_only=True,
+        tmpfs={
+            "/tmp": f"size={limits.tmp_mb}m,mode=1777,nosuid,nodev",
+            WORKSPACE: f"size={limits.workspace_mb}m,uid=1000,gid=1000,mode=0755,nosuid,nodev",
+        },
+        volumes=volumes,
+        mem_limit=f"{limits.memory_mb}m",
+        memswap_limit=f"{limits.memory_mb}m",  # equal to memory: no swap
+        nano_cpus=int(limits.cpus * 1e9),
+        pids_limit=limits.pids,
+        ulimits=[Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)],
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        user=SANDBOX_USER,
+        environment={"SANDCELL_OUTPUT_CHARS": str(limits.output_bytes)},
+        log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
+        labels={LABEL: "1", OWNER_LABEL: owner(), "sandcell.session": session},
+        runtime=runtime,
+        stop_signal="SIGTERM",
+    )
+
+
+def reap_orphans(client: docker.DockerClient) -> list[str]:
+    """Remove sandbox containers whose owner process on this host is gone."""
+    removed = []
+    host = socket.gethostname()
+    for container in client.containers.list(all=True, filters={"label": LABEL}):
+        owner_host, _, pid = container.labels.get(OWNER_LABEL, ":").partition(":")
+        if owner_host == host and pid.isdigit() and _alive(int(pid)):
+            continue
+        if owner_host != host and container.status == "running":
+            continue  # started from another machine sharing this engine: not ours to judge
+        try:
+            container.remove(force=True)
+            removed.append(container.short_id)
+        except docker.errors.NotFound:
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def exec_in(container, cmd: list[str], stdin: bytes | None = None,
+            max_out: int | None = None) -> tuple[int, bytes, bytes]:
+    """Run cmd as the sandbox user; feed stdin; read at most max_out bytes of stdout."""
+    api = container.client.api
+    exec_id = api.exec_create(container.id, cmd, stdin=stdin is not None, user=SANDBOX_USER,
+                              workdir=WORKSPACE)["Id"]
+    sock = api.exec_start(exec_id, socket=True)
+    raw = sock._sock  # the plain socket: needed to half-close after stdin
+    out, err = bytearray(), bytearray()
+    try:
+        if stdin is not None:
+            raw.sendall(stdin)
+        raw.shutdown(socket.SHUT_WR)
+        for stream, payload in _frames(raw):
+            target = out if stream == 1 else err
+            target += payload
+            if max_out is not None and len(out) > max_out:
+                del out[max_out:]
+                break
+    finally:
+        raw.close()
+    code = api.exec_inspect(exec_id).get("ExitCode")
+    return (code if code is not None else -1), bytes(out), bytes(err)
+
+
+def _frames(raw):
+    """Docker's multiplexed exec stream: 8-byte header (stream, size) then the payload."""
+    buffer = b""
+    while True:
+        chunk = raw.recv(1 << 16)
+        if not chunk:
+            return
+        buffer += chunk
+        while len(buffer) >= 8:
+            stream, size = struct.unpack(">BxxxL", buffer[:8])
+            if len(buffer) < 8 + size:
+                break
+            yield stream, buffer[8 : 8 + size]
+            buffer = buffer[8 + size :]
+
+
+def extract_tar(data: bytes, host_dir: Path) -> list[str]:
+    """Unpack a tar made inside the sandbox; the data filter refuses links out, devices
+    and absolute paths, so a hostile workspace cannot write outside host_dir."""
+    host_dir.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        members = [m for m in archive.getmembers() if m.isfile() or m.isdir()]
+        archive.extractall(host_dir, members=members, filter="data")
+    return sorted(m.name.removeprefix("./") for m in members if m.isfile())
+
+
+def check_running(container) -> None:
+    try:
+        container.reload()
+    except docker.errors.NotFound:
+        raise SandboxError("the sandbox container is gone (removed from outside?)") from None
+    if container.status != "running":
+        raise SandboxError(f"the sandbox container stopped (status {container.status})")

@@ -1,0 +1,340 @@
+"""DockerSandbox: stateful Python in a sealed, resource-limited container.
+
+One container per sandbox; its PID 1 is a small supervisor that (re)starts the kernel,
+so the workspace (a tmpfs) survives kernel restarts. The host talks to the kernel over
+ipc sockets in a connection directory it seals once the kernel is up.
+"""
+
+import json
+import os
+import shutil
+import time
+import uuid
+import weakref
+from pathlib import Path
+
+import docker.errors
+
+from sandbox import container as ctr
+from sandbox import kernel
+from sandbox.errors import SandboxError
+from sandbox.execution import Execution
+from sandbox.limits import Limits
+
+READY_TIMEOUT_S = 60.0
+SAVED_OUTPUTS = ".sandcell/outputs"
+
+# Small scripts run inside the container as the sandbox user: the container is the
+# confinement, so these only need to be careful not to block or read without bound.
+_STAT = """
+import json, os, stat, sys
+p = sys.argv[1]
+try:
+    st = os.lstat(p)
+except FileNotFoundError:
+    print(json.dumps({"path": p, "kind": "missing"})); sys.exit()
+kinds = [(stat.S_ISREG, "file"), (stat.S_ISDIR, "dir"), (stat.S_ISLNK, "symlink"),
+         (stat.S_ISFIFO, "fifo"), (stat.S_ISCHR, "char"), (stat.S_ISBLK, "block"),
+         (stat.S_ISSOCK, "socket")]
+kind = next((k for test, k in kinds if test(st.st_mode)), "other")
+print(json.dumps({"path": p, "size": st.st_size, "mtime": st.st_mtime, "kind": kind}))
+"""
+_READ = """
+import os, stat, sys
+p, limit = sys.argv[1], int(sys.argv[2])
+try:
+    fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+except OSError as e:
+    sys.stderr.write(f"{type(e).__name__}: {e.strerror}"); sys.exit(2)
+st = os.fstat(fd)
+if stat.S_ISDIR(st.st_mode):
+    sys.stderr.write(f"IsADirectoryError: {p} is a directory"); sys.exit(2)
+if not stat.S_ISREG(st.st_mode):
+    sys.stderr.write(f"PermissionError: {p} is not a regular file"); sys.exit(2)
+out, left = sys.stdout.buffer, limit if limit >= 0 else float("inf")
+while left > 0:
+    chunk = os.read(fd, int(min(1 << 20, left)))
+    if not chunk:
+        break
+    out.write(chunk); left -= len(chunk)
+"""
+_FILES = """
+import json, os
+out = []
+for root, dirs, files in os.walk("/workspace"):
+    dirs[:] = [d for d in dirs if d != ".sandcell"]
+    for name in files:
+        p = os.path.join(root, name)
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        out.append({"path": os.path.relpath(p, "/workspace"), "size": st.st_size,
+                    "mtime": st.st_mtime})
+print(json.dumps(sorted(out, key=lambda f: f["path"])))
+"""
+
+
+def _sandbox_path(path: str) -> str:
+    """Relative paths are in /workspace; absolute ones are taken as they are (inside)."""
+    return path if path.startswith("/") else f"{ctr.WORKSPACE}/{path}"
+
+
+class DockerSandbox:
+    def __init__(self, limits: Limits | None = None, inputs: list[str | Path] = (),
+                 image: str | None = None, runtime: str | None = None,
+                 session: str | None = None, staging: bool = False):
+        self.limits = limits or Limits()
+        self.image = image or ctr.DEFAULT_IMAGE
+        self.session = session or uuid.uuid4().hex[:12]
+        self.inputs = _input_map(inputs)
+        self.client = ctr.engine()
+        ctr.reap_orphans(self.client)
+        self.conn_dir, info = kernel.make_connection_dir()
+        # A pool sandbox gets its inputs later: it mounts a private, empty staging folder.
+        self.staging_dir = Path(self.conn_dir + "-data") if staging else None
+        mounts = dict(self.inputs)
+        if self.staging_dir:
+            self.staging_dir.mkdir(mode=0o755)
+        self._info = info
+        self._client = None
+        self.container = None
+        self._finalizer = weakref.finalize(self, _cleanup, None, self.conn_dir, self.staging_dir)
+        started = time.monotonic()
+        self.container = ctr.start(self.client, self.image, self.limits, self.conn_dir, mounts,
+                                   self.session, runtime, staging_dir=self.staging_dir)
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _cleanup, self.container, self.conn_dir,
+                                           self.staging_dir)
+        self._client = self._connect()
+        self.start_seconds = time.monotonic() - started
+        self.container.reload()  # the attributes from `run` predate the start: no PID yet
+        self._host_pid = self.container.attrs.get("State", {}).get("Pid") or None
+
+    # -- lifecycle -------------------------------------------------------------------
+    def _connect(self):
+        try:
+            client = kernel.connect(self.conn_dir, self._info, READY_TIMEOUT_S)
+        except RuntimeError:
+            log = self._kernel_log()
+            self.close()
+            raise SandboxError(f"the kernel did not start within {READY_TIMEOUT_S:.0f} s.\n{log}")
+        kernel.seal(self.conn_dir)
+        return client
+
+    def _kernel_log(self) -> str:
+        try:
+            _, out, _ = ctr.exec_in(self.container, ["tail", "-c", "2000",
+                                                     "/tmp/.sandcell-kernel.log"])
+            return out.decode(errors="replace")
+        except docker.errors.DockerException:
+            return ""
+
+    def __enter__(self) -> "DockerSandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._client is not None:
+            kernel.disconnect(self._client)
+            self._client = None
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    # -- running code ----------------------------------------------------------------
+    def run(self, code: str, timeout: float | None = None) -> Execution:
+        if self.closed:
+            raise SandboxError("this sandbox is closed; start a new one")
+        timeout = timeout or self.limits.timeout_s
+        started = time.monotonic()
+        oom_before = self._oom_kills()
+        collector = kernel.Collector(code, self.limits.output_bytes)
+        ex = collector.execution
+        kernel.flush_shell(self._client)
+        msg_id = self._client.execute(code, allow_stdin=False, stop_on_error=False)
+        deadline = started + timeout
+        while True:
+            state = kernel.drain(self._client, msg_id, collector, deadline)
+            if state == "done":
+                break
+            if state == "silent":
+                if self._kernel_died():
+                    ex.restarted = "out of memory" if self._oom_kills() > oom_before else "died"
+                    self._hard_restart()
+                    break
+                continue
+            ex.timed_out = True
+            if self._interrupt_within_grace(msg_id, collector):
+                ex.interrupted = True
+                self.container.kill(signal="SIGUSR2")  # stray processes of the cell go too
+            else:
+                ex.restarted = "timeout"
+                self._hard_restart()
+            break
+        if ex.error is not None and ex.error.name == "KeyboardInterrupt":
+            ex.interrupted = True
+        ex = collector.finish(time.monotonic() - started)
+        self._save_full_output(ex)
+        return ex
+
+    def _interrupt_within_grace(self, msg_id: str, collector: kernel.Collector) -> bool:
+        kernel.interrupt(self._client)
+        grace_end = time.monotonic() + self.limits.interrupt_grace_s
+        while time.monotonic() < grace_end:
+            if kernel.drain(self._client, msg_id, collector, grace_end) == "done":
+                return True
+        return False
+
+    def interrupt(self) -> None:
+        """Interrupt the running cell (KeyboardInterrupt); kernel state is kept."""
+        kernel.interrupt(self._client)
+
+    def restart(self) -> None:
+        """A fresh kernel: variables are lost, workspace files are kept."""
+        self._hard_restart()
+
+    def _hard_restart(self) -> None:
+        """Kill every process but the supervisor, which then starts a fresh kernel."""
+        ctr.check_running(self.container)
+        kernel.disconnect(self._client)
+        kernel.unseal(self.conn_dir)
+        self.container.kill(signal="SIGUSR1")
+        self._client = self._connect()
+
+    def _kernel_died(self) -> bool:
+        if self._client.hb_channel.is_beating():
+            return False
+        ctr.check_running(self.container)
+        processes = self.container.top(ps_args="-eo pid,args").get("Processes") or []
+        return not any("ipykernel_launcher" in " ".join(p) for p in processes)
+
+    def _oom_kills(self) -> int:
+        """The container's OOM-kill count from its memory cgroup (v1 or v2), 0 if unknown."""
+        if not self._host_pid:
+            return 0
+        try:
+            lines = Path(f"/proc/{self._host_pid}/cgroup").read_text().splitlines()
+        except OSError:
+            return 0
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            candidates = []
+            if "memory" in controllers.split(","):
+                candidates.append(f"/sys/fs/cgroup/memory{path}/memory.oom_control")
+            if controllers == "":
+                candidates.append(f"/sys/fs/cgroup{path}/memory.events")
+            for candidate in candidates:
+                try:
+                    for row in Path(candidate).read_text().splitlines():
+                        if row.startswith("oom_kill "):
+                            return int(row.split()[1])
+                except OSError:
+                    continue
+        return 0
+
+    def _save_full_output(self, ex: Execution) -> None:
+        """When the model will see only part of the output, keep the whole (capped) text
+        in the workspace and say where."""
+        text = "".join(chunk.text for chunk in ex.stream)
+        if len(text) <= self.limits.observation_chars:
+            return
+        path = f"{SAVED_OUTPUTS}/cell-{ex.execution_count or 0}-{uuid.uuid4().hex[:6]}.txt"
+        try:
+            self.write(path, text.encode())
+            ex.saved_output = f"{ctr.WORKSPACE}/{path}"
+        except SandboxError:
+            pass  # a full workspace: the observation then says the output was cut, no path
+
+    # -- files -----------------------------------------------------------------------
+    def stat(self, path: str) -> dict:
+        code, out, err = ctr.exec_in(self.container, ["python3", "-c", _STAT,
+                                                      _sandbox_path(path)])
+        if code != 0:
+            raise SandboxError(f"stat {path} failed: {err.decode(errors='replace')}")
+        return json.loads(out)
+
+    def read(self, path: str, max_bytes: int | None = None) -> bytes:
+        limit = -1 if max_bytes is None else max_bytes
+        code, out, err = ctr.exec_in(self.container, ["python3", "-c", _READ,
+                                                      _sandbox_path(path), str(limit)],
+                                     max_out=max_bytes)
+        if code not in (0, -1) or (code == -1 and err):
+            message = err.decode(errors="replace")
+            kind = message.split(":", 1)[0]
+            errors = {"FileNotFoundError": FileNotFoundError, "IsADirectoryError":
+                      IsADirectoryError, "PermissionError": PermissionError}
+            raise errors.get(kind, SandboxError)(f"{path}: {message}")
+        return out
+
+    def write(self, path: str, data: bytes) -> None:
+        target = _sandbox_path(path)
+        code, _, err = ctr.exec_in(
+            self.container, ["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", target],
+            stdin=data)
+        if code != 0:
+            raise SandboxError(f"writing {path} failed: {err.decode(errors='replace').strip()}")
+
+    def files(self) -> list[dict]:
+        code, out, err = ctr.exec_in(self.container, ["python3", "-c", _FILES])
+        if code != 0:
+            raise SandboxError(f"listing the workspace failed: {err.decode(errors='replace')}")
+        return json.loads(out)
+
+    def export(self, host_dir: str | Path, subdir: str = "") -> list[str]:
+        """Copy the workspace (or one folder of it) to host_dir; returns the files copied.
+        Links and special files are left behind, so nothing can point outside host_dir."""
+        source = f"{ctr.WORKSPACE}/{subdir}".rstrip("/")
+        cap = (self.limits.workspace_mb + 16) << 20
+        code, out, err = ctr.exec_in(self.container, ["sh", "-c", 'cd "$1" 2>/dev/null && '
+                                                      'tar --exclude=./.sandcell -cf - .',
+                                                      "sh", source], max_out=cap)
+        if code != 0:
+            if subdir:
+                return []  # the folder does not exist: nothing to export
+            raise SandboxError(f"export failed: {err.decode(errors='replace').strip()}")
+        return ctr.extract_tar(out, Path(host_dir))
+
+    def add_inputs(self, paths: list[str | Path]) -> None:
+        """Give a pool sandbox its input files (read-only under /data)."""
+        if self.staging_dir is None:
+            raise SandboxError("inputs of a started sandbox are fixed; pass them to DockerSandbox")
+        for name, path in _input_map(paths).items():
+            target = self.staging_dir / name
+            try:
+                os.link(path, target)  # same filesystem: no copy at all
+            except OSError:
+                shutil.copyfile(path, target)
+            os.chmod(target, 0o444)
+            self.inputs[name] = path
+
+
+def _input_map(paths) -> dict[str, Path]:
+    mapping: dict[str, Path] = {}
+    for raw in paths:
+        path = Path(raw).expanduser().resolve()
+        if not path.is_file():
+            raise SandboxError(f"input {raw} is not a readable file; pass existing files only")
+        if path.name in mapping:
+            raise SandboxError(f"two inputs are named {path.name}; rename one of them")
+        mapping[path.name] = path
+    return mapping
+
+
+def _cleanup(container, conn_dir: str, staging_dir: Path | None) -> None:
+    """Runs once: on close(), at garbage collection, or at interpreter exit."""
+    if container is not None:
+        try:
+            container.remove(force=True)
+        except docker.errors.DockerException:
+            pass  # already gone; `sandcell gc` reaps anything a crash left behind
+    for path in (conn_dir, staging_dir):
+        if path and os.path.exists(path):
+            os.chmod(path, 0o755)
+            shutil.rmtree(path, ignore_errors=True)
+
+

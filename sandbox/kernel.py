@@ -1,0 +1,174 @@
+"""Host side of the kernel connection: a sealed ipc connection directory, a jupyter_client
+with bounded ZMQ sockets, and one cell executed against a deadline into an Execution
+whose output is capped as it arrives (the host never holds an unbounded stream)."""
+
+import json
+import os
+import re
+import secrets
+import tempfile
+import time
+from queue import Empty
+
+import zmq
+from jupyter_client import BlockingKernelClient
+
+from sandbox.execution import Error, Execution, Result, StreamChunk
+
+MAX_MESSAGE_BYTES = 32 << 20  # a single ZMQ message larger than this is refused
+RECEIVE_HWM = 64  # messages queued per socket before ZMQ stops reading
+DROPPED_MARKER = re.compile(r"\n\x1b\[sandcell-dropped (\w+) (\d+)\]\n")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def make_connection_dir() -> tuple[str, dict]:
+    """A host-owned directory the container's kernel binds its ipc sockets in."""
+    path = tempfile.mkdtemp(prefix="sandcell-conn-")
+    os.chmod(path, 0o777)  # the kernel's uid creates its sockets here until sealed
+    info = dict(transport="ipc", ip="/run/sandcell/kernel", shell_port=1, iopub_port=2,
+                stdin_port=3, control_port=4, hb_port=5, key=secrets.token_hex(32),
+                signature_scheme="hmac-sha256", kernel_name="")
+    with open(os.path.join(path, "kernel.json"), "w") as f:
+        json.dump(info, f)
+    os.chmod(os.path.join(path, "kernel.json"), 0o444)
+    return path, info
+
+
+def seal(path: str) -> None:
+    os.chmod(path, 0o555)  # host-owned: the kernel can neither add files nor chmod it back
+
+
+def unseal(path: str) -> None:
+    os.chmod(path, 0o777)  # a fresh kernel must replace its socket files
+
+
+def connect(path: str, info: dict, ready_timeout: float) -> BlockingKernelClient:
+    context = zmq.Context()
+    context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+    context.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+    client = BlockingKernelClient(context=context)
+    client.load_connection_info(dict(info, ip=os.path.join(path, "kernel")))
+    client.start_channels()
+    client.hb_channel.time_to_dead = 0.5
+    try:
+        client.wait_for_ready(timeout=ready_timeout)
+    except RuntimeError:
+        disconnect(client)
+        raise
+    return client
+
+
+def disconnect(client: BlockingKernelClient) -> None:
+    client.stop_channels()
+    client.context.destroy(linger=0)
+
+
+def interrupt(client: BlockingKernelClient) -> None:
+    client.control_channel.send(client.session.msg("interrupt_request", {}))
+
+
+class Collector:
+    """Builds an Execution from iopub messages, keeping at most `cap` characters of
+    stream text: the head, then a rolling tail; the middle is counted as dropped."""
+
+    def __init__(self, code: str, cap: int):
+        self.execution = Execution(code=code)
+        self.cap = cap
+        self.kept = 0
+        self.tail: list[StreamChunk] = []
+        self.tail_chars = 0
+
+    def add(self, msg: dict) -> bool:
+        """Take one iopub message; True when the cell has finished (status idle)."""
+        kind, content = msg["msg_type"], msg["content"]
+        ex = self.execution
+        if kind == "status":
+            return content["execution_state"] == "idle"
+        if kind == "execute_input":
+            ex.execution_count = content.get("execution_count")
+        elif kind == "stream":
+            self._stream(content["name"], content["text"])
+        elif kind in ("execute_result", "display_data"):
+            data = {k: v for k, v in content.get("data", {}).items() if isinstance(v, str)}
+            ex.results.append(Result(data=data, metadata=content.get("metadata") or {},
+                                     is_main=kind == "execute_result"))
+        elif kind == "error":
+            ex.error = Error(name=content["ename"], value=content["evalue"],
+                             traceback=compact_traceback(content.get("traceback", [])))
+        return False
+
+    def _stream(self, name: str, text: str) -> None:
+        for marker in DROPPED_MARKER.finditer(text):  # the kernel cut this stream already
+            self.execution.dropped_bytes += int(marker.group(2))
+        text = DROPPED_MARKER.sub("\n[... output cut by the sandbox ...]\n", text)
+        text = ANSI.sub("", text)
+        head_room = self.cap // 2 - self.kept
+        if head_room > 0:
+            self._append(self.execution.stream, name, text[:head_room])
+            self.kept += min(len(text), head_room)
+            text = text[head_room:]
+        if text:
+            self.tail.append(StreamChunk(name, text))
+            self.tail_chars += len(text)
+            while self.tail_chars - len(self.tail[0].text) >= self.cap // 2:
+                self.tail_chars -= len(self.tail.pop(0).text)
+
+    @staticmethod
+    def _append(stream: list[StreamChunk], name: str, text: str) -> None:
+        if stream and stream[-1].name == name:
+            stream[-1].text += text
+        else:
+            stream.append(StreamChunk(name, text))
+
+    def finish(self, duration: float) -> Execution:
+        ex = self.execution
+        excess = self.tail_chars - self.cap // 2
+        if excess > 0:  # trim the oldest tail chunk so head + tail stay within the cap
+            self.tail[0].text = self.tail[0].text[excess:]
+            ex.dropped_bytes += excess
+            self.tail_chars -= excess
+            self._append(ex.stream, self.tail[0].name,
+                         f"\n[... {excess} characters cut by the sandbox ...]\n")
+        for chunk in self.tail:
+            self._append(ex.stream, chunk.name, chunk.text)
+        self.tail = []
+        ex.duration_s = duration
+        return ex
+
+
+def compact_traceback(frames: list[str]) -> list[str]:
+    """Drop ANSI codes and the frames inside IPython/library internals; keep the frames of
+    the user's cell (`Cell In[...]`, `<ipython-input`) and the final error line."""
+    clean = [ANSI.sub("", f) for f in frames]
+    kept = [f for f in clean if "Cell In[" in f or "<ipython-input" in f or "File <string>" in f]
+    last = clean[-1] if clean else ""
+    if last and last not in kept:
+        kept.append(last)
+    return kept or clean[-3:]
+
+
+def drain(client: BlockingKernelClient, msg_id: str, collector: Collector,
+          deadline: float, poll: float = 0.25) -> str:
+    """Read iopub until the cell is idle or the deadline passes.
+    Returns "done", "deadline" or "silent" (no message within `poll`: caller checks life)."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return "deadline"
+        try:
+            msg = client.get_iopub_msg(timeout=min(poll, remaining))
+        except Empty:
+            return "silent"
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if collector.add(msg):
+            return "done"
+
+
+def flush_shell(client: BlockingKernelClient) -> None:
+    """Discard pending shell replies so the next cell reads its own."""
+    while True:
+        try:
+            client.get_shell_msg(timeout=0.01)
+        except Empty:
+            return

@@ -1,0 +1,78 @@
+"""A warm pool: sandboxes started ahead of time, each handed out once, refilled in the
+background. A sandbox is never reused by a second session."""
+
+import queue
+import threading
+from pathlib import Path
+
+from sandbox.docker_sandbox import DockerSandbox
+from sandbox.limits import Limits
+
+
+class SandboxPool:
+    def __init__(self, size: int = 2, limits: Limits | None = None, image: str | None = None):
+        self.size = size
+        self.limits = limits or Limits()
+        self.image = image
+        self._ready: queue.Queue[DockerSandbox] = queue.Queue()
+        self._wanted = threading.Semaphore(0)  # one permit per sandbox to start
+        self._closed = threading.Event()
+        self.errors: list[Exception] = []  # starts that failed in the background
+        self._workers = [threading.Thread(target=self._fill, daemon=True, name=f"pool-{i}")
+                         for i in range(max(1, min(size, 4)))]
+        for _ in range(size):
+            self._wanted.release()
+        for worker in self._workers:
+            worker.start()
+
+    def _new(self) -> DockerSandbox:
+        return DockerSandbox(limits=self.limits, image=self.image, staging=True)
+
+    def _fill(self) -> None:
+        while True:
+            self._wanted.acquire()
+            if self._closed.is_set():
+                return
+            try:
+                sandbox = self._new()
+            except Exception as error:  # kept and re-raised by acquire(), not hidden
+                self.errors.append(error)
+                continue
+            if self._closed.is_set():
+                sandbox.close()
+                return
+            self._ready.put(sandbox)
+
+    def acquire(self, inputs: list[str | Path] = (), timeout: float | None = None) -> DockerSandbox:
+        """A fresh sandbox with `inputs` under /data; starts one now if none is ready."""
+        if self._closed.is_set():
+            raise RuntimeError("this pool is closed")
+        if self.errors:
+            raise self.errors.pop(0)
+        try:
+            sandbox = self._ready.get(timeout=timeout) if timeout else self._ready.get_nowait()
+        except queue.Empty:
+            sandbox = self._new()
+        else:
+            self._wanted.release()  # refill the slot just taken
+        if inputs:
+            sandbox.add_inputs(list(inputs))
+        return sandbox
+
+    def ready(self) -> int:
+        return self._ready.qsize()
+
+    def close(self) -> None:
+        self._closed.set()
+        for _ in self._workers:
+            self._wanted.release()
+        for worker in self._workers:
+            worker.join(timeout=120)
+        while not self._ready.empty():
+            self._ready.get_nowait().close()
+
+    def __enter__(self) -> "SandboxPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
