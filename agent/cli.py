@@ -12,5 +12,10 @@ def main() -> None:
     """sandcell: a code-interpreter agent whose Python runs in a sealed Docker sandbox."""
 
 
+from agent.cmd_exec import exec_cmd, gc_cmd  # noqa: E402  (commands register below the group)
+
+main.add_command(exec_cmd)
+main.add_command(gc_cmd)
+
 if __name__ == "__main__":
     main()

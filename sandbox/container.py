@@ -85,17 +85,20 @@ def reap_orphans(client: docker.DockerClient) -> list[str]:
     """Remove sandbox containers whose owner process on this host is gone."""
     removed = []
     host = socket.gethostname()
-    for container in client.containers.list(all=True, filters={"label": LABEL}):
-        owner_host, _, pid = container.labels.get(OWNER_LABEL, ":").partition(":")
+    # The plain list call: no per-container inspect that could race with a removal.
+    for entry in client.api.containers(all=True, filters={"label": LABEL}):
+        labels = entry.get("Labels") or {}
+        owner_host, _, pid = labels.get(OWNER_LABEL, ":").partition(":")
         if owner_host == host and pid.isdigit() and _alive(int(pid)):
             continue
-        if owner_host != host and container.status == "running":
+        if owner_host != host and entry.get("State") == "running":
             continue  # started from another machine sharing this engine: not ours to judge
         try:
-            container.remove(force=True)
-            removed.append(container.short_id)
-        except docker.errors.NotFound:
-            pass
+            client.api.remove_container(entry["Id"], force=True)
+            removed.append(entry["Id"][:12])
+        except docker.errors.APIError as error:
+            if error.status_code not in (404, 409):  # gone, or being removed already
+                raise
     return removed
 
 

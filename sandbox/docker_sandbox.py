@@ -161,6 +161,7 @@ class DockerSandbox:
         while True:
             state = kernel.drain(self._client, msg_id, collector, deadline)
             if state == "done":
+                kernel.await_reply(self._client, msg_id)
                 break
             if state == "silent":
                 if self._kernel_died():

@@ -166,9 +166,22 @@ def drain(client: BlockingKernelClient, msg_id: str, collector: Collector,
 
 
 def flush_shell(client: BlockingKernelClient) -> None:
-    """Discard pending shell replies so the next cell reads its own."""
+    """Discard shell replies left by cells that timed out, without waiting."""
     while True:
         try:
-            client.get_shell_msg(timeout=0.01)
+            client.get_shell_msg(timeout=0)
         except Empty:
             return
+
+
+def await_reply(client: BlockingKernelClient, msg_id: str, timeout: float = 2.0) -> dict | None:
+    """The execute_reply of msg_id; it arrives together with the idle status."""
+    end = time.monotonic() + timeout
+    while (left := end - time.monotonic()) > 0:
+        try:
+            msg = client.get_shell_msg(timeout=left)
+        except Empty:
+            return None
+        if msg["parent_header"].get("msg_id") == msg_id:
+            return msg
+    return None
