@@ -24,7 +24,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 def make_connection_dir() -> tuple[str, dict]:
     """A host-owned directory the container's kernel binds its ipc sockets in."""
     path = tempfile.mkdtemp(prefix="sandcell-conn-")
-    os.chmod(path, 0o777)  # the kernel's uid creates its sockets here until sealed
+    unseal(path)  # the kernel's uid creates its sockets here until sealed
     info = dict(transport="ipc", ip="/run/sandcell/kernel", shell_port=1, iopub_port=2,
                 stdin_port=3, control_port=4, hb_port=5, key=secrets.token_hex(32),
                 signature_scheme="hmac-sha256", kernel_name="")
@@ -39,7 +39,9 @@ def seal(path: str) -> None:
 
 
 def unseal(path: str) -> None:
-    os.chmod(path, 0o777)  # a fresh kernel must replace its socket files
+    # A fresh kernel must replace its socket files. Sticky: while model code of the old
+    # kernel still runs, it must not rename or delete the host's kernel.json.
+    os.chmod(path, 0o1777)
 
 
 def connect(path: str, info: dict, ready_timeout: float) -> BlockingKernelClient:
@@ -48,14 +50,46 @@ def connect(path: str, info: dict, ready_timeout: float) -> BlockingKernelClient
     context.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
     client = BlockingKernelClient(context=context)
     client.load_connection_info(dict(info, ip=os.path.join(path, "kernel")))
-    client.start_channels()
-    client.hb_channel.time_to_dead = 0.5
+    client.start_channels(hb=False)
     try:
-        client.wait_for_ready(timeout=ready_timeout)
+        wait_until_ready(client, ready_timeout)
     except RuntimeError:
         disconnect(client)
         raise
+    client.hb_channel.time_to_dead = 0.5
+    client.hb_channel.start()  # only now: a kernel still starting up is not a dead one
     return client
+
+
+def wait_until_ready(client: BlockingKernelClient, timeout: float) -> None:
+    """Ask kernel_info until the shell answers and iopub delivers (ZMQ subscriptions join
+    late, so one iopub message proves the first cell's output will not be missed).
+    Not jupyter_client's wait_for_ready: it takes a missing heartbeat during a slow start
+    under load for a dead kernel."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg_id = client.kernel_info()
+        answered = False
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                msg = client.get_shell_msg(timeout=min(1.0, left))
+            except Empty:
+                break
+            if msg["parent_header"].get("msg_id") == msg_id:
+                answered = True
+                break
+        if not answered:
+            continue
+        try:
+            client.get_iopub_msg(timeout=0.5)
+        except Empty:
+            continue
+        while True:  # discard the rest of the startup chatter
+            try:
+                client.get_iopub_msg(timeout=0.05)
+            except Empty:
+                return
+    raise RuntimeError(f"the kernel did not answer within {timeout:.0f} s")
 
 
 def disconnect(client: BlockingKernelClient) -> None:
@@ -111,7 +145,9 @@ class Collector:
             self.tail.append(StreamChunk(name, text))
             self.tail_chars += len(text)
             while self.tail_chars - len(self.tail[0].text) >= self.cap // 2:
-                self.tail_chars -= len(self.tail.pop(0).text)
+                dropped = len(self.tail.pop(0).text)
+                self.tail_chars -= dropped
+                self.execution.dropped_bytes += dropped
 
     @staticmethod
     def _append(stream: list[StreamChunk], name: str, text: str) -> None:

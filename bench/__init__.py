@@ -1,0 +1,1 @@
+"""`make bench`: side-by-side figures, as ratios measured in one run."""

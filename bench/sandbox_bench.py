@@ -1,0 +1,125 @@
+"""Sandbox figures: cold start, warm-pool acquire, cell round trip against raw
+jupyter_client on the same kernel, many sandboxes at once, host memory under a flood."""
+
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+
+from sandbox import DockerSandbox, Limits, SandboxPool
+
+
+def summary(samples: list[float]) -> dict:
+    ordered = sorted(samples)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return {"median": statistics.median(ordered), "p95": p95, "n": len(ordered)}
+
+
+def cold_start(runs: int) -> dict:
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        with DockerSandbox() as sandbox:
+            assert sandbox.run("1 + 1").text == "2"
+            samples.append(time.perf_counter() - started)
+    return summary(samples)
+
+
+def pool_acquire(runs: int) -> dict:
+    samples = []
+    with SandboxPool(size=2) as pool:
+        for _ in range(runs):
+            while pool.ready() < 1:  # measure a warm acquire, as a session would see it
+                time.sleep(0.05)
+            started = time.perf_counter()
+            sandbox = pool.acquire()
+            samples.append(time.perf_counter() - started)
+            sandbox.close()
+    return summary(samples)
+
+
+def quiet(_msg: dict) -> None:
+    """Take iopub messages without printing them, as sandcell does."""
+
+
+def cell_round_trip(runs: int) -> dict:
+    with DockerSandbox() as sandbox:
+        raw_client = sandbox._client  # the same kernel, driven by plain jupyter_client
+        for _ in range(20):  # warm both paths
+            sandbox.run("1 + 1")
+            raw_client.execute_interactive("1 + 1", timeout=10, output_hook=quiet)
+        ours, raw = [], []
+        for _ in range(runs):  # interleaved so machine noise hits both alike
+            started = time.perf_counter()
+            sandbox.run("1 + 1")
+            ours.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            raw_client.execute_interactive("1 + 1", timeout=10, output_hook=quiet)
+            raw.append(time.perf_counter() - started)
+    result = {"sandcell": summary(ours), "raw_jupyter_client": summary(raw)}
+    result["ratio"] = result["sandcell"]["median"] / result["raw_jupyter_client"]["median"]
+    return result
+
+
+def concurrent_sandboxes(count: int) -> dict:
+    code = "import pandas as pd\ndf = pd.DataFrame({'a': range(100000)})\nint(df.a.sum())"
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=count) as workers:
+        sandboxes = list(workers.map(lambda _: DockerSandbox(), range(count)))
+    try:
+        with ThreadPoolExecutor(max_workers=count) as workers:
+            answers = list(workers.map(lambda s: s.run(code).text, sandboxes))
+        total = time.perf_counter() - started
+        assert all(a == str(sum(range(100000))) for a in answers), answers
+        time.sleep(1)  # let the kernels settle before reading their memory
+        idle = [container_memory(s) for s in sandboxes]
+    finally:
+        for sandbox in sandboxes:
+            sandbox.close()
+    return {"count": count, "total_s": total, "idle_mb_per_sandbox": statistics.median(idle)}
+
+
+def container_memory(sandbox: DockerSandbox) -> float:
+    stats = sandbox.container.stats(stream=False)
+    memory = stats.get("memory_stats", {})
+    cache = memory.get("stats", {}).get("cache", 0)
+    return (memory.get("usage", 0) - cache) / 2**20
+
+
+def flood_host_memory(gigabytes: float) -> dict:
+    process = psutil.Process()
+    peak = [process.memory_info().rss]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], process.memory_info().rss)
+            time.sleep(0.02)
+
+    with DockerSandbox(limits=Limits(timeout_s=600)) as sandbox:
+        before = process.memory_info().rss
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        chunks = int(gigabytes * 1024)
+        started = time.perf_counter()
+        ex = sandbox.run(f"line = 'x' * (1 << 20)\nfor _ in range({chunks}): print(line)")
+        seconds = time.perf_counter() - started
+        done.set()
+        sampler.join()
+    return {"gigabytes": gigabytes, "seconds": seconds, "rss_growth_mb": (peak[0] - before) / 2**20,
+            "dropped_bytes": ex.dropped_bytes}
+
+
+def run(smoke: bool) -> dict:
+    n = 3 if smoke else 10
+    return {
+        "cold_start_s": cold_start(n),
+        "pool_acquire_s": pool_acquire(n),
+        "cell_round_trip_s": cell_round_trip(20 if smoke else 200),
+        "concurrent": concurrent_sandboxes(2 if smoke else 16),
+        "flood": flood_host_memory(0.05 if smoke else 1.0),
+    }
+
+
