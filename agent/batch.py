@@ -1,0 +1,154 @@
+"""Many jobs: `sandcell batch JOBS.jsonl --output DIR --workers N`.
+
+Each job runs in its own sandbox from a warm pool; results land in DIR/<id>/ and one line of
+DIR/results.jsonl per job, appended and flushed as each job ends. A rerun skips the ids
+already in results.jsonl and redoes the rest, so a batch killed half-way loses nothing."""
+
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from agent.jobfiles import write_answer
+from agent.seams import Model
+from agent.session import Agent
+from agent.stops import Rules
+from sandbox import Limits, SandboxPool
+
+RESULTS = "results.jsonl"
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+class JobsError(ValueError):
+    """JOBS.jsonl cannot be used; the message names the line and what to fix."""
+
+
+@dataclass
+class Job:
+    id: str
+    task: str
+    inputs: list[Path] = field(default_factory=list)
+    replay: Path | None = None  # a script of replies for this job (demos and tests)
+
+
+def load_jobs(path: Path) -> list[Job]:
+    jobs, seen = [], set()
+    base = path.parent
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise JobsError(f"{where}: not JSON ({error.msg}); each line is one job object") from None
+        if not isinstance(raw, dict) or not isinstance(raw.get("task"), str):
+            raise JobsError(f'{where}: a job is {{"id": ..., "task": "...", "inputs": [...]}}')
+        job_id = str(raw.get("id", number))
+        if not _SAFE_ID.match(job_id):
+            raise JobsError(f"{where}: id {job_id!r} must be letters, digits, '.', '_' or '-'")
+        if job_id in seen:
+            raise JobsError(f"{where}: id {job_id!r} is used twice; ids must be unique")
+        seen.add(job_id)
+        inputs = [(base / p).resolve() for p in raw.get("inputs", [])]
+        for p in inputs:
+            if not p.is_file():
+                raise JobsError(f"{where}: input {p} does not exist")
+        replay = (base / raw["replay"]).resolve() if raw.get("replay") else None
+        jobs.append(Job(job_id, raw["task"], inputs, replay))
+    if not jobs:
+        raise JobsError(f"{path} holds no jobs")
+    return jobs
+
+
+def finished(output: Path) -> dict[str, dict]:
+    """Results already recorded; a torn last line (killed mid-write) counts as not done."""
+    done = {}
+    path = output / RESULTS
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            done[record["id"]] = record
+    return done
+
+
+class Batch:
+    def __init__(self, jobs: list[Job], output: Path, workers: int,
+                 make_model: Callable[[Job], Model], limits: Limits, rules: Rules,
+                 protocol: str = "auto", progress: bool = True):
+        self.jobs, self.output, self.workers = jobs, output, workers
+        self.make_model, self.limits, self.rules, self.protocol = make_model, limits, rules, protocol
+        self.progress = progress
+        self._lock = threading.Lock()
+        self.counts = {"done": 0, "failed": 0, "running": 0}
+
+    def run(self) -> list[dict]:
+        self.output.mkdir(parents=True, exist_ok=True)
+        done = finished(self.output)
+        todo = [job for job in self.jobs if job.id not in done]
+        self.bar = tqdm(total=len(self.jobs), initial=len(self.jobs) - len(todo), unit="job",
+                        disable=not self.progress, dynamic_ncols=True)
+        records = []
+        with SandboxPool(size=min(self.workers, len(todo)), limits=self.limits) as pool, \
+                ThreadPoolExecutor(max_workers=self.workers) as workers:
+            for record in workers.map(lambda job: self._run_one(job, pool), todo):
+                records.append(record)
+        self.bar.close()
+        return [done[j.id] for j in self.jobs if j.id in done] + records
+
+    def _run_one(self, job: Job, pool: SandboxPool) -> dict:
+        folder = self.output / job.id
+        if folder.exists():  # an unfinished earlier attempt: start clean
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        self._count("running", +1)
+        started = time.monotonic()
+        record = {"id": job.id, "task": job.task}
+        try:
+            sandbox = pool.acquire(inputs=job.inputs)
+            try:
+                agent = Agent(self.make_model(job), limits=self.limits, rules=self.rules,
+                              protocol=self.protocol)
+                with agent.session(job.inputs, folder, sandbox) as session:
+                    result = session.ask(job.task)
+            finally:
+                sandbox.close()
+            write_answer(result, folder)
+            record.update(status="answered" if result.answered else "stopped",
+                          stop_reason=result.stop_reason, answer=result.answer,
+                          error=result.error, steps=result.steps,
+                          files=[os.path.relpath(f, folder) for f in result.files],
+                          tokens=result.usage.total)
+        except Exception as error:  # one job's failure is recorded, never stops the batch
+            record.update(status="failed", stop_reason="error",
+                          error=f"{type(error).__name__}: {error}")
+        record["duration_s"] = round(time.monotonic() - started, 2)
+        self._record(record)
+        return record
+
+    def _count(self, key: str, delta: int) -> None:
+        with self._lock:
+            self.counts[key] += delta
+            self.bar.set_postfix(self.counts, refresh=True)
+
+    def _record(self, record: dict) -> None:
+        with self._lock:
+            with open(self.output / RESULTS, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            self.counts["running"] -= 1
+            self.counts["done" if record["status"] != "failed" else "failed"] += 1
+            self.bar.set_postfix(self.counts, refresh=False)
+            self.bar.update(1)

@@ -1,0 +1,69 @@
+"""Shows a run as it happens in the terminal: the model's words as they stream, the code it
+runs (syntax-highlighted), observations, chart paths and the answer. One `on_event` handler
+serves `chat`, `run --verbose` and the demo."""
+
+import json
+
+from rich.console import Console
+from rich.markup import escape
+from rich.panel import Panel
+from rich.syntax import Syntax
+
+
+class EventPrinter:
+    def __init__(self, console: Console | None = None, stream_tokens: bool = True):
+        self.console = console or Console(highlight=False)
+        self.stream_tokens = stream_tokens
+        self._streaming = False  # tokens printed since the last event
+
+    def __call__(self, kind: str, data: dict) -> None:
+        if kind == "token":
+            if self.stream_tokens:
+                self.console.print(escape(str(data.get("text", ""))), end="", style="dim")
+                self._streaming = True
+            return
+        if self._streaming:
+            self.console.print()
+            self._streaming = False
+        show = getattr(self, f"_{kind}", None)
+        if show is not None:
+            show(data)
+
+    def _thought(self, data: dict) -> None:
+        if data.get("text") and not self.stream_tokens:
+            self.console.print(f"[italic]{escape(data['text'])}[/italic]")
+
+    def _action(self, data: dict) -> None:
+        tool, args = data.get("tool"), data.get("args")
+        if isinstance(args, str):  # native tool calls carry their arguments as JSON text
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                pass
+        code = args.get("code") if isinstance(args, dict) else None
+        if tool == "python" and isinstance(code, str):
+            self.console.print(Panel(Syntax(code, "python", theme="ansi_dark"), title="python",
+                                     title_align="left", border_style="blue"))
+        else:
+            shown = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+            self.console.print(f"[bold blue]{escape(str(tool))}[/bold blue] {escape(shown)}")
+
+    def _observation(self, data: dict) -> None:
+        style = "green" if data.get("ok") else "red"
+        self.console.print(Panel(escape(str(data.get("text", ""))), title="observation",
+                                 title_align="left", border_style=style))
+        execution = data.get("data")
+        for path in getattr(execution, "images", []) or []:
+            self.console.print(f"[bold]chart saved:[/bold] {escape(path)}")
+
+    def _warning(self, data: dict) -> None:
+        self.console.print(f"[yellow]note to the model: {escape(str(data.get('text', '')))}[/yellow]")
+
+    def _answer(self, data: dict) -> None:
+        if data.get("answer") is None:
+            reason = data.get("stop_reason")
+            self.console.print(f"[red]stopped without an answer: {escape(str(reason))} "
+                               f"{escape(str(data.get('detail') or ''))}[/red]")
+            return
+        self.console.print(Panel(escape(str(data["answer"])), title="answer", title_align="left",
+                                 border_style="bold green"))

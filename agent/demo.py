@@ -1,0 +1,55 @@
+"""`make demo`: a data-cleaning job on a deliberately messy CSV that ships with sandcell.
+
+Uses the endpoint in OPENAI_BASE_URL / OPENAI_API_KEY / SANDCELL_MODEL when set, else the
+bundled scripted replies (a replay, and it says so). The sandbox is real either way."""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from agent.console import EventPrinter
+from agent.jobfiles import write_answer
+from agent.models import OpenAIModel
+from agent.scripted import ScriptedModel
+from agent.seams import ModelError
+from agent.session import Agent
+from sandbox import SandboxError
+
+DEMO = Path(__file__).parent / "demo"
+TASK = (
+    "Clean /data/messy_sales.csv: it is not UTF-8, has mixed date formats, duplicate rows, "
+    "amounts with thousands separators and missing values. Write the cleaned table as UTF-8 "
+    "to /workspace/output/clean_sales.csv, save a chart of the amount per day to "
+    "/workspace/output/amount_per_day.png, and summarise what you changed."
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--output", type=Path, default=Path("sandcell-out/demo"))
+    args = parser.parse_args()
+    if os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY"):
+        model = OpenAIModel()
+        print(f"model: {model.name} at {model.base_url}")
+    else:
+        model = ScriptedModel(DEMO / "clean_sales.json")
+        print("model: a replay of agent/demo/clean_sales.json (no OPENAI_BASE_URL set); "
+              "the sandbox is real")
+    agent = Agent(model, on_event=EventPrinter(stream_tokens=False))
+    try:
+        result = agent.run(TASK, inputs=[DEMO / "messy_sales.csv"], output_dir=args.output)
+    except (ModelError, SandboxError) as error:
+        print(f"sandcell: {error}", file=sys.stderr)
+        return 3
+    write_answer(result, args.output)
+    print(f"\nstop reason: {result.stop_reason}; {result.steps} steps, {result.duration_s:.1f} s")
+    for path in [args.output / n for n in ("answer.md", "trace.jsonl", "notebook.ipynb")]:
+        print(f"  {path}")
+    for path in result.files:
+        print(f"  {path}")
+    return 0 if result.answered else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+"""What a finished job leaves beside its trace and notebook."""
+
+from pathlib import Path
+
+from agent.seams import Result
+
+
+def write_answer(result: Result, folder: Path) -> Path:
+    path = folder / "answer.md"
+    if result.answer is not None:
+        text = result.answer.rstrip() + "\n"
+    else:
+        text = f"No answer: the run stopped ({result.stop_reason}). {result.detail}\n"
+    path.write_text(text, encoding="utf-8")
+    return path
