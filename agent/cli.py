@@ -22,10 +22,12 @@ from agent.cmd_replay import replay_cmd  # noqa: E402
 main.add_command(replay_cmd)
 
 from agent.cmd_batch import batch_cmd  # noqa: E402
+from agent.cmd_chat import chat_cmd  # noqa: E402
 from agent.cmd_run import run_cmd  # noqa: E402
 
 main.add_command(run_cmd)
 main.add_command(batch_cmd)
+main.add_command(chat_cmd)
 
 if __name__ == "__main__":
     main()

@@ -291,9 +291,10 @@ class DockerSandbox:
         Links and special files are left behind, so nothing can point outside host_dir."""
         source = f"{ctr.WORKSPACE}/{subdir}".rstrip("/")
         cap = (self.limits.workspace_mb + 16) << 20
-        code, out, err = ctr.exec_in(self.container, ["sh", "-c", 'cd "$1" 2>/dev/null && '
-                                                      'tar --exclude=./.sandcell -cf - .',
-                                                      "sh", source], max_out=cap)
+        script = ('cd "$1" 2>/dev/null && '  # hard links are stored as plain files
+                  "tar --hard-dereference --exclude=./.sandcell -cf - .")
+        code, out, err = ctr.exec_in(self.container, ["sh", "-c", script, "sh", source],
+                                     max_out=cap)
         if code != 0:
             if subdir:
                 return []  # the folder does not exist: nothing to export

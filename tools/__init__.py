@@ -1,1 +1,22 @@
-"""tools."""
+"""tools: the tool registry and the tools the agent can call (python, calculator, file_metadata)."""
+
+from tools.calculator import calculator_tool
+from tools.file_metadata import file_metadata_tool, profile_inputs
+from tools.paths import DirSource, FileSource
+from tools.profile import Caps
+from tools.python import python_tool
+from tools.registry import Observation, Registry, Tool, ToolError
+
+__all__ = [
+    "Caps",
+    "DirSource",
+    "FileSource",
+    "Observation",
+    "Registry",
+    "Tool",
+    "ToolError",
+    "calculator_tool",
+    "file_metadata_tool",
+    "profile_inputs",
+    "python_tool",
+]

@@ -1,0 +1,157 @@
+"""`sandcell chat`: a terminal conversation over the user's files.
+
+Questions share one sandbox (kernel state, files) and one history. Ctrl-C while the agent
+works interrupts the running cell; a second Ctrl-C (or one at the prompt) ends the session
+cleanly, leaving trace.jsonl, notebook.ipynb and the workspace in the session folder."""
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from agent.cmd_options import (
+    EXIT_MODEL,
+    EXIT_UNAVAILABLE,
+    agent_options,
+    build_limits,
+    build_model,
+    build_rules,
+)
+from agent.console import EventPrinter
+from agent.seams import ModelError
+from agent.session import Agent, Session
+from sandbox import SandboxError
+
+HELP = """commands:
+  /files        list the files in /workspace
+  /export DIR   copy /workspace to DIR on this machine
+  /reset        fresh kernel and empty history (workspace files are kept)
+  /help         this text
+  /quit         end the session (Ctrl-D too)
+Ctrl-C interrupts a running cell; Ctrl-C again ends the session."""
+
+
+def ask_interruptibly(session: Session, question: str, console: Console) -> bool:
+    """Run one question in a worker thread; returns False when the user asked to quit."""
+    done = threading.Event()
+    outcome: list = []
+
+    def work() -> None:
+        try:
+            outcome.append(session.ask(question))
+        except (ModelError, SandboxError) as error:
+            outcome.append(error)
+        finally:
+            done.set()
+
+    threading.Thread(target=work, daemon=True, name="question").start()
+    interrupted = False
+    while not done.is_set():
+        try:
+            done.wait(0.1)
+        except KeyboardInterrupt:
+            if interrupted:
+                console.print("\n[yellow]ending the session...[/yellow]")
+                return False
+            interrupted = True
+            session.interrupt()
+            console.print(
+                "\n[yellow]interrupted the running cell (Ctrl-C again ends the session)[/yellow]"
+            )
+    if outcome and isinstance(outcome[0], Exception):
+        console.print(f"[red]sandcell: {outcome[0]}[/red]")
+    return True
+
+
+def slash(command: str, session: Session, console: Console) -> bool:
+    """Handle a /command; False when the session should end."""
+    name, _, arg = command.partition(" ")
+    if name in ("/quit", "/exit"):
+        return False
+    if name == "/files":
+        files = session.files()
+        for f in files:
+            console.print(f"  {f['path']}  ({f['size']} bytes)")
+        if not files:
+            console.print("  (the workspace is empty)")
+    elif name == "/export":
+        if not arg.strip():
+            console.print("usage: /export DIR")
+        else:
+            copied = session.sandbox.export(Path(arg.strip()).expanduser())
+            console.print(f"copied {len(copied)} files to {arg.strip()}")
+    elif name == "/reset":
+        session.sandbox.restart()
+        del session.loop.messages[1:]
+        console.print("fresh kernel, empty history; workspace files kept")
+    elif name == "/help":
+        console.print(HELP)
+    else:
+        console.print(f"unknown command {name}; /help lists them")
+    return True
+
+
+@click.command("chat")
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A file to talk about, read-only at /data/<name> (repeatable).",
+)
+@click.option(
+    "--output",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Session folder [default: sandcell-out/chat-<time>].",
+)
+@agent_options
+def chat_cmd(inputs, output, opts):
+    """Talk with the agent about your files."""
+    console = Console(highlight=False)
+    folder = output or Path("sandcell-out") / time.strftime("chat-%Y%m%d-%H%M%S")
+    try:
+        agent = Agent(
+            build_model(opts),
+            limits=build_limits(opts),
+            rules=build_rules(opts),
+            protocol=opts["protocol"],
+            on_event=EventPrinter(console),
+        )
+        session = agent.session(list(inputs), folder)
+    except ModelError as error:
+        console.print(f"sandcell: {error}")
+        sys.exit(EXIT_MODEL)
+    except SandboxError as error:
+        console.print(f"sandcell: {error}")
+        sys.exit(EXIT_UNAVAILABLE)
+    names = ", ".join(f"/data/{p.name}" for p in inputs) or "no input files"
+    console.print(f"sandcell chat: {names}. /help for commands, Ctrl-D to leave.")
+    try:
+        while True:
+            try:
+                question = input("you> ").strip()
+            except (EOFError, KeyboardInterrupt):
+                console.print()
+                break
+            if not question:
+                continue
+            if question.startswith("/"):
+                if not slash(question, session, console):
+                    break
+                continue
+            if not ask_interruptibly(session, question, console):
+                break
+    finally:
+        try:
+            copied = len(session.sandbox.export(folder / "workspace"))
+        except SandboxError as error:  # the answer and trace matter more than the files
+            console.print(f"[red]could not copy the workspace: {error}[/red]")
+            copied = 0
+        session.close()
+        console.print(
+            f"session saved in {folder}: trace.jsonl, notebook.ipynb, workspace/ ({copied} files)"
+        )

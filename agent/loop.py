@@ -1,0 +1,211 @@
+"""The ReAct loop: ask the model, parse its reply, run the action, append the observation,
+check the stop rules; repeat until a final answer or a rule ends the question.
+
+Parsing lives in agent.protocols/parsing, stop rules in agent.stops, the context budget in
+agent.context, words in agent.prompts. Control leaves a step by three exceptions (Submitted,
+LimitReached, and ModelError/SandboxError); every step is in the trace before the next starts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from agent import context, prompts, stops
+from agent.protocols import ActionProtocol, ReactProtocol, answer_from_text, make_protocol
+from agent.seams import (
+    FormatError,
+    LimitReached,
+    Model,
+    ModelError,
+    Reply,
+    Result,
+    Submitted,
+    ToolsUnsupported,
+    Usage,
+)
+from agent.stops import Rules, Watch
+from agent.trace import TraceWriter, observation_record
+from sandbox import SandboxError
+from tools import Observation, Registry
+
+# Streamed to a UI as things happen: (kind, data) with kind one of
+# token, thought, action, observation, answer, warning.
+OnEvent = Callable[[str, dict], None]
+
+
+class Loop:
+    """One conversation: several questions share the history, the kernel and the trace."""
+
+    def __init__(
+        self,
+        model: Model,
+        registry: Registry,
+        trace: TraceWriter,
+        *,
+        protocol: str = "auto",
+        rules: Rules | None = None,
+        inputs_profile: str = "",
+        on_event: OnEvent | None = None,
+    ):
+        self.model, self.registry, self.trace = model, registry, trace
+        self.rules, self.on_event = rules or Rules(), on_event
+        self.auto = protocol == "auto"
+        self.protocol: ActionProtocol = make_protocol(protocol)
+        self.inputs_profile = inputs_profile
+        self.messages: list[dict] = [{"role": "system", "content": self._system()}]
+        self.answers: list[str] = []
+        self.questions = 0
+        self.usage = Usage()
+
+    def ask(self, question: str) -> Result:
+        self.questions += 1
+        started, watch = time.monotonic(), Watch(self.rules)
+        self.messages.append({"role": "user", "content": question})
+        self.trace.write("question", question=self.questions, task=question)
+        answer, reason, detail, error = None, stops.ANSWERED, "", None
+        warnings: list[str] = []
+        try:
+            while True:
+                warnings += self._step(watch, question)
+        except Submitted as done:
+            answer = done.answer
+        except LimitReached as stop:
+            reason, detail = stop.reason, stop.detail
+            if stop.force_answer:
+                answer, error = self._forced_answer(watch)
+        except (ModelError, SandboxError) as exc:
+            reason = stops.MODEL_ERROR if isinstance(exc, ModelError) else stops.SANDBOX_ERROR
+            error = detail = str(exc)
+        if answer is not None:
+            self.answers.append(answer)
+        elapsed = time.monotonic() - started
+        final = {
+            "answer": answer,
+            "stop_reason": reason,
+            "detail": detail,
+            "error": error,
+            "steps": watch.steps,
+        }
+        self.trace.write(
+            "final", question=self.questions, tokens=watch.tokens, duration_s=elapsed, **final
+        )
+        self._emit("answer", **final)
+        # usage: the conversation's total so far (a one-question run: the question's)
+        return Result(usage=self.usage, duration_s=elapsed, warnings=warnings, **final)
+
+    def _step(self, watch: Watch, question: str) -> list[str]:
+        watch.before_call()
+        compacted = context.fit(self.messages, self.rules.context_chars, self.rules.keep_recent)
+        reply = self._complete(watch)
+        record = {
+            "question": self.questions,
+            "step": watch.steps,
+            "reply": reply.to_dict(),
+            "compacted": compacted,
+        }
+        if reply.finish_reason == "length" and not reply.tool_calls:  # never run half an action
+            self._say(reply.text[-2000:], prompts.LENGTH_NUDGE, record, "cut by the length limit")
+            watch.failed("a reply cut by the length limit")
+            return []
+        try:
+            parsed, cut = self.protocol.parse(reply, self.registry)
+        except FormatError as exc:
+            if exc.text and prompts.nudged_for_label(self.messages):  # prose again after the nudge
+                return self._answer(watch, question, exc.text, record)
+            self._say(
+                reply.text, str(exc) + (prompts.UNLABELLED if exc.text else ""), record, str(exc)
+            )
+            watch.failed(str(exc))
+            return []
+        self.messages.append(self.protocol.assistant_message(reply, cut))
+        record.update(thought=parsed.thought, cut=cut)
+        if parsed.answer is not None:
+            return self._answer(watch, question, parsed.answer, record)
+        self._emit("thought", text=parsed.thought)
+        warnings = [w for w in [watch.thought(parsed.thought)] if w]
+        texts, observations, stop = [], [], None
+        for action in parsed.actions:
+            self._emit("action", tool=action.tool, args=action.args)
+            try:
+                repeat = watch.action(action.key())
+            except LimitReached as exc:  # answer every call id anyway: the history stays valid
+                stop, obs, repeat = stop or exc, Observation(False, f"not run: {exc.detail}"), None
+            else:
+                obs = (
+                    Observation(False, "not run")
+                    if stop
+                    else self.registry.call(action.tool, action.args)
+                )
+            texts.append(obs.text + (f"\n\n{repeat}" if repeat else ""))
+            observations.append(observation_record(action, obs))
+            self._emit("observation", tool=action.tool, ok=obs.ok, text=obs.text, data=obs.data)
+            warnings += [repeat] if repeat else []
+        if warnings and not any(warnings[0] in t for t in texts):
+            texts[-1] += "\n\n" + warnings[0]
+        self.messages += self.protocol.observation_messages(parsed.actions, texts)
+        self.trace.write("step", **record, observations=observations, warnings=warnings)
+        if stop is not None:
+            raise stop
+        failed = [o for o in observations if not o["ok"]]
+        watch.failed(failed[-1]["text"][:200]) if failed else watch.succeeded()
+        return warnings
+
+    def _answer(self, watch: Watch, question: str, answer: str, record: dict) -> list[str]:
+        nudge = watch.check_answer(answer, question, self.answers)
+        self.trace.write("step", **record, answer=answer, nudge=nudge)
+        if nudge is None:
+            raise Submitted(answer)
+        self.messages.append({"role": "user", "content": nudge})
+        self._emit("warning", text=nudge)
+        return [nudge]
+
+    def _complete(self, watch: Watch, **extra: object) -> Reply:
+        request = self.protocol.request(self.registry)
+        on_token = (lambda text: self._emit("token", text=text)) if self.on_event else None
+        try:
+            reply = self.model.complete(
+                self.messages, request["tools"], stop=request["stop"], on_token=on_token, **extra
+            )
+        except ToolsUnsupported as exc:
+            if not self.auto or isinstance(self.protocol, ReactProtocol):
+                raise
+            self.protocol = ReactProtocol()  # `auto`: this endpoint takes no tool definitions
+            self.messages[0] = {"role": "system", "content": self._system()}
+            self.trace.write("protocol", protocol="react", reason=str(exc))
+            self._emit(
+                "warning", text=f"the endpoint takes no tool definitions; using text ReAct ({exc})"
+            )
+            return self._complete(watch, **extra)
+        watch.spent(reply.usage.total)
+        self.usage = self.usage + reply.usage
+        return reply
+
+    def _forced_answer(self, watch: Watch) -> tuple[str | None, str | None]:
+        """One last call without tools, asking for the best answer from what is known."""
+        self.messages.append({"role": "user", "content": prompts.FORCED_ANSWER})
+        choice = {"tool_choice": "none"} if self.protocol.name == "tools" else {}
+        try:
+            reply = self._complete(watch, **choice)
+        except ModelError as exc:
+            return None, str(exc)
+        answer = answer_from_text(reply.text, self.registry)
+        self.messages.append({"role": "assistant", "content": reply.text})
+        step = {"question": self.questions, "step": watch.steps + 1, "reply": reply.to_dict()}
+        self.trace.write("step", **step, answer=answer, forced=True)
+        return answer, None
+
+    def _say(self, reply_text: str, feedback: str, record: dict, error: str) -> None:
+        self.messages += [
+            {"role": "assistant", "content": reply_text},
+            {"role": "user", "content": feedback},
+        ]
+        self.trace.write("step", **record, error=error, feedback=feedback)
+        self._emit("warning", text=feedback)
+
+    def _system(self) -> str:
+        instructions = self.protocol.instructions(self.registry)
+        return prompts.system_prompt(self.registry, self.inputs_profile, instructions)
+
+    def _emit(self, kind: str, **data: object) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, data)

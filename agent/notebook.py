@@ -1,0 +1,114 @@
+"""Export a trace to a Jupyter notebook: questions and thoughts as markdown, python actions as
+code cells with their recorded outputs and images, other tools and answers as markdown. The
+code cells in order re-run the session in a sandbox with the same inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from agent.trace import read_trace
+
+
+def trace_to_notebook(events: list[dict]) -> nbformat.NotebookNode:
+    nb = new_notebook()
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nb.metadata["language_info"] = {"name": "python"}
+    for event in events:
+        kind = event.get("type")
+        if kind == "session":
+            inputs = ", ".join(f"`/data/{Path(p).name}`" for p in event.get("inputs", [])) or "none"
+            nb.cells.append(
+                new_markdown_cell(
+                    f"# sandcell session\n\nModel `{event.get('model')}`, protocol `{event.get('protocol')}`; "
+                    f"inputs: {inputs}."
+                )
+            )
+        elif kind == "question":
+            nb.cells.append(
+                new_markdown_cell(f"## Question {event.get('question')}\n\n{event.get('task', '')}")
+            )
+        elif kind == "step":
+            nb.cells.extend(_step_cells(event))
+        elif kind == "final":
+            answer = event.get("answer")
+            text = f"**Answer:** {answer}" if answer else "**No answer.**"
+            nb.cells.append(new_markdown_cell(f"{text}\n\n*Stopped: {event.get('stop_reason')}*"))
+    nbformat.validate(nb)
+    return nb
+
+
+def export_notebook(trace_path: str | Path, notebook_path: str | Path) -> Path:
+    nb = trace_to_notebook(read_trace(trace_path))
+    out = Path(notebook_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".ipynb.tmp")
+    nbformat.write(nb, str(tmp))
+    tmp.replace(out)  # never a half-written notebook
+    return out
+
+
+def _step_cells(event: dict) -> list:
+    cells = []
+    if event.get("thought"):
+        cells.append(new_markdown_cell(event["thought"]))
+    for obs in event.get("observations", []):
+        execution = obs.get("execution")
+        if obs.get("tool") == "python" and execution is not None:
+            cells.append(_code_cell(execution))
+        else:
+            args = obs.get("args")
+            args_text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+            cells.append(
+                new_markdown_cell(
+                    f"`{obs.get('tool')}` `{args_text}` →\n\n```\n{obs.get('text', '')}\n```"
+                )
+            )
+    return cells
+
+
+def _code_cell(execution: dict):
+    cell = new_code_cell(
+        execution.get("code", ""), execution_count=execution.get("execution_count")
+    )
+    outputs = []
+    for chunk in execution.get("stream", []):
+        if outputs and outputs[-1].output_type == "stream" and outputs[-1].name == chunk["name"]:
+            outputs[-1].text += chunk["text"]
+        else:
+            outputs.append(new_output("stream", name=chunk["name"], text=chunk["text"]))
+    for result in execution.get("results", []):
+        data = {k: v for k, v in result.get("data", {}).items() if isinstance(v, str)}
+        metadata = {
+            k: v for k, v in result.get("metadata", {}).items() if not k.startswith("sandcell/")
+        }
+        if result.get("is_main"):
+            outputs.append(
+                new_output(
+                    "execute_result",
+                    data=data,
+                    metadata=metadata,
+                    execution_count=execution.get("execution_count"),
+                )
+            )
+        else:
+            outputs.append(new_output("display_data", data=data, metadata=metadata))
+    error = execution.get("error")
+    if error:
+        outputs.append(
+            new_output(
+                "error",
+                ename=error["name"],
+                evalue=error["value"],
+                traceback=error.get("traceback", []),
+            )
+        )
+    cell.outputs = outputs
+    return cell

@@ -1,0 +1,68 @@
+"""The words the agent says to the model: a lean system prompt and the few nudges."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from tools import Registry
+from tools.file_metadata import profile_inputs
+
+SYSTEM = """You are sandcell, a careful data analyst. You answer questions about the user's files \
+by running Python in a sandboxed Jupyter kernel (no network; state persists between calls).
+
+Today is {today}.
+
+When to use which tool:
+{guide}
+
+Work in small steps: look at the data before you compute, check results that look odd, and \
+print only what you need. Save files you create (cleaned data, charts) under /workspace/output. \
+Base the answer on what the tools showed, never on guesses; give numbers with their units and \
+say briefly how you got them.
+{inputs}{protocol}"""
+
+GUIDE = {
+    "python": "- python: loading, cleaning and analysing files, statistics, charts. Not for "
+    "arithmetic on a few numbers you already have.",
+    "calculator": "- calculator: exact arithmetic on numbers you already have. Not for data "
+    "that is in a file.",
+    "file_metadata": "- file_metadata: the profile of a file (encoding, columns, types). The "
+    "input files are already profiled below: use it only for files created later.",
+}
+
+FORCED_ANSWER = (
+    "You have no more steps. Do not call any tool. From what you have found so far, give your "
+    "best Final Answer now, and say what is uncertain or missing."
+)
+
+LENGTH_NUDGE = (
+    "Your last reply was cut off by the output token limit before it was complete, so nothing "
+    "was run. Reply again, shorter: one brief thought and one action (keep code short, print "
+    "less), or the Final Answer."
+)
+
+UNLABELLED = " If the text above is your answer, send it again starting with `Final Answer:`."
+
+
+def system_prompt(
+    registry: Registry, inputs_profile: str, protocol_block: str, today: dt.date | None = None
+) -> str:
+    guide = "\n".join(
+        GUIDE.get(name) or f"- {name}: {registry.get(name).description}" for name in registry.names
+    )
+    inputs = f"\n{inputs_profile.strip()}\n" if inputs_profile.strip() else ""
+    protocol = f"\n{protocol_block.strip()}" if protocol_block.strip() else ""
+    return SYSTEM.format(
+        today=(today or dt.date.today()).isoformat(), guide=guide, inputs=inputs, protocol=protocol
+    ).strip()
+
+
+def inputs_profile(paths: list[Path]) -> str:
+    """Compact profiles of the input files, each naming the path the code sees (/data/NAME)."""
+    return profile_inputs([Path(p) for p in paths]) if paths else ""
+
+
+def nudged_for_label(messages: list[dict]) -> bool:
+    """Replies with no action and no label are nudged once; prose again is taken as the answer."""
+    return (messages[-1].get("content") or "").endswith(UNLABELLED)

@@ -1,0 +1,131 @@
+"""Stop conditions: what ends a run (or warns the model first), kept apart from the loop.
+
+`Rules` holds the numbers (all configurable); `Watch` holds one question's counters and raises
+LimitReached when a rule fires, or returns a warning for the loop to append to the history.
+The step limit is never told to the model."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+from agent.seams import LimitReached
+
+# Stop reasons, as Result.stop_reason reports them.
+ANSWERED = "answered"
+MAX_STEPS = "max_steps"
+FAILURES = "consecutive_failures"
+REPEATED = "repeated_action"
+WALL_TIME = "wall_time"
+TOKENS = "token_budget"
+MODEL_ERROR = "model_error"
+SANDBOX_ERROR = "sandbox_error"
+
+
+@dataclass(frozen=True)
+class Rules:
+    max_steps: int = 20  # model calls per question, then one forced answer without tools
+    max_failures: int = 5  # consecutive failed actions or unusable replies
+    max_repeats: int = 1  # identical (tool, args) repeats: the first warns, the next stops
+    wall_s: float = 900.0  # per question
+    max_tokens: int = 400_000  # prompt + completion tokens per question
+    quality_retries: int = 1  # empty, evasive or repeated answers get this many nudges
+    context_chars: int = 60_000  # history size before older observations are compacted
+    keep_recent: int = 3  # newest steps always kept whole
+
+
+_EVASIVE = re.compile(
+    r"^\W*(i (cannot|can't|am unable|'m unable|do not know|don't know|could not|couldn't)|"
+    r"as an ai|unable to (determine|answer)|sorry|i apologi[sz]e|n/?a\b|unknown\b|"
+    r"无法|抱歉|我不知道|对不起)",
+    re.IGNORECASE,
+)
+
+
+@dataclass
+class Watch:
+    rules: Rules
+    started: float = field(default_factory=time.monotonic)
+    steps: int = 0
+    tokens: int = 0
+    failures: int = 0
+    actions: dict[str, int] = field(default_factory=dict)  # action key -> times seen
+    thoughts: set[str] = field(default_factory=set)
+    warned_thoughts: set[str] = field(default_factory=set)
+    quality_nudges: int = 0
+
+    def before_call(self) -> None:
+        """Called before every model call: the budgets that need no reply to check."""
+        if time.monotonic() - self.started > self.rules.wall_s:
+            raise LimitReached(WALL_TIME, f"the question took more than {self.rules.wall_s:g} s")
+        if self.tokens > self.rules.max_tokens:
+            raise LimitReached(TOKENS, f"{self.tokens} tokens used, budget {self.rules.max_tokens}")
+        if self.steps >= self.rules.max_steps:
+            raise LimitReached(MAX_STEPS, f"{self.steps} steps", force_answer=True)
+        self.steps += 1
+
+    def spent(self, tokens: int) -> None:
+        self.tokens += tokens
+
+    def failed(self, what: str) -> None:
+        self.failures += 1
+        if self.failures >= self.rules.max_failures:
+            raise LimitReached(FAILURES, f"{self.failures} failures in a row, the last: {what}")
+
+    def succeeded(self) -> None:
+        self.failures = 0
+
+    def action(self, key: str) -> str | None:
+        """Count an action. A repeat returns a warning; more repeats than allowed stop the run."""
+        seen = self.actions.get(key, 0)
+        self.actions[key] = seen + 1
+        if seen == 0:
+            return None
+        if seen > self.rules.max_repeats:
+            raise LimitReached(REPEATED, f"the same action was sent {seen + 1} times: {key[:200]}")
+        return (
+            "Note: you already ran exactly this action with the same arguments; the result "
+            "will not change. Do something different, or give the Final Answer."
+        )
+
+    def thought(self, text: str) -> str | None:
+        key = " ".join(text.lower().split())
+        if len(key) < 20:
+            return None
+        if key in self.thoughts and key not in self.warned_thoughts:
+            self.warned_thoughts.add(key)
+            return (
+                "Note: this thought repeats an earlier one word for word. You may be going in "
+                "circles: use what the observations showed, try another approach, or answer."
+            )
+        self.thoughts.add(key)
+        return None
+
+    def check_answer(self, answer: str, question: str, earlier: list[str]) -> str | None:
+        """The answer-quality gate: a nudge for an empty, evasive or repeated answer (at most
+        `quality_retries` times per question), else None to accept it."""
+        if self.quality_nudges >= self.rules.quality_retries:
+            return None
+        text = answer.strip()
+        problem = None
+        if not text:
+            problem = "Your final answer was empty."
+        elif len(text) < 300 and _EVASIVE.search(text):
+            problem = "Your final answer does not answer the question."
+        elif _same(text, question) or any(_same(text, e) for e in earlier):
+            problem = (
+                "Your final answer repeats an earlier text instead of answering this question."
+            )
+        if problem is None:
+            return None
+        self.quality_nudges += 1
+        return (
+            f"{problem} Use the tools to find what is missing if you need to, then give a "
+            "complete, specific Final Answer to the question. If it truly cannot be answered "
+            "from the data, say exactly what is missing."
+        )
+
+
+def _same(a: str, b: str) -> bool:
+    return " ".join(a.lower().split()) == " ".join(b.lower().split())

@@ -1,0 +1,273 @@
+"""A scripted OpenAI-compatible HTTP server for tests: it replays a list of replies over real
+HTTP so the real `openai` client is exercised end to end (streaming and not, tool calls, usage),
+and injects the failures real endpoints produce (429, 500, slow replies, malformed bodies).
+
+Script entries, consumed one per chat-completion request:
+    "text"                                  an assistant message
+    {"content": str, "tool_calls": [{"name": str, "arguments": dict | str, "id": str?}],
+     "finish_reason": str?, "usage": {"prompt_tokens": int, "completion_tokens": int}?}
+    {"error": 429 | 500 | ..., "retry_after": float?, "message": str?}
+    {"delay": seconds, ...}                 sleep first (a slow reply), then answer the rest
+    {"malformed": true}                     200 with a body that is not JSON (or a broken SSE chunk)
+    callable(request_body) -> entry         answer from what the agent sent (e.g. an observation)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Self
+
+Entry = str | dict | Callable[[dict], Any]
+
+
+class ScriptedServer:
+    def __init__(
+        self,
+        script: list[Entry] | None = None,
+        *,
+        api_key: str | None = None,
+        reject_tools: bool = False,
+        honor_stop: bool = True,
+        model: str = "scripted-model",
+    ):
+        self.script: list[Entry] = list(script or [])
+        self.api_key, self.reject_tools, self.honor_stop, self.model = (
+            api_key,
+            reject_tools,
+            honor_stop,
+            model,
+        )
+        self.requests: list[dict] = []  # every chat-completion body received, in order
+        self.served = 0
+        self._lock = threading.Lock()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def add(self, *entries: Entry) -> None:
+        with self._lock:
+            self.script.extend(entries)
+
+    def left(self) -> int:
+        with self._lock:
+            return len(self.script)
+
+    def _next(self, body: dict) -> dict:
+        with self._lock:
+            self.requests.append(body)
+            if not self.script:
+                return {
+                    "error": 400,
+                    "message": f"scripted server: script exhausted after {self.served} replies",
+                }
+            entry = self.script.pop(0)
+            self.served += 1
+        if callable(entry):
+            entry = entry(body)
+        return {"content": entry} if isinstance(entry, str) else dict(entry)
+
+
+def _handler(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:  # keep pytest output clean
+            pass
+
+        def handle(self) -> None:
+            try:
+                super().handle()
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (a timeout test): nothing to answer
+
+        def do_GET(self) -> None:
+            if self.path.rstrip("/").endswith("/models"):
+                self._json(
+                    200, {"object": "list", "data": [{"id": server.model, "object": "model"}]}
+                )
+            else:
+                self._json(404, _error(f"no route {self.path}", "not_found"))
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length)
+            if not self.path.rstrip("/").endswith("/chat/completions"):
+                self._json(404, _error(f"no route {self.path}", "not_found"))
+                return
+            if server.api_key and self.headers.get("authorization") != f"Bearer {server.api_key}":
+                self._json(401, _error("Incorrect API key provided", "invalid_api_key"))
+                return
+            body = json.loads(raw)
+            if server.reject_tools and body.get("tools"):
+                server.requests.append(body)
+                self._json(
+                    400,
+                    _error(f"registry/{server.model} does not support tools", "invalid_request"),
+                )
+                return
+            entry = server._next(body)
+            if entry.get("delay"):
+                time.sleep(entry.pop("delay"))
+            if "error" in entry:
+                headers = {}
+                if entry.get("retry_after") is not None:
+                    headers["retry-after"] = str(entry["retry_after"])
+                status = int(entry["error"])
+                message = entry.get("message") or f"scripted error {status}"
+                self._json(status, _error(message, str(status)), headers)
+                return
+            if body.get("stream"):
+                self._stream(body, entry)
+            else:
+                self._complete(body, entry)
+
+        def _complete(self, body: dict, entry: dict) -> None:
+            if entry.get("malformed"):
+                self._send(200, b'{"id": "x", "choices": [ this is not json', "application/json")
+                return
+            content, calls, finish, usage = _reply(server, body, entry)
+            message: dict = {
+                "role": "assistant",
+                "content": content if content or not calls else None,
+            }
+            if calls:
+                message["tool_calls"] = calls
+            self._json(
+                200,
+                {
+                    "id": f"chatcmpl-{server.served}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body.get("model", server.model),
+                    "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                    "usage": usage,
+                },
+            )
+
+        def _stream(self, body: dict, entry: dict) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            if entry.get("malformed"):
+                self.wfile.write(b'data: {"id": "x", "choices": [{"delta": \n\n')
+                self.wfile.flush()
+                return
+            content, calls, finish, usage = _reply(server, body, entry)
+            base = {
+                "id": f"chatcmpl-{server.served}",
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": body.get("model", server.model),
+            }
+
+            def send(delta: dict, finish_reason: str | None = None, **extra: object) -> None:
+                chunk = dict(
+                    base,
+                    choices=[{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+                    **extra,
+                )
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.flush()
+
+            send({"role": "assistant", "content": ""})
+            for i in range(0, len(content or ""), 7):
+                send({"content": content[i : i + 7]})
+            for index, call in enumerate(calls):
+                fn = call["function"]
+                send(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": index,
+                                "id": call["id"],
+                                "type": "function",
+                                "function": {"name": fn["name"], "arguments": ""},
+                            }
+                        ]
+                    }
+                )
+                for i in range(0, len(fn["arguments"]), 11):
+                    send(
+                        {
+                            "tool_calls": [
+                                {
+                                    "index": index,
+                                    "function": {"arguments": fn["arguments"][i : i + 11]},
+                                }
+                            ]
+                        }
+                    )
+            send({}, finish)
+            if (body.get("stream_options") or {}).get("include_usage"):
+                chunk = dict(base, choices=[], usage=usage)
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+
+        def _json(self, status: int, obj: dict, headers: dict | None = None) -> None:
+            self._send(status, json.dumps(obj).encode(), "application/json", headers)
+
+        def _send(self, status: int, data: bytes, ctype: str, headers: dict | None = None) -> None:
+            self.send_response(status)
+            self.send_header("content-type", ctype)
+            self.send_header("content-length", str(len(data)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+
+    return Handler
+
+
+def _reply(server: ScriptedServer, body: dict, entry: dict) -> tuple[str, list[dict], str, dict]:
+    content = entry.get("content") or ""
+    finish = entry.get("finish_reason")
+    if server.honor_stop and body.get("stop") and content:
+        stops = body["stop"] if isinstance(body["stop"], list) else [body["stop"]]
+        cut = min((content.find(s) for s in stops if s in content), default=-1)
+        if cut >= 0:
+            content, finish = content[:cut], finish or "stop"
+    calls = []
+    for i, call in enumerate(entry.get("tool_calls") or []):
+        args = call.get("arguments", {})
+        calls.append(
+            {
+                "id": call.get("id") or f"call_{server.served}_{i}",
+                "type": "function",
+                "function": {
+                    "name": call["name"],
+                    "arguments": args if isinstance(args, str) else json.dumps(args),
+                },
+            }
+        )
+    finish = finish or ("tool_calls" if calls else "stop")
+    prompt = sum(len(json.dumps(m.get("content") or "")) for m in body.get("messages", [])) // 4 + 1
+    completion = (len(content) + sum(len(c["function"]["arguments"]) for c in calls)) // 4 + 1
+    usage = entry.get("usage") or {"prompt_tokens": prompt, "completion_tokens": completion}
+    usage = dict(usage, total_tokens=usage["prompt_tokens"] + usage["completion_tokens"])
+    return content, calls, finish, usage
+
+
+def _error(message: str, code: str) -> dict:
+    return {
+        "error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+    }

@@ -1,0 +1,217 @@
+"""Stop rules, the context budget, the trace writer and the notebook export, on plain inputs."""
+
+import json
+import subprocess
+import sys
+import time
+
+import nbformat
+import pytest
+
+from agent import context
+from agent.notebook import export_notebook
+from agent.prompts import system_prompt
+from agent.seams import Action, LimitReached
+from agent.stops import FAILURES, MAX_STEPS, REPEATED, TOKENS, WALL_TIME, Rules, Watch
+from agent.trace import TraceWriter, read_trace
+from sandbox import Execution
+from sandbox.execution import Error, Result, StreamChunk
+from tools import Registry, Tool, calculator_tool
+
+# -- stop rules ------------------------------------------------------------------------------------
+
+
+def test_max_steps_fires_after_the_limit_and_asks_for_a_forced_answer():
+    watch = Watch(Rules(max_steps=2))
+    watch.before_call()
+    watch.before_call()
+    with pytest.raises(LimitReached) as stop:
+        watch.before_call()
+    assert stop.value.reason == MAX_STEPS and stop.value.force_answer
+
+
+def test_repeated_action_warns_once_then_stops():
+    watch = Watch(Rules())
+    key = Action("python", '{"code": "df.head()"}').key()
+    assert watch.action(key) is None
+    assert "already ran exactly this action" in watch.action(
+        Action("python", {"code": "df.head()"}).key()
+    )
+    with pytest.raises(LimitReached) as stop:
+        watch.action(key)
+    assert stop.value.reason == REPEATED and not stop.value.force_answer
+
+
+def test_consecutive_failures_reset_by_a_success():
+    watch = Watch(Rules(max_failures=3))
+    watch.failed("a")
+    watch.failed("b")
+    watch.succeeded()
+    watch.failed("c")
+    watch.failed("d")
+    with pytest.raises(LimitReached) as stop:
+        watch.failed("KeyError: 'x'")
+    assert stop.value.reason == FAILURES and "KeyError" in stop.value.detail
+
+
+def test_wall_clock_and_token_budgets():
+    watch = Watch(Rules(wall_s=0.05))
+    watch.before_call()
+    time.sleep(0.06)
+    with pytest.raises(LimitReached, match=WALL_TIME):
+        watch.before_call()
+    watch = Watch(Rules(max_tokens=100))
+    watch.spent(101)
+    with pytest.raises(LimitReached, match=TOKENS):
+        watch.before_call()
+
+
+def test_repeated_thought_warns_once():
+    watch = Watch(Rules())
+    thought = "I should load the CSV file and look at the columns"
+    assert watch.thought(thought) is None
+    assert "repeats an earlier one" in watch.thought("  " + thought.upper())
+    assert watch.thought(thought) is None  # warned once only
+    assert watch.thought("short") is None
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "",
+        "   ",
+        "I cannot determine that.",
+        "Sorry, I don't know.",
+        "无法确定。",
+        "How many rows?",
+        "42 rows",
+    ],
+)
+def test_answer_quality_gate_nudges_once(answer):
+    watch = Watch(Rules(quality_retries=1))
+    nudge = watch.check_answer(answer, "How many rows?", earlier=["42 rows"])
+    assert nudge is not None and "Final Answer" in nudge
+    assert (
+        watch.check_answer(answer, "How many rows?", earlier=["42 rows"]) is None
+    )  # one retry only
+
+
+def test_answer_quality_gate_accepts_real_answers():
+    watch = Watch(Rules())
+    assert (
+        watch.check_answer("There are 12 rows; North sold the most.", "How many rows?", []) is None
+    )
+    long_negative = "I cannot find any row for 2023: " + "the data covers 2024 only. " * 20
+    assert watch.check_answer(long_negative, "Any 2023 rows?", []) is None
+
+
+# -- context budget --------------------------------------------------------------------------------
+
+
+def _history(steps: int, obs_chars: int) -> list[dict]:
+    messages = [{"role": "system", "content": "S" * 500}, {"role": "user", "content": "the task"}]
+    for i in range(steps):
+        messages.append(
+            {"role": "assistant", "content": f"Thought: step {i}\n```python\nprint({i})\n```"}
+        )
+        body = f"line one of step {i}\n" + "x" * obs_chars + f"\nKeyError: 'col{i}'"
+        messages.append({"role": "user", "content": f"Observation: {body}"})
+    return messages
+
+
+def test_fit_compacts_oldest_observations_and_keeps_newest_steps_whole():
+    messages = _history(8, 3000)
+    before = [dict(m) for m in messages]
+    compacted = context.fit(messages, budget_chars=12_000, keep_recent=3)
+    assert compacted >= 1 and context.size(messages) <= 12_000
+    assert messages[0] == before[0] and messages[1] == before[1]  # system prompt and task whole
+    assert messages[-6:] == before[-6:]  # the newest three steps whole
+    old = messages[3]["content"]
+    assert old.startswith("Observation: [compacted] KeyError: 'col0'") and len(old) < 250
+    assert [m["role"] for m in messages] == [m["role"] for m in before]
+
+
+def test_fit_leaves_a_small_history_alone_and_tool_pairs_intact():
+    messages = _history(2, 10)
+    assert context.fit(messages, budget_chars=100_000) == 0
+    tool_history = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "a", "type": "function",
+                                                              "function": {"name": "python", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "a", "content": "y" * 5000},
+        *[{"role": "assistant", "content": "t"}, {"role": "user", "content": "Observation: z"}] * 3,
+    ]  # fmt: skip
+    context.fit(tool_history, budget_chars=1000, keep_recent=3)
+    assert tool_history[3]["tool_call_id"] == "a" and tool_history[3]["content"].startswith(
+        "[compacted]"
+    )
+
+
+def test_system_prompt_is_lean_and_never_mentions_the_step_limit():
+    extra = Tool(
+        "lookup", "Look a code up in the table.", {"type": "object", "properties": {}}, lambda: ""
+    )
+    text = system_prompt(Registry([calculator_tool, extra]), "/data/a.csv: csv, 3 rows", "")
+    assert "/data/a.csv" in text and "Today is" in text and "- calculator: exact arithmetic" in text
+    assert "- lookup: Look a code up in the table." in text
+    assert "step" not in text.lower().replace("small steps", "") and len(text) < 2500
+
+
+# -- trace and notebook ---------------------------------------------------------------------------
+
+
+def test_trace_lines_are_on_disk_as_soon_as_written(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    trace = TraceWriter(path)
+    trace.write("step", step=1, observations=[])
+    # another process reads it while the writer is still open
+    out = subprocess.run(
+        [sys.executable, "-c", f"print(open({str(path)!r}).read())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert json.loads(out.strip())["step"] == 1
+    trace.close()
+
+
+def test_read_trace_skips_a_last_line_cut_by_a_crash(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    path.write_text('{"type": "step", "step": 1}\n{"type": "step", "st')
+    assert read_trace(path) == [{"type": "step", "step": 1}]
+
+
+def test_notebook_has_thoughts_code_outputs_and_images(tmp_path):
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+    ex = Execution(
+        code="print('hi')\nplot()\n1+1",
+        stream=[StreamChunk("stdout", "hi\n")],
+        results=[Result({"image/png": png, "text/plain": "<Figure>"}, {"sandcell/path": "/workspace/a.png"}),
+                 Result({"text/plain": "2"}, is_main=True)],
+        execution_count=1,
+    )  # fmt: skip
+    failed = Execution(
+        code="df['x']", error=Error("KeyError", "'x'", ["KeyError: 'x'"]), execution_count=2
+    )
+    path = tmp_path / "trace.jsonl"
+    with TraceWriter(path) as trace:
+        trace.write("session", model="m", protocol="react", inputs=["/tmp/sales.csv"])
+        trace.write("question", question=1, task="What is 1+1?")
+        trace.write("step", thought="Compute it.", observations=[
+            {"tool": "python", "args": {"code": ex.code}, "ok": True, "text": "hi", "execution": ex.to_dict()},
+            {"tool": "calculator", "args": {"expression": "1+1"}, "ok": True, "text": "2", "execution": None},
+        ])  # fmt: skip
+        trace.write("step", thought="", observations=[
+            {"tool": "python", "args": {}, "ok": False, "text": "KeyError", "execution": failed.to_dict()}])  # fmt: skip
+        trace.write("final", answer="2", stop_reason="answered")
+    nb = nbformat.read(str(export_notebook(path, tmp_path / "nb.ipynb")), as_version=4)
+    nbformat.validate(nb)
+    kinds = [c.cell_type for c in nb.cells]
+    assert kinds == ["markdown", "markdown", "markdown", "code", "markdown", "code", "markdown"]
+    code = nb.cells[3]
+    assert code.source == ex.code and code.execution_count == 1
+    assert [o.output_type for o in code.outputs] == ["stream", "display_data", "execute_result"]
+    assert code.outputs[1].data["image/png"] == png
+    assert nb.cells[5].outputs[0].ename == "KeyError"
+    assert "**Answer:** 2" in nb.cells[-1].source

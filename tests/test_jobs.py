@@ -1,0 +1,148 @@
+"""`sandcell run` and `sandcell batch` end to end: real sandboxes, scripted replies, real CSVs."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import docker
+import pandas as pd
+import pytest
+
+from tests.realdata import CSVS
+
+SANDCELL = [sys.executable, "-m", "agent.cli"]
+
+
+def sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def job_script(csv_name: str) -> list:
+    """Two steps: count the rows of one CSV, write it to output/, answer with the number."""
+    code = (f"import pandas as pd, os\ndf = pd.read_csv('/data/{csv_name}')\n"
+            "os.makedirs('/workspace/output', exist_ok=True)\n"
+            "open('/workspace/output/rows.txt', 'w').write(str(len(df)))\nprint(len(df))")
+    return [
+        {"content": "Thought: count the rows.", "tool_calls": [
+            {"name": "python", "arguments": {"code": code}}]},
+        {"content": f"Final Answer: {csv_name} has ROWS rows."},
+    ]
+
+
+def make_jobs(tmp_path, count: int, looping: set[int] = frozenset()) -> tuple:
+    jobs, expected = [], {}
+    for i in range(count):
+        csv = CSVS[i % len(CSVS)]
+        script = job_script(csv.name)
+        if i in looping:  # a cell that never ends; the sandbox's timeout must stop it
+            script[0]["tool_calls"][0]["arguments"]["code"] = "while True:\n    pass"
+            script[1]["content"] = "Final Answer: the computation did not finish."
+        rows = len(pd.read_csv(csv))
+        script[1]["content"] = script[1]["content"].replace("ROWS", str(rows))
+        (tmp_path / f"script-{i}.json").write_text(json.dumps(script))
+        jobs.append({"id": f"job-{i:02d}", "task": f"How many rows does {csv.name} have?",
+                     "inputs": [str(csv)], "replay": f"script-{i}.json"})
+        expected[f"job-{i:02d}"] = None if i in looping else rows
+    jobs_file = tmp_path / "jobs.jsonl"
+    jobs_file.write_text("\n".join(json.dumps(j) for j in jobs) + "\n")
+    return jobs_file, expected
+
+
+def sandcell_containers() -> list:
+    return docker.from_env().containers.list(all=True, filters={"label": "sandcell.owner"})
+
+
+def owned_by(pid: int) -> list:
+    return [c for c in sandcell_containers() if c.labels["sandcell.owner"].endswith(f":{pid}")]
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+@pytest.mark.xdist_group("batch")
+def test_batch_of_20_jobs_with_4_workers_and_a_looping_one(tmp_path):
+    before = {p: sha(p) for p in CSVS}
+    jobs_file, expected = make_jobs(tmp_path, 20, looping={7})
+    out = tmp_path / "out"
+    proc = subprocess.Popen([*SANDCELL, "batch", str(jobs_file), "--output", str(out),
+                             "--workers", "4", "--timeout", "20", "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, stderr = proc.communicate(timeout=580)
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == sorted(expected), stderr
+    for record in records:
+        rows = expected[record["id"]]
+        if rows is None:
+            assert record["status"] == "answered" and "did not finish" in record["answer"]
+            continue
+        assert record["status"] == "answered", record
+        assert record["answer"].endswith(f"has {rows} rows.")
+        assert (out / record["id"] / "output" / "rows.txt").read_text() == str(rows)
+        assert (out / record["id"] / "answer.md").exists()
+        assert (out / record["id"] / "notebook.ipynb").exists()
+    looping_trace = (out / "job-07" / "trace.jsonl").read_text()
+    assert "Timed out" in looping_trace
+    assert {p: sha(p) for p in CSVS} == before  # inputs byte-identical
+    assert owned_by(proc.pid) == []  # no container left behind
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+@pytest.mark.xdist_group("batch-kill")
+def test_batch_killed_midway_resumes_without_redoing_finished_jobs(tmp_path):
+    jobs_file, expected = make_jobs(tmp_path, 8)
+    out = tmp_path / "out"
+    args = [*SANDCELL, "batch", str(jobs_file), "--output", str(out), "--workers", "2",
+            "--no-progress"]
+    first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results = out / "results.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if results.exists() and len(results.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.1)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    done_before = {json.loads(line)["id"]: line for line in results.read_text().splitlines()}
+    assert 3 <= len(done_before) < 8
+    second = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output, _ = second.communicate(timeout=400)
+    assert second.returncode == 0, output
+    lines = results.read_text().splitlines()
+    ids = [json.loads(line)["id"] for line in lines]
+    assert sorted(ids) == sorted(expected)  # every job once: none redone, none lost
+    for line in lines:
+        record = json.loads(line)
+        if record["id"] in done_before:
+            assert line == done_before[record["id"]]
+    assert owned_by(first.pid) == [] and owned_by(second.pid) == []  # the orphans were reaped
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(300)
+@pytest.mark.xdist_group("run")
+def test_run_writes_answer_trace_notebook_and_outputs(tmp_path):
+    jobs_file, expected = make_jobs(tmp_path, 1)
+    out = tmp_path / "run"
+    csv = CSVS[0]
+    proc = subprocess.run([*SANDCELL, "run", "--task", "count rows", "--input", str(csv),
+                           "--output", str(out), "--replay", str(tmp_path / "script-0.json")],
+                          capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith(f"has {expected['job-00']} rows.")
+    assert (out / "output" / "rows.txt").read_text() == str(expected["job-00"])
+    assert [json.loads(x)["kind"] if "kind" in json.loads(x) else None
+            for x in (out / "trace.jsonl").read_text().splitlines()]
+    assert (out / "notebook.ipynb").exists() and (out / "answer.md").exists()
+
+
+def test_bad_jobs_file_is_a_usage_error_naming_the_line(tmp_path):
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"id": "a", "task": "x"}\nnot json\n')
+    proc = subprocess.run([*SANDCELL, "batch", str(jobs), "--output", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "jobs.jsonl:2" in proc.stderr

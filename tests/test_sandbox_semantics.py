@@ -1,0 +1,320 @@
+"""What users of a code interpreter expect from the sandbox, against real containers:
+state, values, display data and images, errors, interrupts, restarts, files, rendering,
+inputs, the warm pool and container cleanup."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import docker
+import pytest
+
+from sandbox import DockerSandbox, Limits, SandboxError, SandboxPool, render
+from sandbox import container as ctr
+
+pytestmark = pytest.mark.docker
+
+FAST = Limits(timeout_s=5, interrupt_grace_s=2)
+ANSI_ESC = "\x1b"
+
+
+@pytest.fixture(scope="module")
+def input_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("inputs") / "sales.csv"
+    path.write_text("region,amount\nnorth,10\nsouth,20\nnorth,5\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def sb(input_file):
+    with DockerSandbox(limits=FAST, inputs=[input_file]) as sandbox:
+        yield sandbox
+
+
+shared = pytest.mark.xdist_group("semantics-shared")
+
+
+@shared
+@pytest.mark.timeout(60)
+def test_state_persists_across_cells(sb):
+    assert sb.run("import math\nradius = 2.0").ok
+    assert sb.run("area = math.pi * radius ** 2").ok
+    ex = sb.run("round(area, 3)")
+    assert ex.ok and ex.text == "12.566"
+
+
+@shared
+@pytest.mark.timeout(60)
+def test_expression_value_is_returned_and_print_is_stream(sb):
+    ex = sb.run("print('side effect')\n1 + 2")
+    assert ex.text == "3" and ex.stdout == "side effect\n"
+    assert [r.is_main for r in ex.results] == [True]
+    ex = sb.run("value = 5")  # an assignment has no value
+    assert ex.ok and ex.text is None and ex.results == []
+    assert render(ex) == "[ran without output]"
+
+
+@shared
+@pytest.mark.timeout(60)
+def test_stdout_and_stderr_in_order_ansi_stripped(sb):
+    ex = sb.run("import sys\nprint('one', flush=True)\nprint('two', file=sys.stderr, flush=True)\n"
+                "print('\\x1b[31mthree\\x1b[0m', flush=True)")
+    assert [(c.name, c.text) for c in ex.stream] == [
+        ("stdout", "one\n"), ("stderr", "two\n"), ("stdout", "three\n")]
+    assert ANSI_ESC not in render(ex)
+
+
+@shared
+@pytest.mark.timeout(60)
+def test_display_data_comes_back(sb):
+    ex = sb.run("from IPython.display import display, HTML, Markdown\n"
+                "display(HTML('<b>bold</b>'))\ndisplay(Markdown('# title'))")
+    assert ex.ok
+    kinds = [sorted(r.data) for r in ex.results]
+    assert kinds == [["text/html", "text/plain"], ["text/markdown", "text/plain"]]
+    assert ex.results[0].data["text/html"] == "<b>bold</b>" and not ex.results[0].is_main
+
+
+@shared
+@pytest.mark.timeout(90)
+def test_matplotlib_chart_saved_as_png_and_named(sb):
+    ex = sb.run("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('t')\nplt.show()",
+                timeout=60)
+    assert ex.ok, render(ex)
+    assert len(ex.images) == 1
+    path = ex.images[0]
+    assert path.startswith("/workspace/figures/") and path.endswith(".png")
+    assert "image/png" in ex.results[0].data
+    assert sb.read(path)[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"saved to {path}" in render(ex)
+    ex = sb.run("plt.plot([0, 1]); plt.show()")
+    assert ex.images and ex.images[0] != path  # a second figure gets its own file
+
+
+@shared
+@pytest.mark.timeout(60)
+def test_error_has_name_value_and_compact_traceback(sb):
+    ex = sb.run("def inner(d):\n    return 1 / d\n\ndef outer():\n    return inner(0)\n\nouter()")
+    assert not ex.ok and ex.error.name == "ZeroDivisionError"
+    assert ex.error.value == "division by zero"
+    tb = "\n".join(ex.error.traceback)
+    assert ANSI_ESC not in tb
+    assert "Cell In[" in tb and "outer()" in tb and "1 / d" in tb
+    assert "site-packages" not in tb and "interactiveshell" not in tb  # no IPython internals
+    text = render(ex)
+    assert "ZeroDivisionError: division by zero" in text and ANSI_ESC not in text
+    ex = sb.run("import json\njson.loads('{bad')")  # an error raised inside a library
+    assert ex.error.name == "JSONDecodeError" and "Cell In[" in "\n".join(ex.error.traceback)
+    assert sb.run("1").ok  # a failed cell leaves the kernel usable
+
+
+@shared
+@pytest.mark.timeout(60)
+def test_execution_count_increases(sb):
+    counts = [sb.run("None").execution_count for _ in range(3)]
+    assert counts[0] is not None and counts == [counts[0], counts[0] + 1, counts[0] + 2]
+    assert sb.run("1/0").execution_count == counts[0] + 3
+
+
+@shared
+@pytest.mark.timeout(60)
+def test_dataframe_shown_bounded_with_shape(sb):
+    ex = sb.run("import pandas as pd\npd.DataFrame({'a': range(5000), 'b': range(5000)})")
+    assert ex.ok and "[5000 rows x 2 columns]" in ex.text
+    assert len(ex.text) < 2000
+    ex = sb.run("pd.Series(range(3000), name='s')")
+    assert "Length: 3000" in ex.text and len(ex.text) < 2000
+
+
+@shared
+@pytest.mark.timeout(60)
+def test_inputs_are_read_only_at_data(sb, input_file):
+    ex = sb.run("import pandas as pd\ndf = pd.read_csv('/data/sales.csv')\n"
+                "int(df.amount.sum())")
+    assert ex.ok and ex.text == "35"
+    assert sb.read("/data/sales.csv") == input_file.read_bytes()
+    ex = sb.run("open('/data/sales.csv', 'a').write('x')")
+    assert ex.error is not None and ex.error.name in ("OSError", "PermissionError"), render(ex)
+    assert sb.read("/data/sales.csv") == input_file.read_bytes()
+
+
+@shared
+@pytest.mark.timeout(60)
+def test_files_read_write(sb):
+    sb.write("notes/in.txt", b"from the host\n")
+    ex = sb.run("print(open('notes/in.txt').read(), end='')\n"
+                "open('notes/out.bin', 'wb').write(bytes(range(256)))")
+    assert ex.stdout == "from the host\n"
+    listing = {f["path"]: f["size"] for f in sb.files()}
+    assert listing["notes/in.txt"] == 14 and listing["notes/out.bin"] == 256
+    assert sb.read("notes/out.bin") == bytes(range(256))
+    assert sb.read("/workspace/notes/out.bin", max_bytes=10) == bytes(range(10))
+    with pytest.raises(FileNotFoundError):
+        sb.read("notes/missing.txt")
+    with pytest.raises(IsADirectoryError):
+        sb.read("notes")
+
+
+@shared
+@pytest.mark.timeout(60)
+def test_export_copies_files_and_refuses_links_out(sb, tmp_path):
+    ex = sb.run("import os\nos.makedirs('out/sub', exist_ok=True)\n"
+                "open('out/a.csv', 'w').write('x,y\\n')\nopen('out/sub/b.txt', 'w').write('b')\n"
+                "os.symlink('/etc/passwd', 'out/passwd')\nos.symlink('/etc', 'out/etcdir')\n"
+                "os.symlink('a.csv', 'out/rel-link')\nos.link('out/a.csv', 'out/hard')\n"
+                "os.mkfifo('out/fifo')")
+    assert ex.ok, render(ex)
+    copied = sb.export(tmp_path / "exp", subdir="out")
+    assert sorted(copied) == ["a.csv", "hard", "sub/b.txt"]  # hard links become plain files
+    assert (tmp_path / "exp" / "a.csv").read_text() == "x,y\n"
+    assert (tmp_path / "exp" / "sub" / "b.txt").read_text() == "b"
+    for root, dirs, files in os.walk(tmp_path / "exp"):
+        for name in dirs + files:
+            p = os.path.join(root, name)
+            assert not os.path.islink(p), p  # no link survives the export
+            assert os.path.isdir(p) or os.path.isfile(p), p
+            assert os.path.realpath(p).startswith(str(tmp_path / "exp")), p
+    assert not (tmp_path / "exp" / "passwd").exists()
+    assert not (tmp_path / "exp" / "etcdir").exists() and not (tmp_path / "exp" / "fifo").exists()
+    with pytest.raises((OSError, SandboxError), match="symbolic links|not a regular"):
+        sb.read("out/passwd")  # read does not follow a link either
+    everything = sb.export(tmp_path / "all")
+    assert "out/a.csv" in everything and not any(p.startswith(".sandcell") for p in everything)
+
+
+@shared
+@pytest.mark.timeout(60)
+def test_render_caps_with_head_tail_and_names_saved_output(sb):
+    ex = sb.run("for i in range(3000):\n    print(f'line {i:05d}')")
+    full = ex.stdout
+    assert full.startswith("line 00000") and "line 02999" in full
+    text = render(ex, 2000)
+    assert len(text) <= 2000
+    assert "line 00000" in text and "line 02999" in text  # head and tail
+    assert "line 01500" not in text
+    assert "characters cut" in text and ex.saved_output in text
+    assert ex.saved_output.startswith("/workspace/.sandcell/outputs/")
+    assert sb.read(ex.saved_output).decode() == full
+    assert render(sb.run("print('short')"), 2000) == "short"
+
+
+# -- fresh sandboxes ----------------------------------------------------------------------
+@pytest.mark.xdist_group("semantics-b")
+@pytest.mark.timeout(60)
+def test_interrupt_from_another_thread_keeps_state():
+    with DockerSandbox(limits=Limits(timeout_s=30, interrupt_grace_s=2)) as box:
+        assert box.run("x = 41").ok
+        timer = threading.Timer(1.0, box.interrupt)
+        timer.start()
+        ex = box.run("import time\nwhile True:\n    time.sleep(0.01)")
+        timer.join()
+        assert ex.interrupted and not ex.timed_out and ex.restarted is None
+        assert ex.error.name == "KeyboardInterrupt" and ex.duration_s < 10
+        assert box.run("x + 1").text == "42"
+
+
+@pytest.mark.xdist_group("semantics-b")
+@pytest.mark.timeout(60)
+def test_restart_clears_state_and_keeps_files():
+    with DockerSandbox(limits=FAST) as box:
+        assert box.run("x = 1\nopen('kept.txt', 'w').write('kept')").ok
+        assert box.run("None").execution_count > 1
+        box.restart()
+        ex = box.run("print(open('kept.txt').read())\nx")
+        assert ex.stdout == "kept\n" and ex.error.name == "NameError"
+        assert ex.execution_count == 1  # a fresh kernel counts from one again
+        assert box.run("y = 2\ny * 21").text == "42"
+
+
+@pytest.mark.xdist_group("semantics-c")
+@pytest.mark.timeout(120)
+def test_pool_hands_out_fresh_distinct_sandboxes_with_inputs(input_file):
+    client = docker.from_env()
+    with SandboxPool(size=2, limits=FAST) as pool:
+        first = pool.acquire(inputs=[input_file], timeout=60)
+        second = pool.acquire(inputs=[input_file], timeout=60)
+        try:
+            assert first.container.id != second.container.id
+            assert first.session != second.session
+            assert first.run("secret = 'first'").ok
+            ex = second.run("secret")
+            assert ex.error is not None and ex.error.name == "NameError"  # nothing shared
+            for box in (first, second):
+                ex = box.run("print(open('/data/sales.csv').read(), end='')")
+                assert ex.stdout == input_file.read_text()
+                ex = box.run("open('/data/sales.csv', 'w')")
+                assert ex.error is not None  # read-only there too
+        finally:
+            first.close()
+            second.close()
+        for box in (first, second):
+            assert not client.containers.list(all=True, filters={
+                "label": f"sandcell.session={box.session}"})
+        deadline = time.monotonic() + 60
+        while pool.ready() < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pool.ready() >= 1  # refilled in the background
+        sessions = [s.session for s in list(pool._ready.queue)]
+    time.sleep(0.5)
+    for session in sessions:  # closing the pool closes what it kept ready
+        assert not client.containers.list(all=True, filters={
+            "label": f"sandcell.session={session}"})
+
+
+@pytest.mark.xdist_group("semantics-c")
+@pytest.mark.timeout(60)
+def test_no_container_left_after_close():
+    client = docker.from_env()
+    session = f"test-{uuid.uuid4().hex[:8]}"
+    flt = {"label": [ctr.LABEL, f"sandcell.session={session}"]}
+    box = DockerSandbox(limits=FAST, session=session)
+    assert len(client.containers.list(filters=flt)) == 1
+    conn_dir = box.conn_dir
+    assert box.run("1").ok
+    box.close()
+    assert client.containers.list(all=True, filters=flt) == []
+    assert not os.path.exists(conn_dir)
+    with pytest.raises(Exception, match="closed"):
+        box.run("1")
+
+
+@pytest.mark.xdist_group("semantics-c")
+@pytest.mark.timeout(90)
+def test_orphan_of_a_dead_owner_is_reaped():
+    client = docker.from_env()
+    session = f"orphan-{uuid.uuid4().hex[:8]}"
+    alive = DockerSandbox(limits=FAST)  # started first: a live owner's container is kept
+    # a process that starts a sandbox and dies without cleaning up
+    script = ("import json, os\nfrom sandbox import DockerSandbox, Limits\n"
+              f"box = DockerSandbox(limits=Limits(), session={session!r})\n"
+              "print(json.dumps({'id': box.container.id, 'conn': box.conn_dir}), flush=True)\n"
+              "os._exit(0)\n")
+    info = None
+    try:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                             timeout=60, cwd=os.path.dirname(os.path.dirname(__file__)))
+        info = json.loads(out.stdout.strip().splitlines()[-1])
+        labels = client.api.inspect_container(info["id"])["Config"]["Labels"]
+        assert labels["sandcell.session"] == session
+        assert int(labels[ctr.OWNER_LABEL].rpartition(":")[2]) != os.getpid()
+        # (another test's sandbox start may reap it first: every start reaps orphans)
+        removed = ctr.reap_orphans(client)
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.get(info["id"])
+        assert alive.container.id[:12] not in removed
+        assert alive.run("1 + 1").text == "2"
+    finally:
+        alive.close()
+        if info is not None:
+            try:
+                client.containers.get(info["id"]).remove(force=True)
+            except docker.errors.NotFound:
+                pass
+            conn = info["conn"]
+            if os.path.isdir(conn):
+                os.chmod(conn, 0o755)
+                subprocess.run(["rm", "-rf", conn, conn + "-data"], check=False)

@@ -1,0 +1,190 @@
+"""The registry: argument parsing and repair, schema errors in words, timeouts, the cache, and
+both renderings of the tool list; plus `sandcell tool` run as a real subprocess."""
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tools import Observation, Registry, Tool, ToolError, calculator_tool
+
+
+def _echo_tool(**kw) -> Tool:
+    schema = {
+        "type": "object",
+        "properties": {
+            "text": {"type": "string", "description": "what to echo"},
+            "times": {"type": "integer"},
+        },
+        "required": ["text"],
+        "additionalProperties": False,
+    }
+    return Tool(
+        "echo",
+        "Echo text. Do NOT use for anything else.",
+        schema,
+        lambda text, times=1: text * times,
+        **kw,
+    )
+
+
+def test_dict_and_json_string_args():
+    reg = Registry([_echo_tool()])
+    assert reg.call("echo", {"text": "ab", "times": 2}) == Observation(True, "abab")
+    assert reg.call("echo", '{"text": "ab", "times": 3}').text == "ababab"
+
+
+def test_broken_json_is_repaired():
+    reg = Registry([_echo_tool()])
+    assert reg.call("echo", '{"text": "hi", "times": 2').text == "hihi"  # missing brace
+    assert reg.call("echo", "{'text': 'hi',}").text == "hi"  # single quotes, trailing comma
+
+
+def test_unrepairable_json_says_what_is_wrong():
+    reg = Registry(
+        [
+            Tool(
+                "two",
+                "d",
+                {
+                    "type": "object",
+                    "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+                    "required": ["a", "b"],
+                },
+                lambda a, b: a + b,
+            )
+        ]
+    )
+    obs = reg.call("two", "garbage {")
+    assert not obs.ok
+    assert (
+        "not valid JSON" in obs.text and "could not be repaired" in obs.text and '"a"' in obs.text
+    )
+    obs = reg.call("two", "[1, 2]")
+    assert not obs.ok and "must be a JSON object, got array" in obs.text
+
+
+def test_bare_text_for_a_one_string_argument_tool():
+    reg = Registry([calculator_tool])
+    assert reg.call("calculator", "2+3*4").text == "14"
+
+
+def test_unknown_tool_lists_real_names():
+    obs = Registry([_echo_tool(), calculator_tool]).call("calc", {})
+    assert not obs.ok and "unknown tool `calc`" in obs.text and "echo, calculator" in obs.text
+
+
+def test_schema_errors_read_like_sentences():
+    reg = Registry([calculator_tool, _echo_tool()])
+    obs = reg.call("calculator", {"expression": 1})
+    assert not obs.ok and "`expression` must be a string, got number" in obs.text
+    assert "missing required argument `text`" in reg.call("echo", {}).text
+    assert "unknown argument(s) `colour`" in reg.call("echo", {"text": "a", "colour": 1}).text
+    assert (
+        "`times` must be an integer, got string"
+        in reg.call("echo", {"text": "a", "times": "2"}).text
+    )
+
+
+def test_tool_error_and_unexpected_exception():
+    def fails(kind: str) -> str:
+        if kind == "tool":
+            raise ToolError("the file is gone; list /data first")
+        return {}["missing"]
+
+    schema = {"type": "object", "properties": {"kind": {"type": "string"}}, "required": ["kind"]}
+    reg = Registry([Tool("f", "d", schema, fails)])
+    assert reg.call("f", {"kind": "tool"}).text == "the file is gone; list /data first"
+    obs = reg.call("f", {"kind": "bug"})
+    assert (
+        not obs.ok
+        and obs.text == "f failed: KeyError: 'missing'"
+        and isinstance(obs.data, KeyError)
+    )
+
+
+@pytest.mark.timeout(10)
+def test_timeout_returns_promptly():
+    release = threading.Event()
+    schema = {"type": "object", "properties": {}}
+    reg = Registry([Tool("slow", "d", schema, lambda: release.wait(5) and "late", timeout_s=0.2)])
+    start = time.perf_counter()
+    obs = reg.call("slow", {})
+    release.set()
+    assert time.perf_counter() - start < 1.5
+    assert not obs.ok and "timed out after 0.2 s" in obs.text
+
+
+def test_cache_only_for_cacheable_tools_and_only_successes():
+    calls = []
+
+    def count(n: int) -> str:
+        calls.append(n)
+        if n < 0:
+            raise ToolError("negative")
+        return str(n)
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    reg = Registry([Tool("c", "d", schema, count, cacheable=True), Tool("u", "d", schema, count)])
+    for _ in range(3):
+        assert reg.call("c", {"n": 1}).text == "1"
+        assert reg.call("c", '{"n": 1}').text == "1"
+        reg.call("c", {"n": -1})
+        reg.call("u", {"n": 2})
+    assert calls == [1, -1, 2, -1, 2, -1, 2]  # 1 computed once; the error and "u" every time
+
+
+def test_openai_and_react_renderings():
+    reg = Registry([calculator_tool, _echo_tool()])
+    entries = reg.openai_tools()
+    assert [e["function"]["name"] for e in entries] == ["calculator", "echo"]
+    assert entries[0]["type"] == "function" and entries[0]["function"]["parameters"][
+        "required"
+    ] == ["expression"]
+    json.dumps(entries)  # what the openai client sends must be plain JSON
+    block = reg.react_block()
+    assert "calculator: Evaluate" in block and "Do NOT" in block
+    assert "text (string, required): what to echo" in block and "times (integer, optional)" in block
+
+
+def test_registry_rejects_bad_definitions():
+    with pytest.raises(ValueError, match="two tools"):
+        Registry([_echo_tool(), _echo_tool()])
+    with pytest.raises(ValueError, match="must match"):
+        Registry([Tool("bad name", "d", {"type": "object"}, lambda: "")])
+    with pytest.raises(ValueError, match="type object"):
+        Registry([Tool("x", "d", {"type": "string"}, lambda: "")])
+
+
+def test_a_tool_returning_the_wrong_type_is_a_bug_not_an_observation():
+    reg = Registry([Tool("x", "d", {"type": "object"}, lambda: 42)])
+    with pytest.raises(TypeError, match="must return str or Observation"):
+        reg.call("x", {})
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli", "tool", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.timeout(90)
+def test_cli_runs_one_tool(tmp_path):
+    ok = _cli("calculator", '{"expression": "1,234.5 × 2"}')
+    assert ok.returncode == 0 and ok.stdout.strip() == "2469.0"
+    bad = _cli("calculator", '{"expression": "10**10**10"}')
+    assert bad.returncode == 1 and "digits" in bad.stderr and bad.stdout == ""
+    data = tmp_path / "sales.csv"
+    data.write_text("region,amount\nnorth,10\nsouth,\n")
+    meta = _cli("file_metadata", '{"path": "/data/sales.csv"}', "--input", str(data))
+    assert meta.returncode == 0, meta.stderr
+    assert "2 rows x 2 columns" in meta.stdout and "amount: int, 1 null" in meta.stdout
+    out = _cli("file_metadata", '{"path": "/etc/passwd"}', "--input", str(data))
+    assert out.returncode == 1 and "outside the sandbox" in out.stderr

@@ -1,0 +1,234 @@
+"""The file_metadata tool and the input-file profiles of the agent's system prompt.
+
+Host inputs are read through tools.paths (confined, no symlinks, no special files); workspace
+files through a FileSource (the sandbox runs the reads inside the container). Both feed the
+same tools.profile, so a file gets the same answer wherever it lives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from tools.paths import (
+    INPUT_ROOT,
+    FileSource,
+    Refused,
+    Target,
+    input_map,
+    kind_of,
+    list_dir_fd,
+    open_confined,
+    parse_request,
+    read_fd,
+    refuse_kind,
+)
+from tools.profile import DEFAULT_CAPS, Caps, Profile, build_profile, human_size, render
+from tools.registry import Observation, Tool, ToolError
+
+_CACHE_SIZE = 128
+
+DESCRIPTION = (
+    "Inspect one file without loading it: size, modification time, detected type (csv, tsv, json, "
+    "jsonl, parquet, xlsx, text, binary) and sha256; for tables also the encoding, delimiter, "
+    "header, row count, column types, null counts and the first rows. Use it before reading an "
+    "unfamiliar file, to choose read_csv options (encoding, sep, header). Works only on the input "
+    "files under /data and on files in /workspace; `/data` alone lists the inputs. Do NOT use it "
+    "to compute statistics or to read a file's contents: run Python for that."
+)
+
+
+class FileMetadata:
+    def __init__(
+        self,
+        inputs: Mapping[str, str | Path] | Iterable[str | Path] = (),
+        workspace: FileSource | None = None,
+        caps: Caps = DEFAULT_CAPS,
+    ):
+        self.inputs = input_map(inputs)
+        self.workspace = workspace
+        self.caps = caps
+        self._cache: OrderedDict[tuple, Profile] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def describe(self, path: str) -> Observation:
+        target = parse_request(path, self.inputs)
+        if target.area == INPUT_ROOT:
+            profile = self._input(target)
+        else:
+            profile = self._workspace(target)
+        if isinstance(profile, str):
+            return Observation(True, profile)
+        return Observation(True, render(profile, self.caps), data=profile)
+
+    # -- host inputs ---------------------------------------------------------------------
+    def _input(self, target: Target) -> Profile | str:
+        if not target.parts:
+            return self.listing()
+        root = self.inputs.get(target.parts[0])
+        if root is None:
+            raise Refused(
+                f"there is no input named {target.parts[0]!r}; {self.listing()}", "missing"
+            )
+        fd, st = open_confined(root, target.parts[1:], target.shown)
+        try:
+            kind = kind_of(st.st_mode)
+            if kind == "dir":
+                entries = list_dir_fd(fd)
+                return f"{target.shown}: directory, {len(entries)} entries: " + ", ".join(entries)
+            if kind != "file":
+                raise refuse_kind(target.shown, kind)
+            key = (target.shown, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            cached = self._cached(key)
+            if cached is not None:
+                return cached
+            complete = st.st_size <= self.caps.full_bytes
+            limit = st.st_size if complete else self.caps.head_bytes
+            data = read_fd(fd, limit, time.monotonic() + self.caps.time_s)
+            complete = complete and len(data) == st.st_size  # a file that changed is not "whole"
+
+            def reopen() -> io.BufferedReader:  # parquet and xlsx seek to their footer
+                return os.fdopen(os.dup(fd), "rb")
+
+            profile = build_profile(
+                target.shown,
+                st.st_size,
+                st.st_mtime,
+                data,
+                complete=complete,
+                caps=self.caps,
+                open_file=reopen,
+            )
+        finally:
+            os.close(fd)
+        return self._store(key, profile)
+
+    def listing(self) -> str:
+        if not self.inputs:
+            return "there are no input files in this session"
+        items = []
+        for name, path in self.inputs.items():
+            try:
+                size = human_size(os.stat(path).st_size)
+            except OSError:
+                size = "unreadable"
+            items.append(f"/data/{name} ({size})")
+        return "input files (read-only): " + ", ".join(items)
+
+    # -- workspace -----------------------------------------------------------------------
+    def _workspace(self, target: Target) -> Profile | str:
+        if self.workspace is None:
+            raise ToolError(
+                f"{target.shown}: there is no workspace here (no sandbox is running); "
+                f"only the inputs can be inspected. {self.listing()}"
+            )
+        shown = target.shown
+        info = self.workspace.stat(shown)
+        kind = info.get("kind", "missing")
+        if kind == "missing":
+            raise Refused(
+                f"{shown} does not exist; list the workspace with the python tool "
+                "(os.listdir('/workspace'))",
+                "missing",
+            )
+        if kind == "dir":
+            return f"{shown}: directory; list it with the python tool (os.listdir)"
+        if kind == "symlink":
+            raise Refused(
+                f"{shown} is a symbolic link; links are not followed. Give the real path.",
+                "symlink",
+            )
+        if kind != "file":
+            raise refuse_kind(shown, kind)
+        key = ("workspace", shown, info.get("size"), info.get("mtime"))
+        cached = self._cached(key)
+        if cached is not None:
+            return cached
+        size = int(info.get("size") or 0)
+        want = self.caps.full_bytes + 1 if size <= self.caps.full_bytes else self.caps.head_bytes
+        try:
+            data = self.workspace.read(shown, max_bytes=want)
+        except FileNotFoundError:
+            raise Refused(f"{shown} disappeared while it was being read", "missing") from None
+        except (PermissionError, IsADirectoryError) as exc:
+            raise ToolError(f"{shown} cannot be read: {exc}") from None
+        complete = len(data) <= self.caps.full_bytes and len(data) < want
+        size = len(data) if complete else max(size, len(data))
+        profile = build_profile(
+            shown, size, info.get("mtime"), data, complete=complete, caps=self.caps
+        )
+        return self._store(key, profile)
+
+    # -- cache of unchanged files --------------------------------------------------------
+    def _cached(self, key: tuple) -> Profile | None:
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+            return hit
+
+    def _store(self, key: tuple, profile: Profile) -> Profile:
+        with self._lock:
+            self._cache[key] = profile
+            while len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return profile
+
+
+def file_metadata_tool(
+    inputs: Mapping[str, str | Path] | Iterable[str | Path] = (),
+    workspace: FileSource | None = None,
+    caps: Caps = DEFAULT_CAPS,
+) -> Tool:
+    """The tool over these inputs ({name: host path}, or paths named by basename, as the sandbox
+    mounts them at /data/<name>) and, when a sandbox runs, its workspace."""
+    fm = FileMetadata(inputs, workspace, caps)
+    return Tool(
+        name="file_metadata",
+        description=DESCRIPTION,
+        parameters={
+            "type": "object",
+            "properties": {
+                "path": {
+                    "type": "string",
+                    "description": "the file as the sandbox sees it, e.g. /data/sales.csv or "
+                    "/workspace/out.csv",
+                },
+            },
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+        function=fm.describe,
+        timeout_s=2 * caps.time_s
+        + 10,  # reads and parsing stop at caps.time_s; this is the backstop
+        cacheable=False,  # cached inside, by file identity and mtime: a changed file is re-read
+    )
+
+
+def profile_inputs(
+    paths: Mapping[str, str | Path] | Iterable[str | Path],
+    caps: Caps = DEFAULT_CAPS,
+    max_chars: int = 8000,
+) -> str:
+    """Compact profiles of the input files, for the agent's system prompt."""
+    fm = FileMetadata(paths, None, caps)
+    if not fm.inputs:
+        return "There are no input files."
+    budget = max(600, max_chars // len(fm.inputs))
+    fm.caps = dataclasses.replace(caps, max_chars=budget)
+    out = ["Input files (read-only, under /data; write outputs to /workspace):"]
+    for name in fm.inputs:
+        try:
+            out.append(fm.describe(f"/{INPUT_ROOT}/{name}").text)
+        except ToolError as exc:
+            out.append(f"/{INPUT_ROOT}/{name}: {exc}")
+    text = "\n\n".join(out)
+    if len(text) > max_chars:
+        text = text[: max_chars - 50].rsplit("\n", 1)[0] + "\n... (profiles cut to fit)"
+    return text

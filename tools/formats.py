@@ -1,0 +1,182 @@
+"""Binary side of profiling: magic numbers, Parquet (footer metadata via pyarrow) and xlsx
+(openpyxl read-only, after a zip-bomb check)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import zipfile
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+MAGIC: list[tuple[bytes, str]] = [
+    (b"PAR1", "parquet"),
+    (b"PK\x03\x04", "zip archive"),
+    (b"\x89PNG\r\n\x1a\n", "PNG image"),
+    (b"\xff\xd8\xff", "JPEG image"),
+    (b"GIF8", "GIF image"),
+    (b"%PDF", "PDF document"),
+    (b"\x1f\x8b", "gzip archive"),
+    (b"BZh", "bzip2 archive"),
+    (b"\xfd7zXZ\x00", "xz archive"),
+    (b"7z\xbc\xaf\x27\x1c", "7z archive"),
+    (b"\x7fELF", "ELF executable"),
+    (b"SQLite format 3\x00", "SQLite database"),
+    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "legacy Office file (xls/doc)"),
+    (b"ARROW1", "Arrow IPC file"),
+]
+MAX_XLSX_XML = 64 << 20  # uncompressed bytes openpyxl may have to hold (shared strings etc.)
+MAX_ZIP_RATIO = 200  # a member compressed more than this is treated as a zip bomb
+
+
+def sniff_magic(head: bytes) -> str | None:
+    return next((what for magic, what in MAGIC if head.startswith(magic)), None)
+
+
+@dataclass
+class Column:
+    name: str
+    type: str
+    nulls: int | None = None  # None: unknown
+    nulls_note: str = ""  # e.g. "in the first 1,000 rows"
+    detail: str = ""  # range or examples
+
+
+@dataclass
+class TableInfo:
+    rows: int | None
+    rows_exact: bool
+    columns: list[Column]
+    sample: list[list[str]]
+    extra: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value)) if abs(value) < 1e15 else repr(value)
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    return str(value)[:60]
+
+
+def parquet_info(f: BinaryIO, size: int, sample_cap: int) -> TableInfo:
+    import pyarrow.parquet as pq  # heavy: only when a parquet file shows up
+
+    pf = pq.ParquetFile(f)
+    meta, schema = pf.metadata, pf.schema_arrow
+    flat = meta.num_columns == len(schema)  # nested columns have several leaf chunks
+    columns = []
+    for i, fld in enumerate(schema):
+        nulls = None
+        if flat:
+            counts = []
+            for g in range(meta.num_row_groups):
+                stats = meta.row_group(g).column(i).statistics
+                counts.append(
+                    stats.null_count if stats is not None and stats.has_null_count else None
+                )
+            nulls = sum(counts) if counts and None not in counts else None
+        columns.append(
+            Column(fld.name, str(fld.type), nulls, "" if nulls is not None else "unknown")
+        )
+    sample: list[list[str]] = []
+    notes = []
+    if meta.num_row_groups and meta.row_group(0).total_byte_size <= sample_cap:
+        batch = next(pf.iter_batches(batch_size=3), None)
+        if batch is not None:
+            sample = [[_cell(v) for v in row.values()] for row in batch.to_pylist()[:3]]
+    elif meta.num_row_groups:
+        notes.append("sample rows skipped: the first row group is too large to read here")
+    extra = [f"{meta.num_row_groups} row group(s), written by {meta.created_by or 'unknown'}"]
+    return TableInfo(meta.num_rows, True, columns, sample, extra, notes)
+
+
+def xlsx_info(f: BinaryIO, deadline: float, max_rows_scanned: int = 5000) -> TableInfo:
+    with zipfile.ZipFile(f) as zf:
+        for info in zf.infolist():
+            ratio = info.file_size / max(1, info.compress_size)
+            if ratio > MAX_ZIP_RATIO and info.file_size > (1 << 20):
+                raise ValueError(
+                    f"{info.filename} expands {ratio:.0f}x: refused as a possible zip bomb"
+                )
+        held = sum(
+            i.file_size for i in zf.infolist() if not i.filename.startswith("xl/worksheets/")
+        )
+        if held > MAX_XLSX_XML:
+            raise ValueError(
+                f"the workbook's shared parts are {held >> 20} MiB uncompressed; too large to "
+                "profile here. Open it with pandas in the python tool."
+            )
+    f.seek(0)
+    import openpyxl  # heavy: only when a workbook shows up
+
+    wb = openpyxl.load_workbook(f, read_only=True, data_only=True)
+    try:
+        sheets = wb.worksheets
+        listed = ", ".join(
+            f"{ws.title} ({ws.max_row or '?'} x {ws.max_column or '?'})" for ws in sheets[:20]
+        )
+        more = f", ... {len(sheets) - 20} more" if len(sheets) > 20 else ""
+        extra = [f"sheets: {listed}{more}"]
+        if not sheets:
+            return TableInfo(0, True, [], [], extra, ["the workbook has no worksheets"])
+        return _first_sheet(sheets[0], deadline, max_rows_scanned, extra)
+    finally:
+        wb.close()
+
+
+def _first_sheet(ws, deadline: float, max_rows: int, extra: list[str]) -> TableInfo:
+    rows_iter = ws.iter_rows(values_only=True)
+    header = next(rows_iter, None)
+    if header is None:
+        return TableInfo(0, True, [], [], extra, [f"sheet {ws.title} is empty"])
+    names = [_cell(h) or f"column_{i + 1}" for i, h in enumerate(header)]
+    kinds: list[set[str]] = [set() for _ in names]
+    nulls = [0] * len(names)
+    sample, scanned, finished = [], 0, True
+    for row in rows_iter:
+        if scanned >= max_rows or time.monotonic() > deadline:
+            finished = False
+            break
+        scanned += 1
+        if len(sample) < 3:
+            sample.append([_cell(v) for v in row])
+        for i in range(len(names)):
+            v = row[i] if i < len(row) else None
+            if v is None or v == "":
+                nulls[i] += 1
+            else:
+                kinds[i].add(_py_kind(v))
+    note = "" if finished else f"in the first {scanned:,} rows"
+    columns = [Column(n, _merge(k), c, note) for n, k, c in zip(names, kinds, nulls)]
+    dim_rows = (ws.max_row - 1) if ws.max_row else None
+    rows, exact = (scanned, True) if finished else (dim_rows, False)
+    notes = [] if finished else ["row count from the sheet's dimension record"]
+    return TableInfo(rows, exact, columns, sample, [f"profiled sheet: {ws.title}"] + extra, notes)
+
+
+def _py_kind(v: object) -> str:
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, float):
+        return "float"
+    if isinstance(v, dt.datetime):
+        return "datetime"
+    if isinstance(v, dt.date):
+        return "date"
+    return "string"
+
+
+def _merge(kinds: set[str]) -> str:
+    if not kinds:
+        return "empty"
+    if kinds <= {"int"}:
+        return "int"
+    if kinds <= {"int", "float"}:
+        return "float"
+    return kinds.pop() if len(kinds) == 1 else "mixed (" + ", ".join(sorted(kinds)) + ")"

@@ -1,0 +1,382 @@
+"""Profile one file from (name, size, mtime, bytes) and render it as compact text.
+
+The caller reads the bytes (a prefix, or the whole file when it is small) through whatever
+confinement applies; this module never touches the filesystem, so host inputs and workspace
+files get the same answer.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import hashlib
+import io
+import json
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import BinaryIO
+
+from tools import formats, tables
+from tools.formats import Column
+
+
+@dataclass(frozen=True)
+class Caps:
+    head_bytes: int = 1 << 20  # always read: type, encoding, sample rows, estimates
+    full_bytes: int = 16 << 20  # files up to this are read whole: exact counts and sha256
+    time_s: float = 5.0  # parsing stops here; counts are then marked as estimates
+    max_columns: int = 40  # columns listed in the rendered text
+    max_chars: int = 3000  # one rendered profile
+
+
+DEFAULT_CAPS = Caps()
+
+
+@dataclass
+class Profile:
+    name: str
+    size: int
+    mtime: float | None
+    kind: str  # csv, tsv, json, jsonl, parquet, xlsx, text, binary, empty
+    sha256: str | None = None
+    encoding: str | None = None
+    delimiter: str | None = None
+    header: bool | None = None
+    rows: int | None = None
+    rows_exact: bool = True
+    rows_at_least: bool = False  # text ended early (zero padding): no extrapolation to the size
+    columns: list[Column] = field(default_factory=list)
+    sample: list[list[str]] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+TEXT_TABLE_EXTS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".txt": "text", ".psv": "csv"}
+
+
+def build_profile(
+    name: str,
+    size: int,
+    mtime: float | None,
+    data: bytes,
+    *,
+    complete: bool,
+    caps: Caps = DEFAULT_CAPS,
+    open_file: Callable[[], BinaryIO] | None = None,
+) -> Profile:
+    """`data` is the whole file when `complete`, else a prefix. `open_file` gives a seekable
+    handle for formats whose metadata sits at the end (parquet, xlsx), when one is available."""
+    deadline = time.monotonic() + caps.time_s
+    p = Profile(name, size, mtime, "binary")
+    ext = PurePosixPath(name).suffix.lower()
+    if complete:
+        p.sha256 = hashlib.sha256(data).hexdigest()
+    else:
+        p.notes.append(f"sha256 not computed: the file is over {human_size(caps.full_bytes)}")
+    if size == 0:
+        p.kind, p.rows = "empty", 0
+        p.notes.append("the file is empty (0 bytes): there is nothing to read")
+        return p
+    magic = formats.sniff_magic(data)
+    if magic == "parquet" or (
+        magic == "zip archive" and (ext in (".xlsx", ".xlsm") or b"xl/" in data[:4096])
+    ):
+        _binary_table(
+            p,
+            "parquet" if magic == "parquet" else "xlsx",
+            data,
+            complete,
+            caps,
+            open_file,
+            deadline,
+        )
+    elif magic:
+        p.extra.append(f"content: {magic}")
+    else:
+        _text(p, data, complete, caps, deadline)
+    if p.kind == "binary" and ext in (*TEXT_TABLE_EXTS, ".json", ".jsonl"):
+        p.notes.append(
+            f"named {ext} but the content is binary; pd.read_csv/open() will not read it "
+            "as text. Check where the file came from."
+        )
+    return p
+
+
+def _binary_table(
+    p: Profile,
+    kind: str,
+    data: bytes,
+    complete: bool,
+    caps: Caps,
+    open_file: Callable[[], BinaryIO] | None,
+    deadline: float,
+) -> None:
+    p.kind = kind
+    if open_file is None and not complete:
+        p.notes.append(
+            f"{kind} metadata not read: the file is over {human_size(caps.full_bytes)} and no "
+            "seekable handle is available here; inspect it with the python tool"
+        )
+        return
+    f = open_file() if open_file is not None else io.BytesIO(data)
+    try:
+        if kind == "parquet":
+            info = formats.parquet_info(f, p.size, caps.full_bytes)
+        else:
+            info = formats.xlsx_info(f, deadline)
+    except (ValueError, OSError, zipfile.BadZipFile, KeyError) as exc:
+        # pyarrow's ArrowInvalid is a ValueError; openpyxl raises KeyError on missing parts
+        p.notes.append(f"could not read the {kind} metadata: {type(exc).__name__}: {exc}")
+        return
+    finally:
+        f.close()
+    p.rows, p.rows_exact, p.columns, p.sample = (
+        info.rows,
+        info.rows_exact,
+        info.columns,
+        info.sample,
+    )
+    p.header = True
+    p.extra += info.extra
+    p.notes += info.notes
+
+
+def _text(p: Profile, data: bytes, complete: bool, caps: Caps, deadline: float) -> None:
+    enc = tables.detect_encoding(data, complete)
+    nul = data.find(b"\x00")
+    if enc is None and nul > 1024 and tables.detect_encoding(data[:nul], False) is not None:
+        # Text followed by zero bytes: a preallocated, sparse or truncated-and-padded file.
+        p.notes.append(
+            f"zero bytes from byte {nul:,} on: the file looks padded or corrupt; only the "
+            "text before them was profiled"
+        )
+        data, complete = data[:nul], False
+        enc = tables.detect_encoding(data, False)
+        p.rows_exact, p.rows_at_least = False, True
+    if enc is None:
+        p.extra.append("content: binary data (zero bytes in the first 64 KiB)")
+        return
+    p.encoding = enc.label
+    if enc.note:
+        p.notes.append(enc.note)
+    try:
+        text = tables.decode(data, enc, complete)
+    except UnicodeDecodeError as exc:
+        p.notes.append(f"undecodable as {enc.codec} at byte {exc.start}: {exc.reason}")
+        return
+    if _control_ratio(text[:65536]) > 0.05:
+        p.encoding = None
+        p.extra.append("content: binary data (many control characters)")
+        return
+    ext = PurePosixPath(p.name).suffix.lower()
+    if _json(p, text, ext, complete):
+        return
+    delimiter, width = tables.sniff_delimiter(text)
+    if width > 1 or ext in (".csv", ".tsv", ".tab", ".psv"):
+        _table(p, text, delimiter, complete, deadline, data, enc)
+    else:
+        p.kind = "text"
+        lines = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+        if p.rows_at_least:
+            p.rows = lines
+        else:
+            p.rows, p.rows_exact = _rows(lines, complete, len(data), p.size)
+        p.sample = [[line[:200]] for line in text.split("\n")[:3]]
+
+
+def _table(
+    p: Profile,
+    text: str,
+    delimiter: str,
+    complete: bool,
+    deadline: float,
+    data: bytes,
+    enc: tables.Encoding,
+) -> None:
+    p.kind = "tsv" if delimiter == "\t" else "csv"
+    p.delimiter = delimiter
+    t = tables.parse_table(text, delimiter, deadline, complete)
+    p.header = t.header
+    exact = complete and t.complete and p.rows_exact
+    if exact or p.rows_at_least:
+        p.rows = t.rows
+    else:
+        parsed = len(text[: t.chars_parsed].encode(enc.codec, "replace")) or len(data)
+        p.rows, p.rows_exact = _rows(t.rows, False, parsed, p.size)
+    note = "" if exact else f"in the first {t.rows:,} rows"
+    for c in t.columns:
+        detail = (
+            f"{_num(c.minimum)}..{_num(c.maximum)}"
+            if c.minimum is not None
+            else "e.g. " + " | ".join(c.examples)
+            if c.examples
+            else ""
+        )
+        p.columns.append(Column(c.name, c.kind, c.nulls, note, detail))
+    p.sample = t.sample
+    if t.ragged:
+        p.notes.append(
+            f"ragged: {t.ragged:,} row(s) have a different number of fields "
+            f"({t.first_ragged}); pandas may fail: try on_bad_lines='warn'"
+        )
+    if t.stopped:
+        p.notes.append(t.stopped)
+
+
+def _json(p: Profile, text: str, ext: str, complete: bool) -> bool:
+    head = text.lstrip()[:1]
+    if ext not in (".json", ".jsonl", ".ndjson", ".geojson") and head not in ("{", "["):
+        return False
+    lines = [ln for ln in text.split("\n")[:50] if ln.strip()]
+    if ext in (".jsonl", ".ndjson") or (len(lines) > 1 and all(_is_json(ln) for ln in lines)):
+        p.kind = "jsonl"
+        records = [json.loads(ln) for ln in lines if _is_json(ln)]
+        n = sum(1 for ln in text.split("\n") if ln.strip())
+        p.rows, p.rows_exact = _rows(n, complete, len(text.encode()), p.size)
+        _json_columns(p, records, complete and len(records) == p.rows)
+        return True
+    p.kind = "json"
+    if not complete:
+        p.notes.append("too large to parse whole here; load it with the python tool")
+        p.sample = [[text[:200]]]
+        return True
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        p.notes.append(f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")
+        return True
+    if isinstance(value, list):
+        p.rows = len(value)
+        _json_columns(p, value[:1000], True)
+    elif isinstance(value, dict):
+        p.extra.append("top level: object with keys " + ", ".join(list(value)[:20]))
+    return True
+
+
+def _is_json(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), (dict, list))
+    except ValueError:
+        return False
+
+
+_JSON_KINDS = {
+    str: "string",
+    bool: "bool",
+    int: "int",
+    float: "float",
+    list: "array",
+    dict: "object",
+}
+
+
+def _json_columns(p: Profile, records: list, complete: bool) -> None:
+    dicts = [r for r in records if isinstance(r, dict)]
+    keys: dict[str, set[str]] = {}
+    for r in dicts:
+        for k, v in r.items():
+            kinds = keys.setdefault(k, set())
+            if v is not None:
+                kinds.add(_JSON_KINDS.get(type(v), type(v).__name__))
+    note = "" if complete and len(records) == p.rows else f"in the first {len(dicts):,} records"
+    for k, kinds in list(keys.items())[:200]:
+        nulls = sum(1 for r in dicts if r.get(k) is None)
+        kind = "float" if kinds == {"int", "float"} else "/".join(sorted(kinds)) or "null"
+        p.columns.append(Column(k, kind, nulls, note))
+    p.sample = [[json.dumps(r, ensure_ascii=False)[:200]] for r in records[:3]]
+
+
+def _rows(counted: int, exact: bool, bytes_seen: int, size: int) -> tuple[int, bool]:
+    if exact or bytes_seen >= size:
+        return counted, exact
+    return round(counted * size / max(1, bytes_seen)), False
+
+
+def _row_text(row: list[str], delimiter: str) -> str:
+    if len(row) == 1:
+        return row[0]
+    buf = io.StringIO()  # csv quoting keeps "Adult, 1 Egg Stage" one cell
+    csv.writer(buf, delimiter=delimiter, lineterminator="").writerow([c[:40] for c in row])
+    return buf.getvalue()
+
+
+def _control_ratio(text: str) -> float:
+    if not text:
+        return 0.0
+    bad = sum(1 for ch in text if ord(ch) < 32 and ch not in "\t\n\r\f\v\x1b")
+    return bad / len(text)
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "?"
+    return str(int(x)) if x.is_integer() and abs(x) < 1e15 else f"{x:.6g}"
+
+
+def human_size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:,} bytes" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def render(p: Profile, caps: Caps = DEFAULT_CAPS) -> str:
+    when = (
+        dt.datetime.fromtimestamp(p.mtime, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        if p.mtime is not None
+        else "unknown"
+    )
+    head = f"{p.name}: {p.kind}, {human_size(p.size)}, modified {when}"
+    if p.sha256:
+        head += f", sha256 {p.sha256[:16]}…"
+    lines = [head]
+    shape = []
+    if p.encoding:
+        shape.append(f"encoding {p.encoding}")
+    if p.delimiter:
+        shape.append(f"delimiter {json.dumps(p.delimiter)}")
+    if p.header is not None and p.kind in ("csv", "tsv"):
+        shape.append("header row: yes" if p.header else "header row: none found (use header=None)")
+    if p.rows is not None:
+        unit = {"text": "lines", "jsonl": "records", "json": "records"}.get(p.kind, "rows")
+        if p.rows == 1:
+            unit = unit[:-1]
+        rows = (
+            f"{p.rows:,}"
+            if p.rows_exact
+            else f"at least {p.rows:,}"
+            if p.rows_at_least
+            else f"~{p.rows:,} (estimated)"
+        )
+        shape.append(f"{rows} {unit}" + (f" x {len(p.columns)} columns" if p.columns else ""))
+    if shape:
+        lines.append(", ".join(shape))
+    lines += p.extra
+    if p.columns:
+        lines.append("columns (name: type, nulls):")
+        for c in p.columns[: caps.max_columns]:
+            nulls = (
+                "? nulls"
+                if c.nulls is None
+                else f"{c.nulls:,} null" + ("" if c.nulls == 1 else "s")
+            )
+            where = f" {c.nulls_note}" if c.nulls_note and c.nulls is not None else ""
+            lines.append(
+                f"  {c.name}: {c.type}, {nulls}{where}" + (f"; {c.detail}" if c.detail else "")
+            )
+        if len(p.columns) > caps.max_columns:
+            lines.append(f"  ... {len(p.columns) - caps.max_columns} more columns")
+    if p.sample:
+        lines.append(
+            "first rows:" if p.kind in ("csv", "tsv", "parquet", "xlsx") else "first lines:"
+        )
+        lines += ["  " + _row_text(row, p.delimiter or ",")[:300] for row in p.sample]
+    lines += [f"note: {n}" for n in p.notes]
+    text = "\n".join(lines)
+    if len(text) > caps.max_chars:
+        text = text[: caps.max_chars - 40].rsplit("\n", 1)[0] + "\n... (profile cut to fit)"
+    return text

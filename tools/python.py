@@ -1,0 +1,43 @@
+"""The python tool: the model's code runs in the sandbox's kernel; the observation is the
+sandbox's capped rendering, and the Execution itself rides along for traces and notebooks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandbox import render
+from tools.registry import Observation, Tool
+
+DESCRIPTION = (
+    "Run Python code in a persistent Jupyter kernel (variables, imports and files persist "
+    "between calls). pandas, numpy and matplotlib are installed; there is no network. Input "
+    "files are read-only under /data; write files to /workspace/output. Use it to load and "
+    "analyse data, compute statistics, clean files and draw charts (saved as PNG). Print what "
+    "you need to see; output is cut when long. Not for arithmetic on a few numbers you already "
+    "have (use calculator)."
+)
+
+
+def python_tool(sandbox: Any, budget: int | None = None) -> Tool:
+    """A Tool running code with `sandbox.run`. `budget` caps the observation in characters
+    (default: the sandbox's Limits.observation_chars)."""
+    limits = sandbox.limits
+    chars = budget or limits.observation_chars
+
+    def run_python(code: str) -> Observation:
+        execution = sandbox.run(code)
+        return Observation(ok=execution.ok, text=render(execution, chars), data=execution)
+
+    return Tool(
+        name="python",
+        description=DESCRIPTION,
+        parameters={
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "Python source to run"}},
+            "required": ["code"],
+            "additionalProperties": False,
+        },
+        function=run_python,
+        # the sandbox enforces the cell deadline (interrupt, then restart); this is a backstop
+        timeout_s=limits.timeout_s + limits.interrupt_grace_s + 60,
+    )
