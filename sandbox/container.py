@@ -21,7 +21,10 @@ LABEL = "sandcell"  # every sandbox container carries it
 OWNER_LABEL = "sandcell.owner"  # "<hostname>:<pid>" of the process that started it
 CONNECTION_DIR = "/run/sandcell"
 WORKSPACE = "/workspace"
-SANDBOX_USER = "1000:1000"
+# The sandbox's uid must differ from the host user's: the same uid would own the host-side
+# connection folder and could undo its seal. The image's user is 1000; 1001 is its stand-in.
+SANDBOX_UID = 1001 if os.getuid() == 1000 else 1000
+SANDBOX_USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
 
 
 def engine() -> docker.DockerClient:
@@ -62,7 +65,8 @@ def start(client: docker.DockerClient, image: str, limits: Limits, conn_dir: str
         read_only=True,
         tmpfs={
             "/tmp": f"size={limits.tmp_mb}m,mode=1777,nosuid,nodev",
-            WORKSPACE: f"size={limits.workspace_mb}m,uid=1000,gid=1000,mode=0755,nosuid,nodev",
+            WORKSPACE: f"size={limits.workspace_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,"
+            "nosuid,nodev",
         },
         volumes=volumes,
         mem_limit=f"{limits.memory_mb}m",
