@@ -26,6 +26,7 @@ unit: install
 	$(PY) -m pytest -m 'not docker' $(PYTEST_ARGS)
 
 bench: install engine image
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
 	$(PY) -m bench $(BENCH_ARGS)
 
 demo: install engine image

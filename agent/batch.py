@@ -49,7 +49,9 @@ def load_jobs(path: Path) -> list[Job]:
         try:
             raw = json.loads(line)
         except json.JSONDecodeError as error:
-            raise JobsError(f"{where}: not JSON ({error.msg}); each line is one job object") from None
+            raise JobsError(
+                f"{where}: not JSON ({error.msg}); each line is one job object"
+            ) from None
         if not isinstance(raw, dict) or not isinstance(raw.get("task"), str):
             raise JobsError(f'{where}: a job is {{"id": ..., "task": "...", "inputs": [...]}}')
         job_id = str(raw.get("id", number))
@@ -84,11 +86,24 @@ def finished(output: Path) -> dict[str, dict]:
 
 
 class Batch:
-    def __init__(self, jobs: list[Job], output: Path, workers: int,
-                 make_model: Callable[[Job], Model], limits: Limits, rules: Rules,
-                 protocol: str = "auto", progress: bool = True):
+    def __init__(
+        self,
+        jobs: list[Job],
+        output: Path,
+        workers: int,
+        make_model: Callable[[Job], Model],
+        limits: Limits,
+        rules: Rules,
+        protocol: str = "auto",
+        progress: bool = True,
+    ):
         self.jobs, self.output, self.workers = jobs, output, workers
-        self.make_model, self.limits, self.rules, self.protocol = make_model, limits, rules, protocol
+        self.make_model, self.limits, self.rules, self.protocol = (
+            make_model,
+            limits,
+            rules,
+            protocol,
+        )
         self.progress = progress
         self._lock = threading.Lock()
         self.counts = {"done": 0, "failed": 0, "running": 0}
@@ -97,11 +112,18 @@ class Batch:
         self.output.mkdir(parents=True, exist_ok=True)
         done = finished(self.output)
         todo = [job for job in self.jobs if job.id not in done]
-        self.bar = tqdm(total=len(self.jobs), initial=len(self.jobs) - len(todo), unit="job",
-                        disable=not self.progress, dynamic_ncols=True)
+        self.bar = tqdm(
+            total=len(self.jobs),
+            initial=len(self.jobs) - len(todo),
+            unit="job",
+            disable=not self.progress,
+            dynamic_ncols=True,
+        )
         records = []
-        with SandboxPool(size=min(self.workers, len(todo)), limits=self.limits) as pool, \
-                ThreadPoolExecutor(max_workers=self.workers) as workers:
+        with (
+            SandboxPool(size=min(self.workers, len(todo)), limits=self.limits) as pool,
+            ThreadPoolExecutor(max_workers=self.workers) as workers,
+        ):
             for record in workers.map(lambda job: self._run_one(job, pool), todo):
                 records.append(record)
         self.bar.close()
@@ -118,21 +140,30 @@ class Batch:
         try:
             sandbox = pool.acquire(inputs=job.inputs)
             try:
-                agent = Agent(self.make_model(job), limits=self.limits, rules=self.rules,
-                              protocol=self.protocol)
+                agent = Agent(
+                    self.make_model(job),
+                    limits=self.limits,
+                    rules=self.rules,
+                    protocol=self.protocol,
+                )
                 with agent.session(job.inputs, folder, sandbox) as session:
                     result = session.ask(job.task)
             finally:
                 sandbox.close()
             write_answer(result, folder)
-            record.update(status="answered" if result.answered else "stopped",
-                          stop_reason=result.stop_reason, answer=result.answer,
-                          error=result.error, steps=result.steps,
-                          files=[os.path.relpath(f, folder) for f in result.files],
-                          tokens=result.usage.total)
+            record.update(
+                status="answered" if result.answered else "stopped",
+                stop_reason=result.stop_reason,
+                answer=result.answer,
+                error=result.error,
+                steps=result.steps,
+                files=[os.path.relpath(f, folder) for f in result.files],
+                tokens=result.usage.total,
+            )
         except Exception as error:  # one job's failure is recorded, never stops the batch
-            record.update(status="failed", stop_reason="error",
-                          error=f"{type(error).__name__}: {error}")
+            record.update(
+                status="failed", stop_reason="error", error=f"{type(error).__name__}: {error}"
+            )
         record["duration_s"] = round(time.monotonic() - started, 2)
         self._record(record)
         return record

@@ -17,8 +17,10 @@ from agent.cmd_exec import exec_cmd, gc_cmd  # noqa: E402  (commands register be
 main.add_command(exec_cmd)
 main.add_command(gc_cmd)
 from agent.cmd_tool import tool  # noqa: E402
+
 main.add_command(tool)
 from agent.cmd_replay import replay_cmd  # noqa: E402
+
 main.add_command(replay_cmd)
 
 from agent.cmd_batch import batch_cmd  # noqa: E402

@@ -6,18 +6,33 @@ from pathlib import Path
 import click
 
 from agent.batch import Batch, JobsError, load_jobs
-from agent.cmd_options import (EXIT_MODEL, EXIT_STOPPED, agent_options, build_limits,
-                               build_model, build_rules)
+from agent.cmd_options import (
+    EXIT_MODEL,
+    EXIT_STOPPED,
+    agent_options,
+    build_limits,
+    build_model,
+    build_rules,
+)
 from agent.scripted import ScriptedModel
 from agent.seams import ModelError
 
 
 @click.command("batch")
 @click.argument("jobs_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--output", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for <id>/ results and results.jsonl.")
-@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True,
-              help="Sandboxes running at once.")
+@click.option(
+    "--output",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for <id>/ results and results.jsonl.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=2,
+    show_default=True,
+    help="Sandboxes running at once.",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs, CI).")
 @agent_options
 def batch_cmd(jobs_file, output, workers, no_progress, opts):
@@ -44,14 +59,24 @@ def batch_cmd(jobs_file, output, workers, no_progress, opts):
         except ModelError as error:
             click.echo(f"sandcell: {error}", err=True)
             sys.exit(EXIT_MODEL)
-    batch = Batch(jobs, output, workers, make_model, build_limits(opts), build_rules(opts),
-                  opts["protocol"], progress=not no_progress)
+    batch = Batch(
+        jobs,
+        output,
+        workers,
+        make_model,
+        build_limits(opts),
+        build_rules(opts),
+        opts["protocol"],
+        progress=not no_progress,
+    )
     records = batch.run()
     failed = [r for r in records if r["status"] == "failed"]
     unanswered = [r for r in records if r["status"] == "stopped"]
-    click.echo(f"{len(records)} jobs: {len(records) - len(failed) - len(unanswered)} answered, "
-               f"{len(unanswered)} stopped without an answer, {len(failed)} failed; "
-               f"results in {output / 'results.jsonl'}")
+    click.echo(
+        f"{len(records)} jobs: {len(records) - len(failed) - len(unanswered)} answered, "
+        f"{len(unanswered)} stopped without an answer, {len(failed)} failed; "
+        f"results in {output / 'results.jsonl'}"
+    )
     for record in failed:
         click.echo(f"  {record['id']}: {record['error']}", err=True)
     sys.exit(EXIT_STOPPED if failed or unanswered else 0)

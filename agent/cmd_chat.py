@@ -66,6 +66,18 @@ def ask_interruptibly(session: Session, question: str, console: Console) -> bool
     return True
 
 
+def show_new_charts(session: Session, host_dir: Path, console: Console) -> None:
+    """Copy the charts the code drew to the session folder and print where they are."""
+    before = {p.name for p in host_dir.glob("*.png")} if host_dir.exists() else set()
+    try:
+        copied = session.sandbox.export(host_dir, "figures")
+    except SandboxError as error:
+        console.print(f"[red]could not copy the charts: {error}[/red]")
+        return
+    for name in sorted(set(copied) - before):
+        console.print(f"[bold]chart:[/bold] {host_dir / name}")
+
+
 def slash(command: str, session: Session, console: Console) -> bool:
     """Handle a /command; False when the session should end."""
     name, _, arg = command.partition(" ")
@@ -145,6 +157,7 @@ def chat_cmd(inputs, output, opts):
                 continue
             if not ask_interruptibly(session, question, console):
                 break
+            show_new_charts(session, folder / "figures", console)
     finally:
         try:
             copied = len(session.sandbox.export(folder / "workspace"))

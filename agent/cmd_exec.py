@@ -1,8 +1,8 @@
 """`sandcell exec` and `sandcell gc`: run code in a fresh sandbox; remove orphans."""
 
 import json
-from dataclasses import replace
 import sys
+from dataclasses import replace
 
 import click
 
@@ -21,8 +21,13 @@ def exit_status(ex: Execution) -> int:
 
 
 @click.command("exec")
-@click.option("--input", "inputs", multiple=True, type=click.Path(exists=True, dir_okay=False),
-              help="A file to mount read-only at /data/<name> (repeatable).")
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="A file to mount read-only at /data/<name> (repeatable).",
+)
 @click.option("--timeout", type=float, default=None, help="Cell deadline in seconds.")
 @click.option("--memory", type=int, default=None, help="Memory limit in MB.")
 @click.option("--json", "as_json", is_flag=True, help="Print the Execution as JSON.")
@@ -45,7 +50,9 @@ def exec_cmd(inputs, timeout, memory, as_json, code, file):
     except SandboxError as error:  # no engine, no image, or the container would not start
         click.echo(f"sandcell: {error}", err=True)
         sys.exit(EXIT_UNAVAILABLE)
-    click.echo(json.dumps(ex.to_dict(), indent=1) if as_json else render(ex, limits.observation_chars))
+    click.echo(
+        json.dumps(ex.to_dict(), indent=1) if as_json else render(ex, limits.observation_chars)
+    )
     sys.exit(exit_status(ex))
 
 
@@ -57,7 +64,7 @@ def gc_cmd():
     except SandboxUnavailable as error:
         click.echo(f"sandcell: {error}", err=True)
         sys.exit(EXIT_UNAVAILABLE)
-    click.echo(f"removed {len(removed)} orphaned sandbox container(s)"
-               + (": " + " ".join(removed) if removed else ""))
-
-
+    click.echo(
+        f"removed {len(removed)} orphaned sandbox container(s)"
+        + (": " + " ".join(removed) if removed else "")
+    )

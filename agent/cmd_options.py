@@ -15,33 +15,83 @@ from sandbox import Limits
 EXIT_STOPPED, EXIT_UNAVAILABLE, EXIT_MODEL = 1, 3, 4
 
 _OPTIONS = [
-    click.option("--model", "model_name", envvar="SANDCELL_MODEL",
-                 help="Model name at the endpoint [env SANDCELL_MODEL]."),
-    click.option("--base-url", envvar="OPENAI_BASE_URL",
-                 help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 [env OPENAI_BASE_URL]."),
+    click.option(
+        "--model",
+        "model_name",
+        envvar="SANDCELL_MODEL",
+        help="Model name at the endpoint [env SANDCELL_MODEL].",
+    ),
+    click.option(
+        "--base-url",
+        envvar="OPENAI_BASE_URL",
+        help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 [env OPENAI_BASE_URL].",
+    ),
     click.option("--api-key", envvar="OPENAI_API_KEY", help="API key [env OPENAI_API_KEY]."),
-    click.option("--replay", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                 help="Replay a file of scripted replies instead of calling a model."),
-    click.option("--protocol", type=click.Choice(["auto", "tools", "react"]), default="auto",
-                 show_default=True, help="Native tool calls, text ReAct, or detect."),
+    click.option(
+        "--replay",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="Replay a file of scripted replies instead of calling a model.",
+    ),
+    click.option(
+        "--protocol",
+        type=click.Choice(["auto", "tools", "react"]),
+        default="auto",
+        show_default=True,
+        help="Native tool calls, text ReAct, or detect.",
+    ),
     click.option("--temperature", type=float, default=0.0, show_default=True),
     click.option("--max-tokens", type=int, default=None, help="Cap on each reply's tokens."),
-    click.option("--max-steps", type=int, default=Rules.max_steps, show_default=True,
-                 help="Model calls per question before one forced answer."),
-    click.option("--wall", "wall_s", type=float, default=Rules.wall_s, show_default=True,
-                 help="Seconds per question."),
-    click.option("--timeout", "timeout_s", type=float, default=Limits.timeout_s,
-                 show_default=True, help="Seconds per code cell."),
-    click.option("--memory", "memory_mb", type=int, default=Limits.memory_mb, show_default=True,
-                 help="Sandbox memory in MB."),
+    click.option(
+        "--max-steps",
+        type=int,
+        default=Rules.max_steps,
+        show_default=True,
+        help="Model calls per question before one forced answer.",
+    ),
+    click.option(
+        "--wall",
+        "wall_s",
+        type=float,
+        default=Rules.wall_s,
+        show_default=True,
+        help="Seconds per question.",
+    ),
+    click.option(
+        "--timeout",
+        "timeout_s",
+        type=float,
+        default=Limits.timeout_s,
+        show_default=True,
+        help="Seconds per code cell.",
+    ),
+    click.option(
+        "--memory",
+        "memory_mb",
+        type=int,
+        default=Limits.memory_mb,
+        show_default=True,
+        help="Sandbox memory in MB.",
+    ),
     click.option("--cpus", type=float, default=Limits.cpus, show_default=True),
 ]
 
 
 def agent_options(command):
     """Add the model and limit options; the command receives them as `opts` (a dict)."""
-    names = ["model_name", "base_url", "api_key", "replay", "protocol", "temperature",
-             "max_tokens", "max_steps", "wall_s", "timeout_s", "memory_mb", "cpus"]
+    names = [
+        "model_name",
+        "base_url",
+        "api_key",
+        "replay",
+        "protocol",
+        "temperature",
+        "max_tokens",
+        "max_steps",
+        "wall_s",
+        "timeout_s",
+        "memory_mb",
+        "cpus",
+    ]
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -56,13 +106,19 @@ def agent_options(command):
 def build_model(opts: dict) -> Model:
     if opts["replay"]:
         return ScriptedModel(opts["replay"])
-    return OpenAIModel(opts["model_name"], base_url=opts["base_url"], api_key=opts["api_key"],
-                       temperature=opts["temperature"], max_tokens=opts["max_tokens"])
+    return OpenAIModel(
+        opts["model_name"],
+        base_url=opts["base_url"],
+        api_key=opts["api_key"],
+        temperature=opts["temperature"],
+        max_tokens=opts["max_tokens"],
+    )
 
 
 def build_limits(opts: dict) -> Limits:
-    return replace(Limits(), timeout_s=opts["timeout_s"], memory_mb=opts["memory_mb"],
-                   cpus=opts["cpus"])
+    return replace(
+        Limits(), timeout_s=opts["timeout_s"], memory_mb=opts["memory_mb"], cpus=opts["cpus"]
+    )
 
 
 def build_rules(opts: dict) -> Rules:

@@ -6,8 +6,15 @@ from pathlib import Path
 
 import click
 
-from agent.cmd_options import (EXIT_MODEL, EXIT_STOPPED, EXIT_UNAVAILABLE, agent_options,
-                               build_limits, build_model, build_rules)
+from agent.cmd_options import (
+    EXIT_MODEL,
+    EXIT_STOPPED,
+    EXIT_UNAVAILABLE,
+    agent_options,
+    build_limits,
+    build_model,
+    build_rules,
+)
 from agent.jobfiles import write_answer
 from agent.seams import ModelError
 from agent.session import Agent
@@ -16,18 +23,30 @@ from sandbox import SandboxError
 
 @click.command("run")
 @click.option("--task", required=True, help="What to do, in words.")
-@click.option("--input", "inputs", multiple=True,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="An input file, read-only at /data/<name> (repeatable).")
-@click.option("--output", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for answer.md, trace.jsonl, notebook.ipynb and output/.")
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="An input file, read-only at /data/<name> (repeatable).",
+)
+@click.option(
+    "--output",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for answer.md, trace.jsonl, notebook.ipynb and output/.",
+)
 @agent_options
 def run_cmd(task, inputs, output, opts):
     """Run one task to its end (exit 0 when answered, else non-zero with the stop reason)."""
     output.mkdir(parents=True, exist_ok=True)
     try:
-        agent = Agent(build_model(opts), limits=build_limits(opts), rules=build_rules(opts),
-                      protocol=opts["protocol"])
+        agent = Agent(
+            build_model(opts),
+            limits=build_limits(opts),
+            rules=build_rules(opts),
+            protocol=opts["protocol"],
+        )
         result = agent.run(task, inputs=list(inputs), output_dir=output)
     except ModelError as error:
         click.echo(f"sandcell: {error}", err=True)
@@ -42,6 +61,9 @@ def run_cmd(task, inputs, output, opts):
     if result.answered:
         click.echo(result.answer)
         return
-    click.echo(f"sandcell: stopped without an answer: {result.stop_reason}"
-               + (f" ({result.detail})" if result.detail else ""), err=True)
+    click.echo(
+        f"sandcell: stopped without an answer: {result.stop_reason}"
+        + (f" ({result.detail})" if result.detail else ""),
+        err=True,
+    )
     sys.exit(EXIT_MODEL if result.stop_reason == "model_error" else EXIT_STOPPED)

@@ -42,28 +42,50 @@ class EventPrinter:
                 pass
         code = args.get("code") if isinstance(args, dict) else None
         if tool == "python" and isinstance(code, str):
-            self.console.print(Panel(Syntax(code, "python", theme="ansi_dark"), title="python",
-                                     title_align="left", border_style="blue"))
+            self.console.print(
+                Panel(
+                    Syntax(code, "python", theme="ansi_dark"),
+                    title="python",
+                    title_align="left",
+                    border_style="blue",
+                )
+            )
         else:
             shown = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
             self.console.print(f"[bold blue]{escape(str(tool))}[/bold blue] {escape(shown)}")
 
     def _observation(self, data: dict) -> None:
         style = "green" if data.get("ok") else "red"
-        self.console.print(Panel(escape(str(data.get("text", ""))), title="observation",
-                                 title_align="left", border_style=style))
+        self.console.print(
+            Panel(
+                escape(str(data.get("text", ""))),
+                title="observation",
+                title_align="left",
+                border_style=style,
+            )
+        )
         execution = data.get("data")
         for path in getattr(execution, "images", []) or []:
             self.console.print(f"[bold]chart saved:[/bold] {escape(path)}")
 
     def _warning(self, data: dict) -> None:
-        self.console.print(f"[yellow]note to the model: {escape(str(data.get('text', '')))}[/yellow]")
+        self.console.print(
+            f"[yellow]note to the model: {escape(str(data.get('text', '')))}[/yellow]"
+        )
 
     def _answer(self, data: dict) -> None:
         if data.get("answer") is None:
             reason = data.get("stop_reason")
-            self.console.print(f"[red]stopped without an answer: {escape(str(reason))} "
-                               f"{escape(str(data.get('detail') or ''))}[/red]")
+            self.console.print(
+                f"[red]stopped without an answer: {escape(str(reason))} "
+                f"{escape(str(data.get('detail') or ''))}[/red]"
+            )
             return
-        self.console.print(Panel(escape(str(data["answer"])), title="answer", title_align="left",
-                                 border_style="bold green"))
+        self.console.print(
+            Panel(
+                escape(str(data["answer"])),
+                title="answer",
+                title_align="left",
+                border_style="bold green",
+            )
+        )

@@ -42,7 +42,7 @@ def fit(messages: list[dict], budget_chars: int, keep_recent: int = 3) -> int:
     steps = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     protected = steps[-keep_recent] if len(steps) >= keep_recent else 0
     compacted = 0
-    for i, message in enumerate(messages[:protected]):
+    for message in messages[:protected]:
         if not is_observation(message) or (message.get("content") or "").find(COMPACTED) >= 0:
             continue
         prefix = "Observation: " if message["role"] == "user" else ""

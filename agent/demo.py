@@ -34,8 +34,10 @@ def main() -> int:
         print(f"model: {model.name} at {model.base_url}")
     else:
         model = ScriptedModel(DEMO / "clean_sales.json")
-        print("model: a replay of agent/demo/clean_sales.json (no OPENAI_BASE_URL set); "
-              "the sandbox is real")
+        print(
+            "model: a replay of agent/demo/clean_sales.json (no OPENAI_BASE_URL set); "
+            "the sandbox is real"
+        )
     agent = Agent(model, on_event=EventPrinter(stream_tokens=False))
     try:
         result = agent.run(TASK, inputs=[DEMO / "messy_sales.csv"], output_dir=args.output)

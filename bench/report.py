@@ -41,12 +41,16 @@ def markdown(r: dict) -> str:
              f"{s['flood']['rss_growth_mb']:.1f} MB ({s['flood']['seconds']:.1f} s)",
              "≤ 64 MB", s["flood"]["rss_growth_mb"] <= 64),
     ]
+    details = []
     for name in ("agent", "batch"):
         if name in r:
-            rows += importlib.import_module(f"bench.{name}_bench").rows(r[name], _row)
+            module = importlib.import_module(f"bench.{name}_bench")
+            rows += module.rows(r[name], _row)
+            if hasattr(module, "details"):  # optional: the numbers behind a row
+                details.append(module.details(r[name]))
     m = r["machine"]
     head = (f"# sandcell benchmarks{' (smoke run: few repetitions)' if r.get('smoke') else ''}\n\n"
             f"Machine: {m['cpus']} CPUs, {m['memory_gb']} GB, Docker {m['docker']}, "
             f"Python {m['python']}; sandcell {m['sandcell']}. Run took {r.get('seconds', 0)} s.\n\n"
             "| what | figure | target | |\n|---|---|---|---|\n")
-    return head + "\n".join(rows) + "\n"
+    return head + "\n".join(rows) + "\n" + "".join("\n" + d for d in details)

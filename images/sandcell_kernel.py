@@ -92,8 +92,11 @@ def _bounded_pandas(ip) -> None:
     plain = ip.display_formatter.formatters["text/plain"]
 
     def frame(df, p, cycle):
-        p.text(df.to_string(max_rows=30, min_rows=10, max_cols=20, show_dimensions=True,
-                            max_colwidth=50))
+        p.text(
+            df.to_string(
+                max_rows=30, min_rows=10, max_cols=20, show_dimensions=True, max_colwidth=50
+            )
+        )
 
     def series(s, p, cycle):
         p.text(s.to_string(max_rows=30, min_rows=10, length=True, dtype=True, name=True))

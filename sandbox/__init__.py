@@ -7,5 +7,15 @@ from sandbox.limits import Limits
 from sandbox.pool import SandboxPool
 from sandbox.render import render
 
-__all__ = ["DockerSandbox", "Error", "Execution", "Limits", "Result", "SandboxError",
-           "SandboxPool", "SandboxUnavailable", "StreamChunk", "render"]
+__all__ = [
+    "DockerSandbox",
+    "Error",
+    "Execution",
+    "Limits",
+    "Result",
+    "SandboxError",
+    "SandboxPool",
+    "SandboxUnavailable",
+    "StreamChunk",
+    "render",
+]

@@ -43,9 +43,16 @@ def owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def start(client: docker.DockerClient, image: str, limits: Limits, conn_dir: str,
-          inputs: dict[str, Path], session: str, runtime: str | None = None,
-          staging_dir: Path | None = None):
+def start(
+    client: docker.DockerClient,
+    image: str,
+    limits: Limits,
+    conn_dir: str,
+    inputs: dict[str, Path],
+    session: str,
+    runtime: str | None = None,
+    staging_dir: Path | None = None,
+):
     """Start a sealed container whose PID 1 (the supervisor) starts the kernel."""
     try:
         client.images.get(image)
@@ -116,12 +123,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def exec_in(container, cmd: list[str], stdin: bytes | None = None,
-            max_out: int | None = None) -> tuple[int, bytes, bytes]:
+def exec_in(
+    container, cmd: list[str], stdin: bytes | None = None, max_out: int | None = None
+) -> tuple[int, bytes, bytes]:
     """Run cmd as the sandbox user; feed stdin; read at most max_out bytes of stdout."""
     api = container.client.api
-    exec_id = api.exec_create(container.id, cmd, stdin=stdin is not None, user=SANDBOX_USER,
-                              workdir=WORKSPACE)["Id"]
+    exec_id = api.exec_create(
+        container.id, cmd, stdin=stdin is not None, user=SANDBOX_USER, workdir=WORKSPACE
+    )["Id"]
     sock = api.exec_start(exec_id, socket=True)
     raw = sock._sock  # the plain socket: needed to half-close after stdin
     out, err = bytearray(), bytearray()

@@ -81,9 +81,15 @@ def _sandbox_path(path: str) -> str:
 
 
 class DockerSandbox:
-    def __init__(self, limits: Limits | None = None, inputs: list[str | Path] = (),
-                 image: str | None = None, runtime: str | None = None,
-                 session: str | None = None, staging: bool = False):
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        inputs: list[str | Path] = (),
+        image: str | None = None,
+        runtime: str | None = None,
+        session: str | None = None,
+        staging: bool = False,
+    ):
         self.limits = limits or Limits()
         self.image = image or ctr.DEFAULT_IMAGE
         self.session = session or uuid.uuid4().hex[:12]
@@ -101,11 +107,20 @@ class DockerSandbox:
         self.container = None
         self._finalizer = weakref.finalize(self, _cleanup, None, self.conn_dir, self.staging_dir)
         started = time.monotonic()
-        self.container = ctr.start(self.client, self.image, self.limits, self.conn_dir, mounts,
-                                   self.session, runtime, staging_dir=self.staging_dir)
+        self.container = ctr.start(
+            self.client,
+            self.image,
+            self.limits,
+            self.conn_dir,
+            mounts,
+            self.session,
+            runtime,
+            staging_dir=self.staging_dir,
+        )
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _cleanup, self.container, self.conn_dir,
-                                           self.staging_dir)
+        self._finalizer = weakref.finalize(
+            self, _cleanup, self.container, self.conn_dir, self.staging_dir
+        )
         self._client = self._connect()
         self.start_seconds = time.monotonic() - started
         self.container.reload()  # the attributes from `run` predate the start: no PID yet
@@ -124,8 +139,9 @@ class DockerSandbox:
 
     def _kernel_log(self) -> str:
         try:
-            _, out, _ = ctr.exec_in(self.container, ["tail", "-c", "2000",
-                                                     "/tmp/.sandcell-kernel.log"])
+            _, out, _ = ctr.exec_in(
+                self.container, ["tail", "-c", "2000", "/tmp/.sandcell-kernel.log"]
+            )
             return out.decode(errors="replace")
         except docker.errors.DockerException:
             return ""
@@ -253,30 +269,36 @@ class DockerSandbox:
 
     # -- files -----------------------------------------------------------------------
     def stat(self, path: str) -> dict:
-        code, out, err = ctr.exec_in(self.container, ["python3", "-c", _STAT,
-                                                      _sandbox_path(path)])
+        code, out, err = ctr.exec_in(self.container, ["python3", "-c", _STAT, _sandbox_path(path)])
         if code != 0:
             raise SandboxError(f"stat {path} failed: {err.decode(errors='replace')}")
         return json.loads(out)
 
     def read(self, path: str, max_bytes: int | None = None) -> bytes:
         limit = -1 if max_bytes is None else max_bytes
-        code, out, err = ctr.exec_in(self.container, ["python3", "-c", _READ,
-                                                      _sandbox_path(path), str(limit)],
-                                     max_out=max_bytes)
+        code, out, err = ctr.exec_in(
+            self.container,
+            ["python3", "-c", _READ, _sandbox_path(path), str(limit)],
+            max_out=max_bytes,
+        )
         if code not in (0, -1) or (code == -1 and err):
             message = err.decode(errors="replace")
             kind = message.split(":", 1)[0]
-            errors = {"FileNotFoundError": FileNotFoundError, "IsADirectoryError":
-                      IsADirectoryError, "PermissionError": PermissionError}
+            errors = {
+                "FileNotFoundError": FileNotFoundError,
+                "IsADirectoryError": IsADirectoryError,
+                "PermissionError": PermissionError,
+            }
             raise errors.get(kind, SandboxError)(f"{path}: {message}")
         return out
 
     def write(self, path: str, data: bytes) -> None:
         target = _sandbox_path(path)
         code, _, err = ctr.exec_in(
-            self.container, ["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", target],
-            stdin=data)
+            self.container,
+            ["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", target],
+            stdin=data,
+        )
         if code != 0:
             raise SandboxError(f"writing {path} failed: {err.decode(errors='replace').strip()}")
 
@@ -291,10 +313,13 @@ class DockerSandbox:
         Links and special files are left behind, so nothing can point outside host_dir."""
         source = f"{ctr.WORKSPACE}/{subdir}".rstrip("/")
         cap = (self.limits.workspace_mb + 16) << 20
-        script = ('cd "$1" 2>/dev/null && '  # hard links are stored as plain files
-                  "tar --hard-dereference --exclude=./.sandcell -cf - .")
-        code, out, err = ctr.exec_in(self.container, ["sh", "-c", script, "sh", source],
-                                     max_out=cap)
+        script = (
+            'cd "$1" 2>/dev/null && '  # hard links are stored as plain files
+            "tar --hard-dereference --exclude=./.sandcell -cf - ."
+        )
+        code, out, err = ctr.exec_in(
+            self.container, ["sh", "-c", script, "sh", source], max_out=cap
+        )
         if code != 0:
             if subdir:
                 return []  # the folder does not exist: nothing to export
@@ -338,5 +363,3 @@ def _cleanup(container, conn_dir: str, staging_dir: Path | None) -> None:
         if path and os.path.exists(path):
             os.chmod(path, 0o755)
             shutil.rmtree(path, ignore_errors=True)
-
-

@@ -40,7 +40,9 @@ class Execution:
     duration_s: float = 0.0
     timed_out: bool = False
     interrupted: bool = False  # stopped by interrupt (deadline or caller); state kept
-    restarted: str | None = None  # why a fresh kernel was started: "timeout", "out of memory", "died"
+    restarted: str | None = (
+        None  # why a fresh kernel was started: "timeout", "out of memory", "died"
+    )
     dropped_bytes: int = 0  # output cut by the caps (kernel and host)
     saved_output: str | None = None  # workspace path of the full text when it was cut for the model
 

@@ -28,9 +28,18 @@ def make_connection_dir() -> tuple[str, dict]:
     """A host-owned directory the container's kernel binds its ipc sockets in."""
     path = tempfile.mkdtemp(prefix="sandcell-conn-")
     unseal(path)  # the kernel's uid creates its sockets here until sealed
-    info = dict(transport="ipc", ip="/run/sandcell/kernel", shell_port=1, iopub_port=2,
-                stdin_port=3, control_port=4, hb_port=5, key=secrets.token_hex(32),
-                signature_scheme="hmac-sha256", kernel_name="")
+    info = dict(
+        transport="ipc",
+        ip="/run/sandcell/kernel",
+        shell_port=1,
+        iopub_port=2,
+        stdin_port=3,
+        control_port=4,
+        hb_port=5,
+        key=secrets.token_hex(32),
+        signature_scheme="hmac-sha256",
+        kernel_name="",
+    )
     with open(os.path.join(path, "kernel.json"), "w") as f:
         json.dump(info, f)
     os.chmod(os.path.join(path, "kernel.json"), 0o444)
@@ -127,11 +136,19 @@ class Collector:
             self._stream(content["name"], content["text"])
         elif kind in ("execute_result", "display_data"):
             data = {k: v for k, v in content.get("data", {}).items() if isinstance(v, str)}
-            ex.results.append(Result(data=data, metadata=content.get("metadata") or {},
-                                     is_main=kind == "execute_result"))
+            ex.results.append(
+                Result(
+                    data=data,
+                    metadata=content.get("metadata") or {},
+                    is_main=kind == "execute_result",
+                )
+            )
         elif kind == "error":
-            ex.error = Error(name=content["ename"], value=content["evalue"],
-                             traceback=compact_traceback(content.get("traceback", [])))
+            ex.error = Error(
+                name=content["ename"],
+                value=content["evalue"],
+                traceback=compact_traceback(content.get("traceback", [])),
+            )
         return False
 
     def _stream(self, name: str, text: str) -> None:
@@ -166,8 +183,11 @@ class Collector:
             self.tail[0].text = self.tail[0].text[excess:]
             ex.dropped_bytes += excess
             self.tail_chars -= excess
-            self._append(ex.stream, self.tail[0].name,
-                         f"\n[... {excess} characters cut by the sandbox ...]\n")
+            self._append(
+                ex.stream,
+                self.tail[0].name,
+                f"\n[... {excess} characters cut by the sandbox ...]\n",
+            )
         for chunk in self.tail:
             self._append(ex.stream, chunk.name, chunk.text)
         self.tail = []
@@ -186,8 +206,13 @@ def compact_traceback(frames: list[str]) -> list[str]:
     return kept or clean[-3:]
 
 
-def drain(client: BlockingKernelClient, msg_id: str, collector: Collector,
-          deadline: float, poll: float = 0.25) -> str:
+def drain(
+    client: BlockingKernelClient,
+    msg_id: str,
+    collector: Collector,
+    deadline: float,
+    poll: float = 0.25,
+) -> str:
     """Read iopub until the cell is idle or the deadline passes.
     Returns "done", "deadline" or "silent" (no message within `poll`: caller checks life)."""
     while True:

@@ -14,8 +14,13 @@ WARMUP = "__import__('pandas'); __import__('numpy'); __import__('matplotlib.pypl
 
 
 class SandboxPool:
-    def __init__(self, size: int = 2, limits: Limits | None = None, image: str | None = None,
-                 warmup: str | None = WARMUP):
+    def __init__(
+        self,
+        size: int = 2,
+        limits: Limits | None = None,
+        image: str | None = None,
+        warmup: str | None = WARMUP,
+    ):
         self.size, self.warmup = size, warmup
         self.limits = limits or Limits()
         self.image = image
@@ -23,8 +28,10 @@ class SandboxPool:
         self._wanted = threading.Semaphore(0)  # one permit per sandbox to start
         self._closed = threading.Event()
         self.errors: list[Exception] = []  # starts that failed in the background
-        self._workers = [threading.Thread(target=self._fill, daemon=True, name=f"pool-{i}")
-                         for i in range(max(1, min(size, 4)))]
+        self._workers = [
+            threading.Thread(target=self._fill, daemon=True, name=f"pool-{i}")
+            for i in range(max(1, min(size, 4)))
+        ]
         for _ in range(size):
             self._wanted.release()
         for worker in self._workers:

@@ -33,8 +33,10 @@ def render(execution: Execution, budget: int = 4000) -> str:
     if execution.restarted:
         parts.append(_restart_note(execution))
     elif execution.timed_out:
-        parts.append(f"[Timed out after {execution.duration_s:.0f} s: the cell was interrupted; "
-                     "variables are kept. Make the code faster or work on a sample.]")
+        parts.append(
+            f"[Timed out after {execution.duration_s:.0f} s: the cell was interrupted; "
+            "variables are kept. Make the code faster or work on a sample.]"
+        )
     text = "\n".join(p.rstrip("\n") for p in parts if p)
     return cut(text, budget) if text else "[ran without output]"
 
@@ -57,5 +59,7 @@ def _restart_note(execution: Execution) -> str:
         "out of memory": "it ran out of memory (use less: read fewer columns, chunksize=...)",
         "died": "the kernel process died",
     }.get(execution.restarted, execution.restarted)
-    return (f"[The kernel was restarted because {why}. All variables are lost; files in "
-            "/workspace are kept. Re-run what you need.]")
+    return (
+        f"[The kernel was restarted because {why}. All variables are lost; files in "
+        "/workspace are kept. Re-run what you need.]"
+    )

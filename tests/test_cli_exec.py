@@ -10,8 +10,9 @@ SANDCELL = [sys.executable, "-m", "agent.cli"]
 
 
 def sandcell(*args, stdin=None, env=None):
-    return subprocess.run([*SANDCELL, *args], input=stdin, capture_output=True, text=True,
-                          timeout=120, env=env)
+    return subprocess.run(
+        [*SANDCELL, *args], input=stdin, capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 def test_usage_error_exits_2():
@@ -35,8 +36,13 @@ def test_missing_image_exits_3_and_says_what_to_run(monkeypatch):
 def test_exec_statuses(tmp_path):
     data = tmp_path / "numbers.csv"
     data.write_text("n\n1\n2\n3\n")
-    ok = sandcell("exec", "--input", str(data), "-c",
-                  "import pandas as pd; print(pd.read_csv('/data/numbers.csv').n.sum())")
+    ok = sandcell(
+        "exec",
+        "--input",
+        str(data),
+        "-c",
+        "import pandas as pd; print(pd.read_csv('/data/numbers.csv').n.sum())",
+    )
     assert (ok.returncode, ok.stdout.strip()) == (0, "6")
     raised = sandcell("exec", "-c", "1/0")
     assert raised.returncode == 1 and "ZeroDivisionError" in raised.stdout
@@ -47,7 +53,9 @@ def test_exec_statuses(tmp_path):
     piped = sandcell("exec", "--json", "-", stdin="print('hi')\n2 + 3")
     record = json.loads(piped.stdout)
     assert piped.returncode == 0
-    assert record["stream"][0]["text"] == "hi\n" and record["results"][0]["data"]["text/plain"] == "5"
+    assert (
+        record["stream"][0]["text"] == "hi\n" and record["results"][0]["data"]["text/plain"] == "5"
+    )
 
 
 @pytest.mark.docker

@@ -15,11 +15,13 @@ from jupyter_client import BlockingKernelClient
 
 
 def test_cli_version_and_help():
-    out = subprocess.run([sys.executable, "-m", "agent.cli", "--version"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "--version"], capture_output=True, text=True, check=True
+    ).stdout
     assert out.startswith("sandcell, version ")
-    out = subprocess.run([sys.executable, "-m", "agent.cli", "--help"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     assert "Usage:" in out
 
 
@@ -29,13 +31,26 @@ def test_one_plus_one_through_a_sealed_ipc_kernel(image):
     client = docker.from_env()
     conn = tempfile.mkdtemp(prefix="sandcell-test-")
     os.chmod(conn, 0o777)
-    info = dict(transport="ipc", ip="/run/sandcell/kernel", shell_port=1, iopub_port=2,
-                stdin_port=3, control_port=4, hb_port=5, key=secrets.token_hex(16),
-                signature_scheme="hmac-sha256", kernel_name="")
+    info = dict(
+        transport="ipc",
+        ip="/run/sandcell/kernel",
+        shell_port=1,
+        iopub_port=2,
+        stdin_port=3,
+        control_port=4,
+        hb_port=5,
+        key=secrets.token_hex(16),
+        signature_scheme="hmac-sha256",
+        kernel_name="",
+    )
     with open(os.path.join(conn, "kernel.json"), "w") as f:
         json.dump(info, f)
     container = client.containers.run(
-        image, detach=True, network_mode="none", read_only=True, cap_drop=["ALL"],
+        image,
+        detach=True,
+        network_mode="none",
+        read_only=True,
+        cap_drop=["ALL"],
         volumes={conn: {"bind": "/run/sandcell", "mode": "rw"}},
         tmpfs={"/tmp": "size=64m", "/workspace": "size=64m,uid=1000,gid=1000"},
         labels={"sandcell.test": "foundation"},
@@ -48,8 +63,12 @@ def test_one_plus_one_through_a_sealed_ipc_kernel(image):
         os.chmod(conn, 0o555)  # sealed: the kernel's uid can no longer create files here
         results = []
         reply = kc.execute_interactive(
-            "1+1", timeout=30,
-            output_hook=lambda m: results.append(m["content"]) if m["msg_type"] == "execute_result" else None)
+            "1+1",
+            timeout=30,
+            output_hook=lambda m: (
+                results.append(m["content"]) if m["msg_type"] == "execute_result" else None
+            ),
+        )
         assert reply["content"]["status"] == "ok"
         assert results[0]["data"]["text/plain"] == "2"
         reply = kc.execute_interactive("open('/run/sandcell/evil', 'w')", timeout=30)

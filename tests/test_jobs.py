@@ -23,12 +23,16 @@ def sha(path) -> str:
 
 def job_script(csv_name: str) -> list:
     """Two steps: count the rows of one CSV, write it to output/, answer with the number."""
-    code = (f"import pandas as pd, os\ndf = pd.read_csv('/data/{csv_name}')\n"
-            "os.makedirs('/workspace/output', exist_ok=True)\n"
-            "open('/workspace/output/rows.txt', 'w').write(str(len(df)))\nprint(len(df))")
+    code = (
+        f"import pandas as pd, os\ndf = pd.read_csv('/data/{csv_name}')\n"
+        "os.makedirs('/workspace/output', exist_ok=True)\n"
+        "open('/workspace/output/rows.txt', 'w').write(str(len(df)))\nprint(len(df))"
+    )
     return [
-        {"content": "Thought: count the rows.", "tool_calls": [
-            {"name": "python", "arguments": {"code": code}}]},
+        {
+            "content": "Thought: count the rows.",
+            "tool_calls": [{"name": "python", "arguments": {"code": code}}],
+        },
         {"content": f"Final Answer: {csv_name} has ROWS rows."},
     ]
 
@@ -44,8 +48,14 @@ def make_jobs(tmp_path, count: int, looping: set[int] = frozenset()) -> tuple:
         rows = len(pd.read_csv(csv))
         script[1]["content"] = script[1]["content"].replace("ROWS", str(rows))
         (tmp_path / f"script-{i}.json").write_text(json.dumps(script))
-        jobs.append({"id": f"job-{i:02d}", "task": f"How many rows does {csv.name} have?",
-                     "inputs": [str(csv)], "replay": f"script-{i}.json"})
+        jobs.append(
+            {
+                "id": f"job-{i:02d}",
+                "task": f"How many rows does {csv.name} have?",
+                "inputs": [str(csv)],
+                "replay": f"script-{i}.json",
+            }
+        )
         expected[f"job-{i:02d}"] = None if i in looping else rows
     jobs_file = tmp_path / "jobs.jsonl"
     jobs_file.write_text("\n".join(json.dumps(j) for j in jobs) + "\n")
@@ -67,9 +77,23 @@ def test_batch_of_20_jobs_with_4_workers_and_a_looping_one(tmp_path):
     before = {p: sha(p) for p in CSVS}
     jobs_file, expected = make_jobs(tmp_path, 20, looping={7})
     out = tmp_path / "out"
-    proc = subprocess.Popen([*SANDCELL, "batch", str(jobs_file), "--output", str(out),
-                             "--workers", "4", "--timeout", "20", "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            *SANDCELL,
+            "batch",
+            str(jobs_file),
+            "--output",
+            str(out),
+            "--workers",
+            "4",
+            "--timeout",
+            "20",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _, stderr = proc.communicate(timeout=580)
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sorted(r["id"] for r in records) == sorted(expected), stderr
@@ -95,8 +119,16 @@ def test_batch_of_20_jobs_with_4_workers_and_a_looping_one(tmp_path):
 def test_batch_killed_midway_resumes_without_redoing_finished_jobs(tmp_path):
     jobs_file, expected = make_jobs(tmp_path, 8)
     out = tmp_path / "out"
-    args = [*SANDCELL, "batch", str(jobs_file), "--output", str(out), "--workers", "2",
-            "--no-progress"]
+    args = [
+        *SANDCELL,
+        "batch",
+        str(jobs_file),
+        "--output",
+        str(out),
+        "--workers",
+        "2",
+        "--no-progress",
+    ]
     first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results = out / "results.jsonl"
     deadline = time.monotonic() + 240
@@ -128,21 +160,39 @@ def test_run_writes_answer_trace_notebook_and_outputs(tmp_path):
     jobs_file, expected = make_jobs(tmp_path, 1)
     out = tmp_path / "run"
     csv = CSVS[0]
-    proc = subprocess.run([*SANDCELL, "run", "--task", "count rows", "--input", str(csv),
-                           "--output", str(out), "--replay", str(tmp_path / "script-0.json")],
-                          capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        [
+            *SANDCELL,
+            "run",
+            "--task",
+            "count rows",
+            "--input",
+            str(csv),
+            "--output",
+            str(out),
+            "--replay",
+            str(tmp_path / "script-0.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith(f"has {expected['job-00']} rows.")
     assert (out / "output" / "rows.txt").read_text() == str(expected["job-00"])
-    assert [json.loads(x)["kind"] if "kind" in json.loads(x) else None
-            for x in (out / "trace.jsonl").read_text().splitlines()]
+    kinds = [json.loads(x)["type"] for x in (out / "trace.jsonl").read_text().splitlines()]
+    assert kinds[:2] == ["session", "question"] and kinds[-1] == "final" and "step" in kinds
     assert (out / "notebook.ipynb").exists() and (out / "answer.md").exists()
 
 
 def test_bad_jobs_file_is_a_usage_error_naming_the_line(tmp_path):
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text('{"id": "a", "task": "x"}\nnot json\n')
-    proc = subprocess.run([*SANDCELL, "batch", str(jobs), "--output", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [*SANDCELL, "batch", str(jobs), "--output", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "jobs.jsonl:2" in proc.stderr

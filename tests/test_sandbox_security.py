@@ -61,7 +61,7 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-TRY = '''
+TRY = """
 import json, os, errno
 def attempt(fn):
     try:
@@ -69,7 +69,7 @@ def attempt(fn):
     except BaseException as e:
         return f"{type(e).__name__}:{getattr(e, 'errno', None)}"
     return "ALLOWED"
-'''
+"""
 
 
 # -- the shared sandbox: probes that cannot harm it -------------------------------------
@@ -100,7 +100,10 @@ shared_group = pytest.mark.xdist_group("security-shared")
 @shared_group
 @pytest.mark.timeout(60)
 def test_outbound_connection_by_ip_fails(shared):
-    r = probe(shared, TRY + '''
+    r = probe(
+        shared,
+        TRY
+        + """
 import socket
 def tcp(host, port):
     socket.create_connection((host, port), timeout=2).close()
@@ -110,7 +113,8 @@ print(json.dumps({"tcp1": attempt(lambda: tcp("1.1.1.1", 443)),
                   "tcp2": attempt(lambda: tcp("8.8.8.8", 53)),
                   "udp": attempt(udp),
                   "v6": attempt(lambda: socket.create_connection(("2606:4700:4700::1111", 443), 2))}))
-''')
+""",
+    )
     assert all(v != "ALLOWED" for v in r.values()), r
     assert_next_cell_works(shared)
 
@@ -118,7 +122,10 @@ print(json.dumps({"tcp1": attempt(lambda: tcp("1.1.1.1", 443)),
 @shared_group
 @pytest.mark.timeout(60)
 def test_outbound_connection_by_name_and_dns_fail(shared):
-    r = probe(shared, TRY + '''
+    r = probe(
+        shared,
+        TRY
+        + """
 import socket, urllib.request
 print(json.dumps({
     "resolve": attempt(lambda: socket.getaddrinfo("pypi.org", 443)),
@@ -126,7 +133,8 @@ print(json.dumps({
     "http": attempt(lambda: urllib.request.urlopen("http://example.com", timeout=2)),
     "https": attempt(lambda: urllib.request.urlopen("https://pypi.org/simple/", timeout=2)),
 }))
-''')
+""",
+    )
     assert all(v != "ALLOWED" for v in r.values()), r
     assert r["resolve"].startswith("gaierror"), r
 
@@ -134,12 +142,15 @@ print(json.dumps({
 @shared_group
 @pytest.mark.timeout(60)
 def test_only_loopback_interface(shared):
-    r = probe(shared, '''
+    r = probe(
+        shared,
+        """
 import json, os, socket
 print(json.dumps({"sys": sorted(os.listdir("/sys/class/net")),
                   "if": sorted(n for _, n in socket.if_nameindex()),
                   "route": open("/proc/net/route").read().splitlines()[1:]}))
-''')
+""",
+    )
     assert r["sys"] == ["lo"] and r["if"] == ["lo"], r
     assert r["route"] == [], r  # no route anywhere, not even a default one
 
@@ -147,21 +158,27 @@ print(json.dumps({"sys": sorted(os.listdir("/sys/class/net")),
 @shared_group
 @pytest.mark.timeout(60)
 def test_cloud_metadata_address_unreachable(shared):
-    r = probe(shared, TRY + '''
+    r = probe(
+        shared,
+        TRY
+        + """
 import socket, urllib.request
 print(json.dumps({
     "tcp": attempt(lambda: socket.create_connection(("169.254.169.254", 80), timeout=2)),
     "http": attempt(lambda: urllib.request.urlopen(
         "http://169.254.169.254/latest/meta-data/", timeout=2)),
 }))
-''')
+""",
+    )
     assert all(v != "ALLOWED" for v in r.values()), r
 
 
 @shared_group
 @pytest.mark.timeout(60)
 def test_no_docker_socket_and_no_docker_host(shared):
-    r = probe(shared, '''
+    r = probe(
+        shared,
+        """
 import json, os, stat
 paths = ["/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock",
          "/var/run/containerd/containerd.sock", "/run/podman/podman.sock"]
@@ -176,7 +193,8 @@ for top in ("/run", "/var/run", "/tmp", "/workspace", "/data", "/"):
         pass
 print(json.dumps({"exists": [p for p in paths if os.path.lexists(p)], "sockets": sockets,
                   "env": os.environ.get("DOCKER_HOST")}))
-''')
+""",
+    )
     assert r["exists"] == [] and r["sockets"] == [], r
     assert r["env"] is None, r
 
@@ -185,7 +203,9 @@ print(json.dumps({"exists": [p for p in paths if os.path.lexists(p)], "sockets":
 @pytest.mark.timeout(60)
 def test_host_only_files_invisible(shared, host_only):
     host_file = str(host_only["file"])
-    r = probe(shared, f'''
+    r = probe(
+        shared,
+        f"""
 import json, os, socket
 print(json.dumps({{"exists": os.path.exists({host_file!r}),
                    "dir": os.path.exists({str(host_only["file"].parent)!r}),
@@ -193,7 +213,8 @@ print(json.dumps({{"exists": os.path.exists({host_file!r}),
                    "data": sorted(os.listdir("/data")),
                    "home": os.path.exists("/root/.bash_history") or os.path.exists("/home")
                            and bool(os.listdir("/home"))}}))
-''')
+""",
+    )
     assert r["exists"] is False and r["dir"] is False, r
     assert r["hostname"] != socket.gethostname(), r
     assert r["data"] == ["input.csv"], r  # only the one input file, never its folder
@@ -203,7 +224,10 @@ print(json.dumps({{"exists": os.path.exists({host_file!r}),
 @shared_group
 @pytest.mark.timeout(60)
 def test_root_filesystem_read_only(shared):
-    r = probe(shared, TRY + '''
+    r = probe(
+        shared,
+        TRY
+        + """
 def write(p):
     open(p, "w").write("x")
 targets = ["/etc/passwd", "/etc/sandcell-x", "/usr/bin/sandcell-x", "/opt/venv/bin/python3",
@@ -211,7 +235,8 @@ targets = ["/etc/passwd", "/etc/sandcell-x", "/usr/bin/sandcell-x", "/opt/venv/b
 ro = [l.split()[3] for l in open("/proc/mounts") if l.split()[1] == "/"]
 print(json.dumps({"writes": {p: attempt(lambda p=p: write(p)) for p in targets},
                   "root_opts": ro}))
-''')
+""",
+    )
     assert all(v != "ALLOWED" for v in r["writes"].values()), r
     assert "ro" in r["root_opts"][0].split(","), r
     assert_next_cell_works(shared)
@@ -220,7 +245,10 @@ print(json.dumps({"writes": {p: attempt(lambda p=p: write(p)) for p in targets},
 @shared_group
 @pytest.mark.timeout(60)
 def test_input_file_cannot_be_changed(shared, host_only):
-    r = probe(shared, TRY + '''
+    r = probe(
+        shared,
+        TRY
+        + """
 import shutil
 p = "/data/input.csv"
 print(json.dumps({
@@ -233,7 +261,8 @@ print(json.dumps({
     "readable": len(open(p, "rb").read()),
     "mount": [l.split()[3] for l in open("/proc/mounts") if l.split()[1] == p],
 }))
-''')
+""",
+    )
     readable = r.pop("readable")
     assert "ro" in r.pop("mount")[0].split(","), r  # a read-only bind, whatever its mode
     assert readable == host_only["input"].stat().st_size
@@ -244,7 +273,9 @@ print(json.dumps({
 @shared_group
 @pytest.mark.timeout(60)
 def test_non_root_without_capabilities_and_no_new_privs(shared):
-    r = probe(shared, '''
+    r = probe(
+        shared,
+        """
 import json, os
 status = dict(l.split(":", 1) for l in open("/proc/self/status"))
 print(json.dumps({"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(),
@@ -252,7 +283,8 @@ print(json.dumps({"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(),
                   "caps": {k: int(status[k].strip(), 16) for k in
                            ("CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb")},
                   "nnp": status["NoNewPrivs"].strip(), "seccomp": status["Seccomp"].strip()}))
-''')
+""",
+    )
     assert r["uid"] != 0 and r["euid"] != 0 and r["gid"] != 0 and 0 not in r["groups"], r
     assert all(v == 0 for v in r["caps"].values()), r
     assert r["nnp"] == "1", r
@@ -262,7 +294,9 @@ print(json.dumps({"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(),
 @shared_group
 @pytest.mark.timeout(60)
 def test_no_setuid_or_setgid_binaries(shared):
-    r = probe(shared, '''
+    r = probe(
+        shared,
+        """
 import json, os, stat
 found = []
 for top in ("/usr", "/bin", "/sbin", "/lib", "/opt", "/etc", "/var"):
@@ -276,14 +310,19 @@ for top in ("/usr", "/bin", "/sbin", "/lib", "/opt", "/etc", "/var"):
             if stat.S_ISREG(mode) and mode & (stat.S_ISUID | stat.S_ISGID):
                 found.append(p)
 print(json.dumps({"found": found}))
-''', timeout=40)
+""",
+        timeout=40,
+    )
     assert r["found"] == [], r
 
 
 @shared_group
 @pytest.mark.timeout(60)
 def test_setuid_to_root_chroot_mknod_fail(shared):
-    r = probe(shared, TRY + '''
+    r = probe(
+        shared,
+        TRY
+        + """
 print(json.dumps({
     "setuid0": attempt(lambda: os.setuid(0)),
     "setgid0": attempt(lambda: os.setgid(0)),
@@ -292,14 +331,18 @@ print(json.dumps({
     "devmem": attempt(lambda: open("/dev/mem", "rb").read(1)),
     "kmsg": attempt(lambda: open("/dev/kmsg", "rb").read(1)),
 }))
-''')
+""",
+    )
     assert all(v != "ALLOWED" for v in r.values()), r
 
 
 @shared_group
 @pytest.mark.timeout(60)
 def test_mount_unshare_fail(shared):
-    r = probe(shared, TRY + '''
+    r = probe(
+        shared,
+        TRY
+        + """
 import ctypes, subprocess
 libc = ctypes.CDLL(None, use_errno=True)
 def call(fn, *args):
@@ -326,7 +369,8 @@ print(json.dumps({
     "unshare_net": attempt(in_child(CLONE_NEWNET)),
     "unshare_pid": attempt(in_child(CLONE_NEWPID)),
 }))
-''')
+""",
+    )
     assert all(v != "ALLOWED" for v in r.values()), r
     assert_next_cell_works(shared)
 
@@ -334,7 +378,10 @@ print(json.dumps({
 @shared_group
 @pytest.mark.timeout(60)
 def test_pid1_supervisor_cannot_be_ptraced_or_read(shared):
-    r = probe(shared, TRY + '''
+    r = probe(
+        shared,
+        TRY
+        + """
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
@@ -355,7 +402,8 @@ print(json.dumps({
     "tracer": status["TracerPid"].strip(),
     "cmd": open("/proc/1/cmdline").read(),
 }))
-''')
+""",
+    )
     assert r.pop("tracer") == "0"
     assert "supervisor.py" in r.pop("cmd")
     assert all(v != "ALLOWED" for v in r.values()), r
@@ -365,7 +413,10 @@ print(json.dumps({
 @shared_group
 @pytest.mark.timeout(60)
 def test_sysrq_and_kernel_knobs_unwritable(shared):
-    r = probe(shared, TRY + '''
+    r = probe(
+        shared,
+        TRY
+        + """
 print(json.dumps({
     "sysrq": attempt(lambda: open("/proc/sysrq-trigger", "w").write("h")),
     "core_pattern": attempt(lambda: open("/proc/sys/kernel/core_pattern", "w").write("|/x")),
@@ -373,7 +424,8 @@ print(json.dumps({
     "drop_caches": attempt(lambda: open("/proc/sys/vm/drop_caches", "w").write("3")),
     "cgroup": attempt(lambda: open("/sys/fs/cgroup/memory/memory.limit_in_bytes", "w").write("-1")),
 }))
-''')
+""",
+    )
     assert all(v != "ALLOWED" for v in r.values()), r
 
 
@@ -381,7 +433,9 @@ print(json.dumps({
 @pytest.mark.timeout(60)
 def test_host_secret_env_not_visible(shared):
     assert os.environ.get(SECRET_NAME) is None  # the fixture's patch is undone
-    r = probe(shared, f'''
+    r = probe(
+        shared,
+        f"""
 import json, os, subprocess
 found = []
 for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
@@ -394,14 +448,18 @@ child = subprocess.run(["env"], capture_output=True, text=True).stdout
 print(json.dumps({{"env": {SECRET_NAME!r} in os.environ, "proc": found,
                    "child": {SECRET_VALUE!r} in child,
                    "any": any({SECRET_VALUE!r} in v for v in os.environ.values())}}))
-''')
+""",
+    )
     assert r == {"env": False, "proc": [], "child": False, "any": False}, r
 
 
 @shared_group
 @pytest.mark.timeout(60)
 def test_connection_directory_sealed(shared):
-    r = probe(shared, TRY + '''
+    r = probe(
+        shared,
+        TRY
+        + """
 d = "/run/sandcell"
 print(json.dumps({
     "create": attempt(lambda: open(f"{d}/fill", "wb").write(b"x")),
@@ -413,7 +471,8 @@ print(json.dumps({
     "rename_json": attempt(lambda: os.rename(f"{d}/kernel.json", f"{d}/k2.json")),
     "symlink": attempt(lambda: os.symlink("/etc/passwd", f"{d}/link")),
 }))
-''')
+""",
+    )
     assert all(v != "ALLOWED" for v in r.values()), r
     assert_host_unharmed(shared)
 
@@ -421,7 +480,9 @@ print(json.dumps({
 @shared_group
 @pytest.mark.timeout(60)
 def test_resource_limits_are_set(shared):
-    r = probe(shared, '''
+    r = probe(
+        shared,
+        """
 import json, os, resource
 def size(p):
     s = os.statvfs(p); return s.f_blocks * s.f_frsize
@@ -437,7 +498,8 @@ print(json.dumps({"nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
                   "mem": read(f"{cg}/memory/memory.limit_in_bytes") or read(f"{cg}/memory.max"),
                   "memsw": read(f"{cg}/memory/memory.memsw.limit_in_bytes"),
                   "pids": read(f"{cg}/pids/pids.max") or read(f"{cg}/pids.max")}))
-''')
+""",
+    )
     limits = shared.limits
     assert r["nofile"] == [limits.open_files, limits.open_files], r
     assert r["tmp"] == limits.tmp_mb << 20 and r["ws"] == limits.workspace_mb << 20, r
@@ -456,15 +518,22 @@ print(json.dumps({"nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
 def test_container_logs_bounded_and_pid1_stdout_unreachable(shared):
     log = shared.container.attrs["HostConfig"]["LogConfig"]
     assert log["Type"] == "none" or log["Config"].get("max-size"), log
-    r = probe(shared, TRY + '''
+    r = probe(
+        shared,
+        TRY
+        + """
 print(json.dumps({
     "pid1_out": attempt(lambda: open("/proc/1/fd/1", "w").write("x" * 1000)),
     "pid1_err": attempt(lambda: open("/proc/1/fd/2", "w").write("x" * 1000)),
 }))
-''')
+""",
+    )
     assert all(v != "ALLOWED" for v in r.values()), r
     # what the kernel writes to its own fds 1 and 2 does not reach `docker logs` either
-    ok(shared, "import os\nfor _ in range(64): os.write(1, b'y' * 65536); os.write(2, b'z' * 65536)")
+    ok(
+        shared,
+        "import os\nfor _ in range(64): os.write(1, b'y' * 65536); os.write(2, b'z' * 65536)",
+    )
     logs = shared.container.logs(tail=1000)
     assert len(logs) < 64 << 10, len(logs)
 
@@ -475,7 +544,10 @@ print(json.dumps({
 def test_signals_to_pid1_from_inside_are_ignored():
     with DockerSandbox(limits=FAST) as sb:
         before = ok(sb, "import os\nx = 41\nprint(os.getpid())").strip()
-        r = probe(sb, TRY + '''
+        r = probe(
+            sb,
+            TRY
+            + """
 import signal, time
 out = {s.name: attempt(lambda s=s: os.kill(1, s)) for s in
        (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
@@ -483,7 +555,8 @@ out = {s.name: attempt(lambda s=s: os.kill(1, s)) for s in
 time.sleep(1)
 out["pid1_alive"] = os.path.exists("/proc/1/cmdline")
 print(json.dumps(out))
-''')
+""",
+        )
         assert r["pid1_alive"] is True
         after = sb.run("print(os.getpid()); x + 1")
         assert after.ok and after.stdout.strip() == before and after.text == "42", render(after)
@@ -496,14 +569,19 @@ def test_fork_bomb_is_bounded_by_pids_limit():
     limits = Limits(timeout_s=4, interrupt_grace_s=2, pids=64)
     with DockerSandbox(limits=limits) as sb:
         ok(sb, "open('before.txt', 'w').write('kept')")
-        ex = sb.run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
-                    "        pass\n")
+        ex = sb.run(
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
+            "        pass\n"
+        )
         assert ex.timed_out and (ex.interrupted or ex.restarted == "timeout"), render(ex)
         assert len(render(ex, 2000)) <= 2000
         assert sb.container.attrs["HostConfig"]["PidsLimit"] == 64
         # the bomb's processes are gone, the workspace is intact, the next cell works
-        r = probe(sb, "import json, os\nprint(json.dumps({'n': sum(p.isdigit() for p in "
-                      "os.listdir('/proc')), 'kept': open('before.txt').read()}))")
+        r = probe(
+            sb,
+            "import json, os\nprint(json.dumps({'n': sum(p.isdigit() for p in "
+            "os.listdir('/proc')), 'kept': open('before.txt').read()}))",
+        )
         assert r["kept"] == "kept" and r["n"] < 16, r
         assert_next_cell_works(sb)
         assert_host_unharmed(sb)
@@ -531,7 +609,9 @@ def test_disk_fill_of_tmp_and_workspace_hits_enospc_within_tmpfs_sizes():
     limits = Limits(timeout_s=20, interrupt_grace_s=2, tmp_mb=32, workspace_mb=48)
     host_free = shutil.disk_usage("/").free
     with DockerSandbox(limits=limits) as sb:
-        r = probe(sb, '''
+        r = probe(
+            sb,
+            """
 import errno, json, os
 def fill(path):
     written, chunk = 0, b"\\0" * (1 << 20)
@@ -544,7 +624,8 @@ def fill(path):
     return {"errno": None, "written": written}
 print(json.dumps({"tmp": fill("/tmp/fill"), "ws": fill("/workspace/fill"),
                   "shm": fill("/dev/shm/fill") if os.path.isdir("/dev/shm") else None}))
-''')
+""",
+        )
         assert r["tmp"]["errno"] == 28 and r["tmp"]["written"] <= 32 << 20, r
         assert r["ws"]["errno"] == 28 and r["ws"]["written"] <= 48 << 20, r
         if r["shm"] is not None:
@@ -562,7 +643,10 @@ print(json.dumps({"tmp": fill("/tmp/fill"), "ws": fill("/workspace/fill"),
 def test_huge_single_file_and_thousands_of_small_files():
     limits = Limits(timeout_s=30, interrupt_grace_s=2, workspace_mb=64)
     with DockerSandbox(limits=limits) as sb:
-        r = probe(sb, TRY + '''
+        r = probe(
+            sb,
+            TRY
+            + """
 def falloc():
     fd = os.open("/workspace/huge", os.O_WRONLY | os.O_CREAT)
     try:
@@ -574,10 +658,13 @@ def dense():
         f.seek(100 << 20); f.write(b"x")
         f.seek(0); f.write(b"\\1" * (100 << 20))
 print(json.dumps({"fallocate": attempt(falloc), "dense": attempt(dense)}))
-''')
+""",
+        )
         assert r["fallocate"].endswith(":28") and r["dense"].endswith(":28"), r
         ok(sb, "import os\nfor p in ('huge', 'dense'):\n    os.path.exists(p) and os.remove(p)")
-        r = probe(sb, '''
+        r = probe(
+            sb,
+            """
 import json, os
 os.makedirs("many", exist_ok=True)
 made, err = 0, None
@@ -589,7 +676,8 @@ try:
 except OSError as e:
     err = e.errno
 print(json.dumps({"made": made, "err": err}))
-''')
+""",
+        )
         assert r["made"] == 20000 or r["err"] in (28, 24), r
         started = time.monotonic()
         listing = sb.files()
@@ -632,8 +720,10 @@ def test_one_gigabyte_print_keeps_host_memory_bounded():
     with DockerSandbox(limits=Limits(timeout_s=60, interrupt_grace_s=2)) as sb:
         assert_next_cell_works(sb)  # warm up the client before measuring
         with PeakRss() as rss:
-            ex = sb.run("import sys\nline = 'x' * 1023 + '\\n'\nblock = line * 1024\n"
-                        "for _ in range(1024):\n    sys.stdout.write(block)\nprint('END')")
+            ex = sb.run(
+                "import sys\nline = 'x' * 1023 + '\\n'\nblock = line * 1024\n"
+                "for _ in range(1024):\n    sys.stdout.write(block)\nprint('END')"
+            )
         assert ex.ok, render(ex)
         assert rss.growth < 64 << 20, rss.growth
         assert ex.dropped_bytes > 1000 << 20, ex.dropped_bytes
@@ -653,9 +743,11 @@ def test_output_sent_around_the_kernel_cap_is_capped_on_the_host():
     with DockerSandbox(limits=Limits(timeout_s=60, interrupt_grace_s=2)) as sb:
         assert_next_cell_works(sb)
         with PeakRss() as rss:
-            ex = sb.run("k = get_ipython().kernel\ntext = 'y' * (1 << 20)\n"
-                        "for _ in range(256):\n    k.session.send(k.iopub_socket, 'stream', "
-                        "{'name': 'stdout', 'text': text}, parent=k.get_parent('shell'))\n")
+            ex = sb.run(
+                "k = get_ipython().kernel\ntext = 'y' * (1 << 20)\n"
+                "for _ in range(256):\n    k.session.send(k.iopub_socket, 'stream', "
+                "{'name': 'stdout', 'text': text}, parent=k.get_parent('shell'))\n"
+            )
         assert ex.ok, render(ex)
         assert rss.growth < 64 << 20, rss.growth
         assert len(ex.stdout) <= sb.limits.output_bytes + 200
@@ -683,8 +775,9 @@ def test_endless_loop_times_out_interrupted_state_kept():
 def test_loop_ignoring_sigint_restarts_kernel_keeps_files():
     with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=2)) as sb:
         ok(sb, "x = 41\nopen('kept.txt', 'w').write('kept')")
-        ex = sb.run("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-                    "while True:\n    pass\n")
+        ex = sb.run(
+            "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass\n"
+        )
         assert ex.timed_out and ex.restarted == "timeout" and not ex.interrupted, render(ex)
         assert ex.duration_s < 3 + 2 + 20  # deadline + grace + a fresh kernel under load
         assert "restarted" in render(ex)
@@ -723,7 +816,9 @@ while True:
         assert int(first) > 0
         time.sleep(1.0)
         assert sb.read("counter") == first  # nobody writes it any more
-        r = probe(sb, '''
+        r = probe(
+            sb,
+            """
 import json, os
 mine = os.getpid()
 others = []
@@ -737,7 +832,8 @@ for p in os.listdir("/proc"):
         if state != "Z":
             others.append(cmd)
 print(json.dumps({"others": others}))
-''')
+""",
+        )
         assert r["others"] == [], r
         assert_host_unharmed(sb)
 
@@ -747,7 +843,9 @@ print(json.dumps({"others": others}))
 def test_cpu_quota_holds_for_spinning_processes():
     limits = Limits(timeout_s=20, interrupt_grace_s=2, cpus=0.5)
     with DockerSandbox(limits=limits) as sb:
-        r = probe(sb, '''
+        r = probe(
+            sb,
+            """
 import json, multiprocessing, os, time
 cg = "/sys/fs/cgroup/cpu"
 quota = int(open(f"{cg}/cpu.cfs_quota_us").read()); period = int(open(f"{cg}/cpu.cfs_period_us").read())
@@ -763,7 +861,8 @@ for p in procs: p.start()
 for p in procs: p.join()
 used = (usage() - u0) / 1e9; wall = time.monotonic() - t0
 print(json.dumps({"quota": quota, "period": period, "cpus": used / wall}))
-''')
+""",
+        )
         assert r["quota"] / r["period"] == pytest.approx(0.5), r
         assert r["cpus"] <= 0.5 * 1.2, r  # 4 spinners would take every core without it
         assert_next_cell_works(sb)
@@ -776,7 +875,8 @@ def test_kernel_json_cannot_be_swapped_during_a_restart():
     not replace the host's connection file (it would own the next kernel's key)."""
     with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=1)) as sb:
         original = Path(sb.conn_dir, "kernel.json").read_bytes()
-        ex = sb.run('''
+        ex = sb.run(
+            """
 import json, os, signal
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 info = json.load(open("/run/sandcell/kernel.json"))
@@ -789,7 +889,9 @@ while True:
         os.replace("/run/sandcell/evil.json", "/run/sandcell/kernel.json")
     except OSError:
         pass
-''', timeout=3)
+""",
+            timeout=3,
+        )
         assert ex.restarted == "timeout", render(ex)
         assert Path(sb.conn_dir, "kernel.json").read_bytes() == original
         assert_next_cell_works(sb)
@@ -797,17 +899,22 @@ while True:
 
 
 @pytest.mark.xdist_group("security-d")
-@pytest.mark.xfail(strict=True, reason="open hole: ZMQ buffers a whole multipart message on the "
-                   "host (MAXMSGSIZE bounds one frame, not the frame count); needs a bounded "
-                   "relay inside the container")
+@pytest.mark.xfail(
+    strict=True,
+    reason="open hole: ZMQ buffers a whole multipart message on the "
+    "host (MAXMSGSIZE bounds one frame, not the frame count); needs a bounded "
+    "relay inside the container",
+)
 @pytest.mark.timeout(120)
 def test_one_message_of_many_large_frames_keeps_host_memory_bounded():
     with DockerSandbox(limits=Limits(timeout_s=30, interrupt_grace_s=2)) as sb:
         assert_next_cell_works(sb)
         with PeakRss() as rss:
-            ex = sb.run("k = get_ipython().kernel\nb = b'y' * (8 << 20)\n"
-                        "k.session.send(k.iopub_socket, 'comm_msg', {'comm_id': 'x', 'data': {}},"
-                        " parent=k.get_parent('shell'), buffers=[b] * 24)\n")
+            ex = sb.run(
+                "k = get_ipython().kernel\nb = b'y' * (8 << 20)\n"
+                "k.session.send(k.iopub_socket, 'comm_msg', {'comm_id': 'x', 'data': {}},"
+                " parent=k.get_parent('shell'), buffers=[b] * 24)\n"
+            )
         assert_next_cell_works(sb)
         assert ex.ok, render(ex)
         assert rss.growth < 64 << 20, rss.growth

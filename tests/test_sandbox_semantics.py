@@ -61,18 +61,25 @@ def test_expression_value_is_returned_and_print_is_stream(sb):
 @shared
 @pytest.mark.timeout(60)
 def test_stdout_and_stderr_in_order_ansi_stripped(sb):
-    ex = sb.run("import sys\nprint('one', flush=True)\nprint('two', file=sys.stderr, flush=True)\n"
-                "print('\\x1b[31mthree\\x1b[0m', flush=True)")
+    ex = sb.run(
+        "import sys\nprint('one', flush=True)\nprint('two', file=sys.stderr, flush=True)\n"
+        "print('\\x1b[31mthree\\x1b[0m', flush=True)"
+    )
     assert [(c.name, c.text) for c in ex.stream] == [
-        ("stdout", "one\n"), ("stderr", "two\n"), ("stdout", "three\n")]
+        ("stdout", "one\n"),
+        ("stderr", "two\n"),
+        ("stdout", "three\n"),
+    ]
     assert ANSI_ESC not in render(ex)
 
 
 @shared
 @pytest.mark.timeout(60)
 def test_display_data_comes_back(sb):
-    ex = sb.run("from IPython.display import display, HTML, Markdown\n"
-                "display(HTML('<b>bold</b>'))\ndisplay(Markdown('# title'))")
+    ex = sb.run(
+        "from IPython.display import display, HTML, Markdown\n"
+        "display(HTML('<b>bold</b>'))\ndisplay(Markdown('# title'))"
+    )
     assert ex.ok
     kinds = [sorted(r.data) for r in ex.results]
     assert kinds == [["text/html", "text/plain"], ["text/markdown", "text/plain"]]
@@ -82,8 +89,10 @@ def test_display_data_comes_back(sb):
 @shared
 @pytest.mark.timeout(90)
 def test_matplotlib_chart_saved_as_png_and_named(sb):
-    ex = sb.run("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('t')\nplt.show()",
-                timeout=60)
+    ex = sb.run(
+        "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('t')\nplt.show()",
+        timeout=60,
+    )
     assert ex.ok, render(ex)
     assert len(ex.images) == 1
     path = ex.images[0]
@@ -133,8 +142,7 @@ def test_dataframe_shown_bounded_with_shape(sb):
 @shared
 @pytest.mark.timeout(60)
 def test_inputs_are_read_only_at_data(sb, input_file):
-    ex = sb.run("import pandas as pd\ndf = pd.read_csv('/data/sales.csv')\n"
-                "int(df.amount.sum())")
+    ex = sb.run("import pandas as pd\ndf = pd.read_csv('/data/sales.csv')\nint(df.amount.sum())")
     assert ex.ok and ex.text == "35"
     assert sb.read("/data/sales.csv") == input_file.read_bytes()
     ex = sb.run("open('/data/sales.csv', 'a').write('x')")
@@ -146,8 +154,10 @@ def test_inputs_are_read_only_at_data(sb, input_file):
 @pytest.mark.timeout(60)
 def test_files_read_write(sb):
     sb.write("notes/in.txt", b"from the host\n")
-    ex = sb.run("print(open('notes/in.txt').read(), end='')\n"
-                "open('notes/out.bin', 'wb').write(bytes(range(256)))")
+    ex = sb.run(
+        "print(open('notes/in.txt').read(), end='')\n"
+        "open('notes/out.bin', 'wb').write(bytes(range(256)))"
+    )
     assert ex.stdout == "from the host\n"
     listing = {f["path"]: f["size"] for f in sb.files()}
     assert listing["notes/in.txt"] == 14 and listing["notes/out.bin"] == 256
@@ -162,11 +172,13 @@ def test_files_read_write(sb):
 @shared
 @pytest.mark.timeout(60)
 def test_export_copies_files_and_refuses_links_out(sb, tmp_path):
-    ex = sb.run("import os\nos.makedirs('out/sub', exist_ok=True)\n"
-                "open('out/a.csv', 'w').write('x,y\\n')\nopen('out/sub/b.txt', 'w').write('b')\n"
-                "os.symlink('/etc/passwd', 'out/passwd')\nos.symlink('/etc', 'out/etcdir')\n"
-                "os.symlink('a.csv', 'out/rel-link')\nos.link('out/a.csv', 'out/hard')\n"
-                "os.mkfifo('out/fifo')")
+    ex = sb.run(
+        "import os\nos.makedirs('out/sub', exist_ok=True)\n"
+        "open('out/a.csv', 'w').write('x,y\\n')\nopen('out/sub/b.txt', 'w').write('b')\n"
+        "os.symlink('/etc/passwd', 'out/passwd')\nos.symlink('/etc', 'out/etcdir')\n"
+        "os.symlink('a.csv', 'out/rel-link')\nos.link('out/a.csv', 'out/hard')\n"
+        "os.mkfifo('out/fifo')"
+    )
     assert ex.ok, render(ex)
     copied = sb.export(tmp_path / "exp", subdir="out")
     assert sorted(copied) == ["a.csv", "hard", "sub/b.txt"]  # hard links become plain files
@@ -252,8 +264,9 @@ def test_pool_hands_out_fresh_distinct_sandboxes_with_inputs(input_file):
             first.close()
             second.close()
         for box in (first, second):
-            assert not client.containers.list(all=True, filters={
-                "label": f"sandcell.session={box.session}"})
+            assert not client.containers.list(
+                all=True, filters={"label": f"sandcell.session={box.session}"}
+            )
         deadline = time.monotonic() + 60
         while pool.ready() < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -261,8 +274,9 @@ def test_pool_hands_out_fresh_distinct_sandboxes_with_inputs(input_file):
         sessions = [s.session for s in list(pool._ready.queue)]
     time.sleep(0.5)
     for session in sessions:  # closing the pool closes what it kept ready
-        assert not client.containers.list(all=True, filters={
-            "label": f"sandcell.session={session}"})
+        assert not client.containers.list(
+            all=True, filters={"label": f"sandcell.session={session}"}
+        )
 
 
 @pytest.mark.xdist_group("semantics-c")
@@ -289,14 +303,22 @@ def test_orphan_of_a_dead_owner_is_reaped():
     session = f"orphan-{uuid.uuid4().hex[:8]}"
     alive = DockerSandbox(limits=FAST)  # started first: a live owner's container is kept
     # a process that starts a sandbox and dies without cleaning up
-    script = ("import json, os\nfrom sandbox import DockerSandbox, Limits\n"
-              f"box = DockerSandbox(limits=Limits(), session={session!r})\n"
-              "print(json.dumps({'id': box.container.id, 'conn': box.conn_dir}), flush=True)\n"
-              "os._exit(0)\n")
+    script = (
+        "import json, os\nfrom sandbox import DockerSandbox, Limits\n"
+        f"box = DockerSandbox(limits=Limits(), session={session!r})\n"
+        "print(json.dumps({'id': box.container.id, 'conn': box.conn_dir}), flush=True)\n"
+        "os._exit(0)\n"
+    )
     info = None
     try:
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                             timeout=60, cwd=os.path.dirname(os.path.dirname(__file__)))
+        out = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+            cwd=os.path.dirname(os.path.dirname(__file__)),
+        )
         info = json.loads(out.stdout.strip().splitlines()[-1])
         labels = client.api.inspect_container(info["id"])["Config"]["Labels"]
         assert labels["sandcell.session"] == session

@@ -11,6 +11,10 @@ from hypothesis import strategies as st
 from tools import Registry, calculator_tool
 from tools.calculator import MAX_INPUT_CHARS, CalcError, evaluate
 
+# CPU time of this thread, not wall time: the bound is on the work an input can cause, and
+# a shared, busy CI machine must not turn a 2 ms refusal into a failure.
+cpu_time = time.thread_time
+
 ACCEPTED = [
     ("2+3*4", 14),
     ("2^10", 1024),
@@ -114,10 +118,10 @@ def test_accepted(expr, expected):
 
 @pytest.mark.parametrize("expr, words", REFUSED, ids=[e[:40] for e, _ in REFUSED])
 def test_refused_clearly_and_fast(expr, words):
-    start = time.perf_counter()
+    start = cpu_time()
     with pytest.raises(CalcError) as err:
         evaluate(expr)
-    elapsed = time.perf_counter() - start
+    elapsed = cpu_time() - start
     assert words in str(err.value)
     assert "Traceback" not in str(err.value)
     assert elapsed < 0.1, f"{expr[:40]!r} took {elapsed * 1000:.1f} ms"
@@ -125,9 +129,9 @@ def test_refused_clearly_and_fast(expr, words):
 
 @pytest.mark.parametrize("expr, _", ACCEPTED)
 def test_accepted_inputs_are_fast_too(expr, _):
-    start = time.perf_counter()
+    start = cpu_time()
     evaluate(expr)
-    assert time.perf_counter() - start < 0.1
+    assert cpu_time() - start < 0.1
 
 
 def test_the_largest_allowed_results_are_still_fast():
@@ -138,9 +142,9 @@ def test_the_largest_allowed_results_are_still_fast():
         "(10**3999) * 9",
         "round(10**3999 + 1, -1000)",
     ]:
-        start = time.perf_counter()
+        start = cpu_time()
         value = evaluate(expr)
-        assert time.perf_counter() - start < 0.1
+        assert cpu_time() - start < 0.1
         assert len(str(value)) <= 4000
 
 
@@ -238,10 +242,10 @@ def test_powers_agree_with_python(base, exp):
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=60))
 def test_any_text_answers_fast_with_a_number_or_a_calc_error(text):
-    start = time.perf_counter()
+    start = cpu_time()
     try:
         result = evaluate(text)
         assert isinstance(result, (int, float))
     except CalcError:
         pass
-    assert time.perf_counter() - start < 0.1
+    assert cpu_time() - start < 0.1

@@ -151,7 +151,7 @@ def _first_sheet(ws, deadline: float, max_rows: int, extra: list[str]) -> TableI
             else:
                 kinds[i].add(_py_kind(v))
     note = "" if finished else f"in the first {scanned:,} rows"
-    columns = [Column(n, _merge(k), c, note) for n, k, c in zip(names, kinds, nulls)]
+    columns = [Column(n, _merge(k), c, note) for n, k, c in zip(names, kinds, nulls, strict=True)]
     dim_rows = (ws.max_row - 1) if ws.max_row else None
     rows, exact = (scanned, True) if finished else (dim_rows, False)
     notes = [] if finished else ["row count from the sheet's dimension record"]

@@ -238,7 +238,7 @@ def _add_row(table: Table, row: list[str], width: int, lineno: int) -> None:
             table.first_ragged = f"line {lineno} has {len(row)} fields, the header has {width}"
     if len(table.sample) < 3:
         table.sample.append(row)
-    for col, value in zip(table.columns, row):
+    for col, value in zip(table.columns, row, strict=False):  # ragged rows are expected
         col.add(value)
     for col in table.columns[len(row) :]:
         col.nulls += 1  # a short row: pandas fills the missing fields with NaN

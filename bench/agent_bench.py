@@ -1,0 +1,197 @@
+"""Agent figures: the loop's own cost per step (no model, no sandbox), and the characters sent
+to the model per task, sandcell against smolagents' CodeAgent fed the same scripted actions.
+
+Both agents talk over real HTTP (the `openai` client) to the scripted OpenAI-compatible server
+of the tests, which records every request body; the characters are counted from those bodies
+the same way for both (bench.tasks.sent_chars). sandcell runs its code in the Docker sandbox
+(/data/<name>); smolagents runs it with its local executor on a host copy of the same CSV."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from agent import Agent, OpenAIModel, Rules, ScriptedModel
+from agent.loop import Loop
+from agent.trace import TraceWriter
+from bench.tasks import TASKS, Task, sandcell_script, sent_chars, smolagents_script
+from tests.scripted_server import ScriptedServer
+from tools import Registry, calculator_tool
+
+SMOLAGENTS_IMPORTS = ["pandas", "numpy"]
+
+
+# -- loop overhead ---------------------------------------------------------------------------
+
+
+class TimedModel:
+    """A ScriptedModel that notes when each call starts and ends: the time between the end of
+    one call and the start of the next is the loop's own work for that step."""
+
+    def __init__(self, model: ScriptedModel):
+        self.model, self.name = model, model.name
+        self.spans: list[tuple[float, float]] = []
+
+    def complete(self, messages: list[dict], tools: list[dict] | None = None, **kw: object):
+        started = time.perf_counter()
+        reply = self.model.complete(messages, tools, **kw)
+        self.spans.append((started, time.perf_counter()))
+        return reply
+
+
+def step_overhead(steps: int, protocol: str) -> dict:
+    """Median time of one loop step around an instant tool (calculator) and an instant model:
+    context fit, parse, schema check, tool call, observation, stop rules, trace (fsync)."""
+    replies: list = [
+        {"content": f"Step {i}: add the next number.",
+         "tool_calls": [{"name": "calculator", "arguments": {"expression": f"{i} + 1"}}]}
+        for i in range(steps)
+    ]  # fmt: skip
+    replies.append("Final Answer: the sum is done.")
+    model = TimedModel(ScriptedModel(replies))
+    rules = Rules(max_steps=steps + 5, max_tokens=10**9)
+    with tempfile.TemporaryDirectory(prefix="sandcell-bench-") as folder:
+        trace = TraceWriter(Path(folder) / "trace.jsonl")
+        try:
+            loop = Loop(model, Registry([calculator_tool]), trace, protocol=protocol, rules=rules)
+            result = loop.ask("Add the numbers one by one.")
+        finally:
+            trace.close()
+    assert result.answered and result.steps == steps + 1, (result.stop_reason, result.detail)
+    gaps = [b[0] - a[1] for a, b in itertools.pairwise(model.spans)]
+    return {"median_s": statistics.median(gaps), "max_s": max(gaps), "steps": len(gaps)}
+
+
+# -- characters sent per task ----------------------------------------------------------------
+
+
+def run_sandcell(task: Task, protocol: str) -> dict:
+    """One task with sandcell over HTTP; the characters sent and the protocol actually used."""
+    with ScriptedServer(
+        sandcell_script(task, "react" if protocol == "react" else "tools")
+    ) as server:
+        model = OpenAIModel("scripted", base_url=server.url, api_key="k", retry_base_s=0.01)
+        with Agent(model, protocol=protocol).session([task.csv]) as session:
+            result = session.ask(task.prompt(f"/data/{task.csv.name}"))
+            used = session.loop.protocol.name
+        left, requests = server.left(), list(server.requests)
+    assert result.answer == task.expected(), (task.id, protocol, result.answer, result.detail)
+    assert left == 0, f"{task.id}: {left} scripted replies unused"
+    return {"chars": sum(sent_chars(b) for b in requests), "requests": len(requests),
+            "first": sent_chars(requests[0]), "protocol": used}  # fmt: skip
+
+
+def run_smolagents(task: Task, folder: Path) -> dict:
+    """The same task with smolagents' CodeAgent and its OpenAI-compatible model client."""
+    from smolagents import CodeAgent, LogLevel, OpenAIServerModel
+
+    path = folder / task.csv.name
+    if not path.exists():
+        shutil.copy(task.csv, path)
+    with ScriptedServer(smolagents_script(task, str(path))) as server:
+        model = OpenAIServerModel("scripted", api_base=server.url, api_key="k")
+        agent = CodeAgent(tools=[], model=model, additional_authorized_imports=SMOLAGENTS_IMPORTS,
+                          verbosity_level=LogLevel.OFF)  # fmt: skip
+        answer = agent.run(task.prompt(str(path)))
+        left, requests = server.left(), list(server.requests)
+    assert answer == task.expected(), (task.id, "smolagents", answer)
+    assert left == 0, f"{task.id}: {left} scripted replies unused by smolagents"
+    return {"chars": sum(sent_chars(b) for b in requests), "requests": len(requests),
+            "first": sent_chars(requests[0])}  # fmt: skip
+
+
+def characters(tasks: list[Task]) -> dict:
+    logging.getLogger("smolagents").setLevel(logging.WARNING)
+    per_task = []
+    with tempfile.TemporaryDirectory(prefix="sc") as folder:  # short: the path is in the code
+        for task in tasks:
+            auto, react = run_sandcell(task, "auto"), run_sandcell(task, "react")
+            smol = run_smolagents(task, Path(folder))
+            per_task.append({"task": task.id, "steps": len(task.steps) + 1,
+                             "sandcell_auto": auto["chars"], "sandcell_react": react["chars"],
+                             "smolagents": smol["chars"], "auto_protocol": auto["protocol"],
+                             "requests": {"sandcell": auto["requests"],
+                                          "smolagents": smol["requests"]},
+                             "first_request": {"sandcell_auto": auto["first"],
+                                               "smolagents": smol["first"]}})  # fmt: skip
+    totals = {
+        k: sum(t[k] for t in per_task) for k in ("sandcell_auto", "sandcell_react", "smolagents")
+    }
+    return {
+        "tasks": per_task,
+        "auto_protocol": sorted({t["auto_protocol"] for t in per_task}),
+        "mean_per_task": {k: v / len(per_task) for k, v in totals.items()},
+        "ratio_auto": totals["sandcell_auto"] / totals["smolagents"],
+        "ratio_react": totals["sandcell_react"] / totals["smolagents"],
+        "smolagents": _version("smolagents"),
+    }
+
+
+def _version(name: str) -> str:
+    from importlib.metadata import version
+
+    return version(name)
+
+
+def run(smoke: bool) -> dict:
+    steps = 30 if smoke else 300
+    tasks = TASKS[:3] if smoke else TASKS
+    return {
+        "step_overhead": {p: step_overhead(steps, p) for p in ("tools", "react")},
+        "characters": characters(tasks),
+    }
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def rows(section: dict, row) -> list[str]:
+    s, c = section["step_overhead"], section["characters"]
+    mean = c["mean_per_task"]
+    picked = "/".join(c["auto_protocol"])
+    return [
+        row(f"one loop step, no model or sandbox time (median of {s['tools']['steps']}; "
+            "tools / react)",
+            f"{s['tools']['median_s'] * 1000:.2f} ms / {s['react']['median_s'] * 1000:.2f} ms",
+            "", None),
+        row(f"characters sent per task, sandcell `auto` (picked `{picked}`) vs smolagents "
+            f"{c['smolagents']} CodeAgent ({len(c['tasks'])} tasks, ratio of totals)",
+            f"{c['ratio_auto']:.2f}× ({mean['sandcell_auto']:,.0f} vs "
+            f"{mean['smolagents']:,.0f} a task)", "≤ 0.35×", c["ratio_auto"] <= 0.35),
+        row("characters sent per task, sandcell `react` vs smolagents CodeAgent",
+            f"{c['ratio_react']:.2f}× ({mean['sandcell_react']:,.0f} vs "
+            f"{mean['smolagents']:,.0f} a task)", "≤ 0.35×", c["ratio_react"] <= 0.35),
+    ]  # fmt: skip
+
+
+def details(section: dict) -> str:
+    """The per-task numbers behind the characters ratio."""
+    lines = [
+        "### Characters sent to the model, per task",
+        "",
+        "| task | model calls | sandcell auto | sandcell react | smolagents | auto / smolagents |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in section["characters"]["tasks"]:
+        lines.append(
+            f"| {t['task']} | {t['steps']} | {t['sandcell_auto']:,} | {t['sandcell_react']:,} | "
+            f"{t['smolagents']:,} | {t['sandcell_auto'] / t['smolagents']:.2f} |"
+        )
+    tasks = section["characters"]["tasks"]
+    first = {k: statistics.median(t["first_request"][k] for t in tasks)
+             for k in ("sandcell_auto", "smolagents")}  # fmt: skip
+    lines += [
+        "",
+        (
+            f"The first request of a task (system prompt, task, tool definitions) is "
+            f"{first['sandcell_auto']:,.0f} characters for sandcell `auto` and "
+            f"{first['smolagents']:,.0f} for smolagents (medians); every later request of the task "
+            "sends it again, so this fixed part sets most of the ratio."
+        ),
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,105 @@
+"""`sandcell chat` driven through a pseudo-terminal: two questions sharing kernel state,
+Ctrl-C interrupting a running cell without ending the session, slash commands, clean exit."""
+
+import json
+import sys
+import time
+
+import pexpect
+import pytest
+
+SCRIPT = [
+    {
+        "content": "Thought: sum the column.",
+        "tool_calls": [
+            {
+                "name": "python",
+                "arguments": {
+                    "code": "import pandas as pd\ndf = pd.read_csv('/data/numbers.csv')\n"
+                    "total = int(df.n.sum())\nprint('total', total)"
+                },
+            }
+        ],
+    },
+    {"content": "Final Answer: the total is 6."},
+    {
+        "content": "Thought: reuse the total from before.",
+        "tool_calls": [{"name": "python", "arguments": {"code": "print('doubled', total * 2)"}}],
+    },
+    {"content": "Final Answer: doubled, it is 12."},
+    {
+        "content": "Thought: a slow computation.",
+        "tool_calls": [
+            {
+                "name": "python",
+                "arguments": {"code": "import time\nfor i in range(600):\n    time.sleep(0.2)"},
+            }
+        ],
+    },
+    {"content": "Final Answer: the computation was interrupted."},
+    {
+        "content": "Thought: state survived the interrupt.",
+        "tool_calls": [{"name": "python", "arguments": {"code": "print('still', total)"}}],
+    },
+    {"content": "Final Answer: still 6."},
+]
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(240)
+@pytest.mark.xdist_group("chat")
+def test_chat_two_questions_share_state_and_ctrl_c_interrupts_the_cell(tmp_path):
+    (tmp_path / "numbers.csv").write_text("n\n1\n2\n3\n")
+    (tmp_path / "script.json").write_text(json.dumps(SCRIPT))
+    folder = tmp_path / "session"
+    child = pexpect.spawn(
+        sys.executable,
+        [
+            "-m",
+            "agent.cli",
+            "chat",
+            "--input",
+            str(tmp_path / "numbers.csv"),
+            "--replay",
+            str(tmp_path / "script.json"),
+            "--output",
+            str(folder),
+            "--timeout",
+            "120",
+        ],
+        env={"PATH": "/usr/bin:/bin", "TERM": "dumb", "COLUMNS": "120", "HOME": str(tmp_path)},
+        encoding="utf-8",
+        timeout=120,
+        cwd=str(tmp_path),
+    )
+    try:
+        child.expect("you> ")
+        child.sendline("What is the total of n?")
+        child.expect("total 6")
+        child.expect("the total is 6")
+        child.expect("you> ")
+        child.sendline("Double it.")
+        child.expect("doubled 12")  # the kernel kept `total` between questions
+        child.expect("you> ")
+        child.sendline("Now something slow.")
+        child.expect("time.sleep")
+        time.sleep(2)  # the cell is running now
+        child.sendintr()
+        child.expect("interrupted the running cell")
+        child.expect("KeyboardInterrupt")
+        child.expect("the computation was interrupted")
+        child.expect("you> ")  # the session goes on
+        child.sendline("Is the total still there?")
+        child.expect("still 6")
+        child.expect("you> ")
+        child.sendline("/files")
+        child.expect("you> ")
+        child.sendeof()
+        child.expect("session saved in")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    trace = (folder / "trace.jsonl").read_text()
+    assert trace.count('"type": "final"') == 4
+    assert (folder / "notebook.ipynb").exists()
