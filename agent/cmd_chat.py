@@ -16,13 +16,12 @@ from agent.cmd_options import (
     EXIT_MODEL,
     EXIT_UNAVAILABLE,
     agent_options,
-    build_limits,
-    build_model,
-    build_rules,
+    build_agent,
+    input_option,
 )
 from agent.console import EventPrinter
 from agent.seams import ModelError
-from agent.session import Agent, Session
+from agent.session import Session
 from sandbox import SandboxError
 
 HELP = """commands:
@@ -107,13 +106,7 @@ def slash(command: str, session: Session, console: Console) -> bool:
 
 
 @click.command("chat")
-@click.option(
-    "--input",
-    "inputs",
-    multiple=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="A file to talk about, read-only at /data/<name> (repeatable).",
-)
+@input_option("A file to talk about, read-only at /data/<name> (repeatable).")
 @click.option(
     "--output",
     type=click.Path(file_okay=False, path_type=Path),
@@ -126,14 +119,7 @@ def chat_cmd(inputs, output, opts):
     console = Console(highlight=False)
     folder = output or Path("sandcell-out") / time.strftime("chat-%Y%m%d-%H%M%S")
     try:
-        agent = Agent(
-            build_model(opts),
-            limits=build_limits(opts),
-            rules=build_rules(opts),
-            protocol=opts["protocol"],
-            on_event=EventPrinter(console),
-        )
-        session = agent.session(list(inputs), folder)
+        session = build_agent(opts, EventPrinter(console)).session(list(inputs), folder)
     except ModelError as error:
         console.print(f"sandcell: {error}")
         sys.exit(EXIT_MODEL)

@@ -9,6 +9,7 @@ import click
 from agent.models import OpenAIModel
 from agent.scripted import ScriptedModel
 from agent.seams import Model
+from agent.session import Agent
 from agent.stops import Rules
 from sandbox import Limits
 
@@ -76,6 +77,17 @@ _OPTIONS = [
 ]
 
 
+def input_option(help_text: str):
+    """The repeatable --input PATH option: an existing file, mounted read-only."""
+    return click.option(
+        "--input",
+        "inputs",
+        multiple=True,
+        help=help_text,
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    )
+
+
 def agent_options(command):
     """Add the model and limit options; the command receives them as `opts` (a dict)."""
     names = [
@@ -112,6 +124,16 @@ def build_model(opts: dict) -> Model:
         api_key=opts["api_key"],
         temperature=opts["temperature"],
         max_tokens=opts["max_tokens"],
+    )
+
+
+def build_agent(opts: dict, on_event=None) -> Agent:
+    return Agent(
+        build_model(opts),
+        limits=build_limits(opts),
+        rules=build_rules(opts),
+        protocol=opts["protocol"],
+        on_event=on_event,
     )
 
 

@@ -11,25 +11,17 @@ from agent.cmd_options import (
     EXIT_STOPPED,
     EXIT_UNAVAILABLE,
     agent_options,
-    build_limits,
-    build_model,
-    build_rules,
+    build_agent,
+    input_option,
 )
 from agent.jobfiles import write_answer
 from agent.seams import ModelError
-from agent.session import Agent
 from sandbox import SandboxError
 
 
 @click.command("run")
 @click.option("--task", required=True, help="What to do, in words.")
-@click.option(
-    "--input",
-    "inputs",
-    multiple=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="An input file, read-only at /data/<name> (repeatable).",
-)
+@input_option("An input file, read-only at /data/<name> (repeatable).")
 @click.option(
     "--output",
     required=True,
@@ -41,13 +33,7 @@ def run_cmd(task, inputs, output, opts):
     """Run one task to its end (exit 0 when answered, else non-zero with the stop reason)."""
     output.mkdir(parents=True, exist_ok=True)
     try:
-        agent = Agent(
-            build_model(opts),
-            limits=build_limits(opts),
-            rules=build_rules(opts),
-            protocol=opts["protocol"],
-        )
-        result = agent.run(task, inputs=list(inputs), output_dir=output)
+        result = build_agent(opts).run(task, inputs=list(inputs), output_dir=output)
     except ModelError as error:
         click.echo(f"sandcell: {error}", err=True)
         sys.exit(EXIT_MODEL)

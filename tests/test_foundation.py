@@ -1,17 +1,16 @@
 """The foundation: the CLI answers, and the image runs a kernel reachable over a sealed
 ipc connection directory with no network at all."""
 
-import json
 import os
-import secrets
 import stat
 import subprocess
 import sys
-import tempfile
 
 import docker
 import pytest
 from jupyter_client import BlockingKernelClient
+
+from sandbox.kernel import make_connection_dir, seal
 
 
 def test_cli_version_and_help():
@@ -29,22 +28,7 @@ def test_cli_version_and_help():
 @pytest.mark.timeout(90)
 def test_one_plus_one_through_a_sealed_ipc_kernel(image):
     client = docker.from_env()
-    conn = tempfile.mkdtemp(prefix="sandcell-test-")
-    os.chmod(conn, 0o777)
-    info = dict(
-        transport="ipc",
-        ip="/run/sandcell/kernel",
-        shell_port=1,
-        iopub_port=2,
-        stdin_port=3,
-        control_port=4,
-        hb_port=5,
-        key=secrets.token_hex(16),
-        signature_scheme="hmac-sha256",
-        kernel_name="",
-    )
-    with open(os.path.join(conn, "kernel.json"), "w") as f:
-        json.dump(info, f)
+    conn, info = make_connection_dir()  # host-owned, writable until sealed, ipc transport
     container = client.containers.run(
         image,
         detach=True,
@@ -60,7 +44,7 @@ def test_one_plus_one_through_a_sealed_ipc_kernel(image):
         kc.load_connection_info(dict(info, ip=os.path.join(conn, "kernel")))
         kc.start_channels(hb=False)  # a heartbeat missed during a slow start is not a death
         kc.wait_for_ready(timeout=60)
-        os.chmod(conn, 0o555)  # sealed: the kernel's uid can no longer create files here
+        seal(conn)  # 0555: the kernel's uid can no longer create files here
         results = []
         reply = kc.execute_interactive(
             "1+1",
