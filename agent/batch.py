@@ -71,17 +71,20 @@ def load_jobs(path: Path) -> list[Job]:
     return jobs
 
 
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+
+
 def finished(output: Path) -> dict[str, dict]:
-    """Results already recorded; a torn last line (killed mid-write) counts as not done."""
+    """Results already recorded, the last line of an id winning; a torn last line (killed
+    mid-write) counts as not done."""
     done = {}
-    path = output / RESULTS
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            done[record["id"]] = record
+    for line in _lines(output / RESULTS):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        done[record["id"]] = record
     return done
 
 
@@ -110,7 +113,8 @@ class Batch:
 
     def run(self) -> list[dict]:
         self.output.mkdir(parents=True, exist_ok=True)
-        done = finished(self.output)
+        # Answered or stopped jobs are done; a failed one (endpoint down, no sandbox) is retried.
+        done = {k: r for k, r in finished(self.output).items() if r["status"] != "failed"}
         todo = [job for job in self.jobs if job.id not in done]
         self.bar = tqdm(
             total=len(self.jobs),
@@ -127,7 +131,19 @@ class Batch:
             for record in workers.map(lambda job: self._run_one(job, pool), todo):
                 records.append(record)
         self.bar.close()
-        return [done[j.id] for j in self.jobs if j.id in done] + records
+        latest = {**done, **{r["id"]: r for r in records}}
+        ordered = [latest[j.id] for j in self.jobs if j.id in latest]
+        if len(ordered) < sum(1 for _ in _lines(self.output / RESULTS)):
+            self._rewrite(ordered)  # retried jobs left older lines: keep one line per job
+        return ordered
+
+    def _rewrite(self, records: list[dict]) -> None:
+        temporary = self.output / (RESULTS + ".tmp")
+        with open(temporary, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in records)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, self.output / RESULTS)  # atomic: a kill here loses nothing
 
     def _run_one(self, job: Job, pool: SandboxPool) -> dict:
         folder = self.output / job.id

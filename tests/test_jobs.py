@@ -196,3 +196,30 @@ def test_bad_jobs_file_is_a_usage_error_naming_the_line(tmp_path):
     )
     assert proc.returncode == 2
     assert "jobs.jsonl:2" in proc.stderr
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(300)
+@pytest.mark.xdist_group("run")
+def test_a_failed_job_is_retried_on_rerun_and_results_keep_one_line_per_job(tmp_path):
+    jobs_file, expected = make_jobs(tmp_path, 2)
+    jobs = [json.loads(line) for line in jobs_file.read_text().splitlines()]
+    del jobs[1]["replay"]  # no script and no endpoint: this job fails with a model error
+    jobs_file.write_text("\n".join(json.dumps(j) for j in jobs) + "\n")
+    out = tmp_path / "out"
+    args = [*SANDCELL, "batch", str(jobs_file), "--output", str(out), "--no-progress"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    first = subprocess.run(args, capture_output=True, text=True, timeout=280, env=env)
+    assert first.returncode == 1 and "job-01: ModelError" in first.stderr
+    statuses = {
+        json.loads(x)["id"]: json.loads(x)["status"]
+        for x in (out / "results.jsonl").read_text().splitlines()
+    }
+    assert statuses == {"job-00": "answered", "job-01": "failed"}
+    jobs[1]["replay"] = "script-1.json"  # the endpoint is back
+    jobs_file.write_text("\n".join(json.dumps(j) for j in jobs) + "\n")
+    second = subprocess.run(args, capture_output=True, text=True, timeout=280, env=env)
+    assert second.returncode == 0, second.stderr
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert [json.loads(x)["status"] for x in lines] == ["answered", "answered"]
+    assert json.loads(lines[1])["answer"].endswith(f"has {expected['job-01']} rows.")
