@@ -12,7 +12,7 @@ DEFAULT_BASE=sandcell-base:bookworm
 BASE=${BASE:-$DEFAULT_BASE}
 PYTHON=${PYTHON:-}
 
-hash=$( (cat Dockerfile requirements.txt supervisor.py sandcell_kernel.py build.sh; echo "$BASE") \
+hash=$( (cat Dockerfile requirements.txt supervisor.py sandcell_kernel.py relay.py build.sh; echo "$BASE") \
         | sha256sum | cut -c1-16)
 if [ "$(docker image inspect -f '{{ index .Config.Labels "sandcell.hash" }}' "$IMAGE" 2>/dev/null)" = "$hash" ]; then
     echo "image $IMAGE is up to date ($hash)"

@@ -1,18 +1,20 @@
 """PID 1 of a sandcell container.
 
-Starts the Jupyter kernel, reaps orphans, and on request kills every other process
-(stop first, so a fork bomb cannot refill its slots) and starts a fresh kernel.
+Starts the Jupyter kernel and the relay the host talks to (relay.py), reaps orphans, and on
+request kills every other process (stop first, so a fork bomb cannot refill its slots) and
+starts a fresh kernel and relay.
 It makes itself non-dumpable so model code, which runs as the same uid, can neither
 ptrace it nor read its memory through /proc.
 
 Signals (sent by the host with `docker kill --signal`; the same signals sent by a
 process inside the container carry its pid and are ignored):
-  SIGUSR1  kill everything but PID 1, start a fresh kernel  (hard restart)
-  SIGUSR2  kill everything but PID 1 and the kernel          (sweep after a timeout)
+  SIGUSR1  kill everything but PID 1, start a fresh kernel and relay  (hard restart)
+  SIGUSR2  kill everything but PID 1, the kernel and the relay         (sweep after a timeout)
   SIGTERM  kill everything and exit
 """
 
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -20,7 +22,12 @@ import sys
 import time
 
 PR_SET_DUMPABLE = 4
-CONNECTION_FILE = "/run/sandcell/kernel.json"
+CONNECTION_FILE = "/run/sandcell/kernel.json"  # written by the host
+# The kernel's connection file and sockets, reached by the relay only: on a small tmpfs of
+# their own when the host mounts one (a full /tmp cannot stop a restart), else in /tmp.
+INTERNAL_DIR = "/run/kernel" if os.access("/run/kernel", os.W_OK) else "/tmp/.sandcell-kernel"
+INTERNAL_FILE = f"{INTERNAL_DIR}/kernel.json"
+RELAY_CMD = [sys.executable, "/opt/sandcell/relay.py", f"{INTERNAL_DIR}/k", CONNECTION_FILE]
 FONT_CACHE = "/opt/mplcache"
 KERNEL_LOG = "/tmp/.sandcell-kernel.log"
 KERNEL_CMD = [
@@ -28,28 +35,45 @@ KERNEL_CMD = [
     "-m",
     "ipykernel_launcher",
     "-f",
-    CONNECTION_FILE,
+    INTERNAL_FILE,
     "--IPKernelApp.extensions=['sandcell_kernel']",
     "--HistoryManager.enabled=False",
 ]
 HANDLED = {signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT}
 
 
-def start_kernel() -> int:
+def spawn(cmd: list[str], oom_score_adj: int) -> int:
     pid = os.fork()
     if pid == 0:  # child: own session so an interrupt reaches its whole process group
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
         try:
-            signal.pthread_sigmask(signal.SIG_SETMASK, [])
-            os.setsid()
             log = os.open(KERNEL_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            os.dup2(log, 1)
-            os.dup2(log, 2)
         except OSError:
-            pass  # a full /tmp must not stop the kernel from starting
-        os.execv(KERNEL_CMD[0], KERNEL_CMD)
+            log = null  # a full /tmp must not stop the kernel from starting
+        os.dup2(null, 0)
+        os.dup2(log, 1)  # never the container's stdout: that is Docker's log
+        os.dup2(log, 2)
+        try:  # our /proc files belong to root while we are non-dumpable, as PID 1 made us
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write(str(oom_score_adj))  # under memory pressure the kernel goes first
+        except OSError:
+            pass
+        os.execv(cmd[0], cmd)
     return pid
+
+
+def start() -> tuple[int, int]:
+    """A fresh relay and kernel. The kernel binds its sockets in INTERNAL_DIR."""
+    os.makedirs(INTERNAL_DIR, mode=0o700, exist_ok=True)
+    with open(CONNECTION_FILE) as f:
+        info = json.load(f)
+    info["ip"] = f"{INTERNAL_DIR}/k"
+    with open(INTERNAL_FILE, "w") as f:
+        json.dump(info, f)
+    return spawn(RELAY_CMD, 500), spawn(KERNEL_CMD, 1000)
 
 
 def reap() -> list[tuple[int, int]]:
@@ -103,7 +127,7 @@ def main() -> None:
         shutil.copytree(FONT_CACHE, os.environ.get("MPLCONFIGDIR", "/tmp/.matplotlib"))
     except OSError:
         pass
-    kernel = start_kernel()
+    relay, kernel = start()
     while True:
         info = signal.sigwaitinfo(HANDLED)
         sig = info.si_signo
@@ -114,9 +138,9 @@ def main() -> None:
                 kernel = -1  # the host notices through the heartbeat and asks for a restart
         elif sig == signal.SIGUSR1:
             kill_all({1})
-            kernel = start_kernel()
+            relay, kernel = start()
         elif sig == signal.SIGUSR2:
-            kill_all({1, kernel})
+            kill_all({1, kernel, relay})
         else:
             kill_all({1})
             sys.exit(0)

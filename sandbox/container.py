@@ -74,6 +74,8 @@ def start(
             "/tmp": f"size={limits.tmp_mb}m,mode=1777,nosuid,nodev",
             WORKSPACE: f"size={limits.workspace_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,"
             "nosuid,nodev",
+            # the kernel's own sockets and connection file, reached only by the relay
+            "/run/kernel": f"size=1m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700,nosuid,nodev,noexec",
         },
         volumes=volumes,
         mem_limit=f"{limits.memory_mb}m",

@@ -8,7 +8,6 @@ Harmless probes share one sandbox per group; destructive ones get a fresh sandbo
 import hashlib
 import json
 import os
-import shutil
 import socket
 import stat
 import threading
@@ -377,35 +376,40 @@ print(json.dumps({
 
 @shared_group
 @pytest.mark.timeout(60)
-def test_pid1_supervisor_cannot_be_ptraced_or_read(shared):
+@pytest.mark.parametrize("target", ["supervisor.py", "relay.py"])
+def test_supervisor_and_relay_cannot_be_ptraced_or_read(shared, target):
+    """PID 1 and the relay to the host run as the kernel's uid; both are non-dumpable."""
     r = probe(
         shared,
         TRY
+        + f"TARGET = {target!r}\n"
         + """
 import ctypes
+pid = next(int(p) for p in os.listdir("/proc") if p.isdigit()
+           and TARGET in open(f"/proc/{p}/cmdline").read())
 libc = ctypes.CDLL(None, use_errno=True)
 libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
 def ptrace(req):
     def run():
-        if libc.ptrace(req, 1, None, None) != 0:
+        if libc.ptrace(req, pid, None, None) != 0:
             e = ctypes.get_errno(); raise OSError(e, os.strerror(e))
     return run
-status = dict(l.split(":", 1) for l in open("/proc/1/status"))
+status = dict(l.split(":", 1) for l in open(f"/proc/{pid}/status"))
 print(json.dumps({
     "attach": attempt(ptrace(16)),      # PTRACE_ATTACH
     "seize": attempt(ptrace(0x4206)),   # PTRACE_SEIZE
-    "mem": attempt(lambda: open("/proc/1/mem", "rb").read(1)),
-    "environ": attempt(lambda: open("/proc/1/environ", "rb").read()),
-    "root": attempt(lambda: os.listdir("/proc/1/root")),
-    "fd": attempt(lambda: os.listdir("/proc/1/fd")),
-    "maps": attempt(lambda: open("/proc/1/maps").read(1)),
+    "mem": attempt(lambda: open(f"/proc/{pid}/mem", "rb").read(1)),
+    "environ": attempt(lambda: open(f"/proc/{pid}/environ", "rb").read()),
+    "root": attempt(lambda: os.listdir(f"/proc/{pid}/root")),
+    "fd": attempt(lambda: os.listdir(f"/proc/{pid}/fd")),
+    "maps": attempt(lambda: open(f"/proc/{pid}/maps").read(1)),
     "tracer": status["TracerPid"].strip(),
-    "cmd": open("/proc/1/cmdline").read(),
+    "cmd": open(f"/proc/{pid}/cmdline").read(),
 }))
 """,
     )
     assert r.pop("tracer") == "0"
-    assert "supervisor.py" in r.pop("cmd")
+    assert target in r.pop("cmd")
     assert all(v != "ALLOWED" for v in r.values()), r
     assert_next_cell_works(shared)
 
@@ -607,7 +611,6 @@ def test_memory_bomb_restarts_kernel_reported_as_out_of_memory():
 @pytest.mark.timeout(90)
 def test_disk_fill_of_tmp_and_workspace_hits_enospc_within_tmpfs_sizes():
     limits = Limits(timeout_s=20, interrupt_grace_s=2, tmp_mb=32, workspace_mb=48)
-    host_free = shutil.disk_usage("/").free
     with DockerSandbox(limits=limits) as sb:
         r = probe(
             sb,
@@ -635,7 +638,15 @@ print(json.dumps({"tmp": fill("/tmp/fill"), "ws": fill("/workspace/fill"),
         ok(sb, "import os\nos.remove('/tmp/fill'); os.remove('/workspace/fill')")
         assert_next_cell_works(sb)
         assert_host_unharmed(sb)
-    assert host_free - shutil.disk_usage("/").free < 64 << 20  # nothing landed on the host
+        # Nothing landed on the host's disk: not in the container's writable layer, its
+        # connection directory or its log. Per-container figures, not the host's free space,
+        # which moves with whatever the other test workers write meanwhile.
+        info = sb.client.api.inspect_container(sb.container.id, size=True)
+        assert (info.get("SizeRw") or 0) < 1 << 20, info.get("SizeRw")
+        conn = sum(f.stat().st_size for f in Path(sb.conn_dir).rglob("*") if f.is_file())
+        assert conn < 1 << 20, conn
+        log = info.get("LogPath")
+        assert not log or not os.path.exists(log) or os.path.getsize(log) < 2 << 20
 
 
 @pytest.mark.xdist_group("security-c")
@@ -821,6 +832,7 @@ while True:
             sb,
             """
 import json, os
+RELAY = "/opt/venv/bin/python /opt/sandcell/relay.py"  # the supervisor's relay: not the cell's
 mine = os.getpid()
 others = []
 for p in os.listdir("/proc"):
@@ -830,7 +842,7 @@ for p in os.listdir("/proc"):
             cmd = open(f"/proc/{p}/cmdline").read().replace("\\0", " ")
         except OSError:
             continue
-        if state != "Z":
+        if state != "Z" and not cmd.startswith(RELAY):
             others.append(cmd)
 print(json.dumps({"others": others}))
 """,
@@ -900,14 +912,10 @@ while True:
 
 
 @pytest.mark.xdist_group("security-d")
-@pytest.mark.xfail(
-    strict=True,
-    reason="open hole: ZMQ buffers a whole multipart message on the "
-    "host (MAXMSGSIZE bounds one frame, not the frame count); needs a bounded "
-    "relay inside the container",
-)
 @pytest.mark.timeout(120)
 def test_one_message_of_many_large_frames_keeps_host_memory_bounded():
+    """ZMQ holds a whole multipart message in the receiver's memory (MAXMSGSIZE bounds one
+    frame, not how many): the relay inside the container receives it and drops it."""
     with DockerSandbox(limits=Limits(timeout_s=30, interrupt_grace_s=2)) as sb:
         assert_next_cell_works(sb)
         with PeakRss() as rss:
@@ -919,3 +927,4 @@ def test_one_message_of_many_large_frames_keeps_host_memory_bounded():
         assert_next_cell_works(sb)
         assert ex.ok, render(ex)
         assert rss.growth < 64 << 20, rss.growth
+        assert ex.dropped_bytes >= 24 * (8 << 20), ex.dropped_bytes  # the relay said so

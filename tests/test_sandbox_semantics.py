@@ -292,7 +292,7 @@ def test_no_container_left_after_close():
     box.close()
     assert client.containers.list(all=True, filters=flt) == []
     assert not os.path.exists(conn_dir)
-    with pytest.raises(Exception, match="closed"):
+    with pytest.raises(SandboxError, match="closed"):
         box.run("1")
 
 

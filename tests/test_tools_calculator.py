@@ -1,6 +1,7 @@
 """The calculator: what it accepts, what it refuses and how fast (every input under 100 ms,
 as issue 5 asks), and hypothesis property tests against Python on safe expressions."""
 
+import gc
 import math
 import time
 
@@ -14,6 +15,27 @@ from tools.calculator import MAX_INPUT_CHARS, CalcError, evaluate
 # CPU time of this thread, not wall time: the bound is on the work an input can cause, and
 # a shared, busy CI machine must not turn a 2 ms refusal into a failure.
 cpu_time = time.thread_time
+
+
+def cpu_cost(expr: str, repeats: int = 3) -> float:
+    """The least CPU time of this thread over `repeats` evaluations, with the cyclic garbage
+    collector paused. The work an input causes is the same every time; a collection of this
+    worker's whole heap (hypothesis and pandas leave plenty in it) is not the input's doing,
+    and under a loaded xdist run it once turned a 3 ms refusal into 118 ms."""
+    best = float("inf")
+    for _ in range(repeats):
+        gc.disable()
+        start = cpu_time()
+        try:
+            evaluate(expr)
+        except CalcError:
+            pass
+        finally:
+            elapsed = cpu_time() - start
+            gc.enable()
+        best = min(best, elapsed)
+    return best
+
 
 ACCEPTED = [
     ("2+3*4", 14),
@@ -118,10 +140,9 @@ def test_accepted(expr, expected):
 
 @pytest.mark.parametrize("expr, words", REFUSED, ids=[e[:40] for e, _ in REFUSED])
 def test_refused_clearly_and_fast(expr, words):
-    start = cpu_time()
     with pytest.raises(CalcError) as err:
         evaluate(expr)
-    elapsed = cpu_time() - start
+    elapsed = cpu_cost(expr)
     assert words in str(err.value)
     assert "Traceback" not in str(err.value)
     assert elapsed < 0.1, f"{expr[:40]!r} took {elapsed * 1000:.1f} ms"
@@ -129,9 +150,8 @@ def test_refused_clearly_and_fast(expr, words):
 
 @pytest.mark.parametrize("expr, _", ACCEPTED)
 def test_accepted_inputs_are_fast_too(expr, _):
-    start = cpu_time()
-    evaluate(expr)
-    assert cpu_time() - start < 0.1
+    evaluate(expr)  # accepted: raises nothing
+    assert cpu_cost(expr) < 0.1
 
 
 def test_the_largest_allowed_results_are_still_fast():
@@ -142,9 +162,8 @@ def test_the_largest_allowed_results_are_still_fast():
         "(10**3999) * 9",
         "round(10**3999 + 1, -1000)",
     ]:
-        start = cpu_time()
         value = evaluate(expr)
-        assert cpu_time() - start < 0.1
+        assert cpu_cost(expr) < 0.1, expr
         assert len(str(value)) <= 4000
 
 
@@ -242,10 +261,9 @@ def test_powers_agree_with_python(base, exp):
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=60))
 def test_any_text_answers_fast_with_a_number_or_a_calc_error(text):
-    start = cpu_time()
     try:
         result = evaluate(text)
         assert isinstance(result, (int, float))
     except CalcError:
         pass
-    assert cpu_time() - start < 0.1
+    assert cpu_cost(text, repeats=1) < 0.1

@@ -136,10 +136,13 @@ def test_symlink_swapped_during_calls_never_leaks(tree):
                 and "secret" not in obs.text
             )
             seen["ok" if obs.ok else "refused"] += 1
+        assert thread.is_alive(), "the swapping thread died early: the race was not exercised"
     finally:
         stop.set()
         thread.join(5)
-    assert seen["ok"] + seen["refused"] == 400
+    # the real file is still profiled between swaps: a tool that refused everything would pass
+    # the leak check above without being any use
+    assert seen["ok"] > 0, seen
 
 
 @pytest.mark.timeout(10)  # a blocking open or read of the FIFO would hang here
