@@ -175,6 +175,7 @@ class Batch:
                 steps=result.steps,
                 files=[os.path.relpath(f, folder) for f in result.files],
                 tokens=result.usage.total,
+                warnings=result.warnings,
             )
         except Exception as error:  # one job's failure is recorded, never stops the batch
             record.update(

@@ -41,6 +41,8 @@ def run_cmd(task, inputs, output, opts):
         click.echo(f"sandcell: {error}", err=True)
         sys.exit(EXIT_UNAVAILABLE)
     write_answer(result, output)
+    for warning in result.warnings:
+        click.echo(f"sandcell: warning: {warning}", err=True)
     for path in result.files:
         click.echo(f"wrote {path}", err=True)
     click.echo(f"trace: {result.trace_path}\nnotebook: {result.notebook_path}", err=True)

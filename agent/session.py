@@ -85,28 +85,28 @@ class Session:
         self.sandbox_start_s = time.monotonic() - started
         try:
             prepare(self.sandbox)
+            self.registry = Registry(
+                [
+                    python_tool(self.sandbox),
+                    calculator_tool,
+                    file_metadata_tool(self.inputs, self.sandbox),
+                    *agent.extra_tools,
+                ]
+            )
+            self.trace = TraceWriter(self.trace_path)
+            self.loop = Loop(
+                agent.model,
+                self.registry,
+                self.trace,
+                protocol=agent.protocol,
+                rules=agent.rules,
+                inputs_profile=inputs_profile(self.inputs),
+                on_event=agent.on_event,
+            )
         except BaseException:  # re-raised: only the container must not outlive the failure
             if self._owns_sandbox:
                 self.sandbox.close()
             raise
-        self.registry = Registry(
-            [
-                python_tool(self.sandbox),
-                calculator_tool,
-                file_metadata_tool(self.inputs, self.sandbox),
-                *agent.extra_tools,
-            ]
-        )
-        self.trace = TraceWriter(self.trace_path)
-        self.loop = Loop(
-            agent.model,
-            self.registry,
-            self.trace,
-            protocol=agent.protocol,
-            rules=agent.rules,
-            inputs_profile=inputs_profile(self.inputs),
-            on_event=agent.on_event,
-        )
         self.trace.write(
             "session",
             model=getattr(agent.model, "name", type(agent.model).__name__),
@@ -122,16 +122,18 @@ class Session:
         result = self.loop.ask(question)
         result.trace_path = self.trace_path
         result.notebook_path = export_notebook(self.trace_path, self.notebook_path)
-        result.files = self.export(self.folder / OUTPUT_DIR)
+        try:
+            result.files = self.export(self.folder / OUTPUT_DIR)
+        except SandboxError as exc:  # a dead container must not hide the answer
+            self.trace.write("export_failed", error=str(exc))
+            result.warnings.append(
+                f"the files under /workspace/{OUTPUT_DIR} were not copied: {exc}"
+            )
         return result
 
     def export(self, host_dir: str | Path) -> list[str]:
         """Copy what the code wrote under /workspace/output to host_dir; the host paths."""
-        try:
-            copied = self.sandbox.export(host_dir, OUTPUT_DIR)
-        except SandboxError as exc:  # a dead container must not hide the answer
-            self.trace.write("export_failed", error=str(exc))
-            return []
+        copied = self.sandbox.export(host_dir, OUTPUT_DIR)
         return [str(Path(host_dir) / name) for name in copied]
 
     def files(self) -> list[dict]:

@@ -36,7 +36,9 @@ def dropped_notice(frames: list, size: int, key: bytes) -> list[bytes] | None:
     if DELIMITER not in heads:
         return None
     at = heads.index(DELIMITER)
-    parent = bytes(frames[at + 3]) if len(frames) > at + 3 and len(frames[at + 3]) < 65536 else b"{}"
+    parent = (
+        bytes(frames[at + 3]) if len(frames) > at + 3 and len(frames[at + 3]) < 65536 else b"{}"
+    )
     header = {
         "msg_id": uuid.uuid4().hex,
         "msg_type": "stream",
@@ -81,7 +83,9 @@ def main() -> None:
             if sock in from_kernel:
                 size = sum(len(f) for f in frames)
                 if size > MAX_MESSAGE_BYTES or len(frames) > MAX_FRAMES:
-                    notice = dropped_notice(frames, size, key) if peer[sock] is iopub_front else None
+                    notice = (
+                        dropped_notice(frames, size, key) if peer[sock] is iopub_front else None
+                    )
                     del frames  # free it now, before anything else arrives
                     if notice is None:
                         continue

@@ -4,9 +4,11 @@ cannot see)."""
 
 import io
 import os
+import shutil
 import socket
 import struct
 import tarfile
+import tempfile
 from pathlib import Path
 
 import docker
@@ -18,7 +20,9 @@ from sandbox.limits import Limits
 
 DEFAULT_IMAGE = os.environ.get("SANDCELL_IMAGE", "sandcell-sandbox:latest")
 LABEL = "sandcell"  # every sandbox container carries it
-OWNER_LABEL = "sandcell.owner"  # "<hostname>:<pid>" of the process that started it
+OWNER_LABEL = "sandcell.owner"
+HOST_DIR_LABEL = "sandcell.conn"  # the host folder to delete with an orphan
+CONN_PREFIX = "sandcell-conn-"  # "<hostname>:<pid>" of the process that started it
 CONNECTION_DIR = "/run/sandcell"
 WORKSPACE = "/workspace"
 # The sandbox's uid must differ from the host user's: the same uid would own the host-side
@@ -65,9 +69,8 @@ def start(
         volumes[str(path)] = {"bind": f"/data/{name}", "mode": "ro"}
     if staging_dir is not None:  # a pool sandbox: its inputs are placed here on acquire
         volumes[str(staging_dir)] = {"bind": "/data", "mode": "ro"}
-    return client.containers.run(
+    container = client.containers.create(
         image,
-        detach=True,
         network_mode="none",
         read_only=True,
         tmpfs={
@@ -88,10 +91,37 @@ def start(
         user=SANDBOX_USER,
         environment={"SANDCELL_OUTPUT_CHARS": str(limits.output_bytes)},
         log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
-        labels={LABEL: "1", OWNER_LABEL: owner(), "sandcell.session": session},
+        labels={
+            LABEL: "1",
+            OWNER_LABEL: owner(),
+            "sandcell.session": session,
+            HOST_DIR_LABEL: conn_dir,
+        },
         runtime=runtime,
         stop_signal="SIGTERM",
     )
+    try:
+        container.start()
+    except docker.errors.APIError as error:  # e.g. an unknown --runtime, a mount refused
+        container.remove(force=True)
+        remove_host_dirs(conn_dir)
+        raise SandboxError(
+            f"the sandbox container would not start: {error.explanation or error}. "
+            "Check `docker info` (runtimes, storage) and the input paths."
+        ) from None
+    return container
+
+
+def remove_host_dirs(conn_dir: str) -> None:
+    """The connection folder and the pool's input staging folder beside it. Only paths that
+    sandcell made (temp dir, its prefix) are touched, whatever a label says."""
+    base = Path(tempfile.gettempdir()).resolve()
+    for path in (Path(conn_dir), Path(conn_dir + "-data")):
+        if path.parent.resolve() != base or not path.name.startswith(CONN_PREFIX):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            os.chmod(path, 0o755)  # unseal, else the kernel's socket files cannot be removed
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def reap_orphans(client: docker.DockerClient) -> list[str]:
@@ -109,6 +139,7 @@ def reap_orphans(client: docker.DockerClient) -> list[str]:
         try:
             client.api.remove_container(entry["Id"], force=True)
             removed.append(entry["Id"][:12])
+            remove_host_dirs(labels.get(HOST_DIR_LABEL, ""))
         except docker.errors.APIError as error:
             if error.status_code not in (404, 409):  # gone, or being removed already
                 raise

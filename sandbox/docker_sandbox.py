@@ -10,6 +10,7 @@ import os
 import shutil
 import time
 import uuid
+import warnings
 import weakref
 from pathlib import Path
 
@@ -98,7 +99,7 @@ class DockerSandbox:
         ctr.reap_orphans(self.client)
         self.conn_dir, info = kernel.make_connection_dir()
         # A pool sandbox gets its inputs later: it mounts a private, empty staging folder.
-        self.staging_dir = Path(self.conn_dir + "-data") if staging else None
+        self.staging_dir = Path(self.conn_dir + "-data") if staging else None  # see _cleanup
         mounts = dict(self.inputs)
         if self.staging_dir:
             self.staging_dir.mkdir(mode=0o755)
@@ -164,9 +165,11 @@ class DockerSandbox:
 
     # -- running code ----------------------------------------------------------------
     def run(self, code: str, timeout: float | None = None) -> Execution:
-        if self.closed:
-            raise SandboxError("this sandbox is closed; start a new one")
-        timeout = timeout or self.limits.timeout_s
+        self._check_open()
+        if timeout is None:
+            timeout = self.limits.timeout_s
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive seconds, got {timeout}")
         started = time.monotonic()
         oom_before = self._oom_kills()
         collector = kernel.Collector(code, self.limits.output_bytes)
@@ -207,12 +210,18 @@ class DockerSandbox:
                 return True
         return False
 
+    def _check_open(self) -> None:
+        if self.closed:
+            raise SandboxError("this sandbox is closed; start a new one")
+
     def interrupt(self) -> None:
         """Interrupt the running cell (KeyboardInterrupt); kernel state is kept."""
+        self._check_open()
         kernel.interrupt(self._client)
 
     def restart(self) -> None:
         """A fresh kernel: variables are lost, workspace files are kept."""
+        self._check_open()
         self._hard_restart()
 
     def _hard_restart(self) -> None:
@@ -336,7 +345,8 @@ class DockerSandbox:
                 os.link(path, target)  # same filesystem: no copy at all
             except OSError:
                 shutil.copyfile(path, target)
-            os.chmod(target, 0o444)
+            # No chmod: a hard link shares the user's inode (and its mode). The folder is
+            # mounted read-only, which is what protects the file.
             self.inputs[name] = path
 
 
@@ -357,9 +367,12 @@ def _cleanup(container, conn_dir: str, staging_dir: Path | None) -> None:
     if container is not None:
         try:
             container.remove(force=True)
-        except docker.errors.DockerException:
-            pass  # already gone; `sandcell gc` reaps anything a crash left behind
-    for path in (conn_dir, staging_dir):
-        if path and os.path.exists(path):
-            os.chmod(path, 0o755)
-            shutil.rmtree(path, ignore_errors=True)
+        except docker.errors.NotFound:
+            pass  # already gone
+        except docker.errors.DockerException as error:
+            warnings.warn(
+                f"sandbox container {container.short_id} was not removed ({error}); "
+                "`sandcell gc` removes it once this process has exited",
+                stacklevel=1,
+            )
+    ctr.remove_host_dirs(conn_dir)  # and the staging folder beside it

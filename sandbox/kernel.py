@@ -26,7 +26,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 def make_connection_dir() -> tuple[str, dict]:
     """A host-owned directory the container's kernel binds its ipc sockets in."""
-    path = tempfile.mkdtemp(prefix="sandcell-conn-")
+    path = tempfile.mkdtemp(prefix="sandcell-conn-")  # container.CONN_PREFIX
     unseal(path)  # the kernel's uid creates its sockets here until sealed
     info = dict(
         transport="ipc",
@@ -62,10 +62,10 @@ def connect(path: str, info: dict, ready_timeout: float) -> BlockingKernelClient
     context.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
     client = BlockingKernelClient(context=context)
     client.load_connection_info(dict(info, ip=os.path.join(path, "kernel")))
-    client.start_channels(hb=False)
     try:
+        client.start_channels(hb=False)
         wait_until_ready(client, ready_timeout)
-    except RuntimeError:
+    except BaseException:  # re-raised; the ZMQ context must not leak
         disconnect(client)
         raise
     client.hb_channel.time_to_dead = 0.5

@@ -8,6 +8,8 @@ from pathlib import Path
 from sandbox.docker_sandbox import DockerSandbox
 from sandbox.limits import Limits
 
+RETRY_AFTER_S = 5.0  # after a failed background start
+
 # Loaded while the sandbox waits in the pool, so a job's first `import pandas` is instant.
 # __import__ binds no name: the user's namespace stays empty.
 WARMUP = "__import__('pandas'); __import__('numpy'); __import__('matplotlib.pyplot')"
@@ -52,6 +54,8 @@ class SandboxPool:
                 sandbox = self._new()
             except Exception as error:  # kept and re-raised by acquire(), not hidden
                 self.errors.append(error)
+                if not self._closed.wait(RETRY_AFTER_S):
+                    self._wanted.release()  # try the slot again later: the pool keeps its size
                 continue
             if self._closed.is_set():
                 sandbox.close()
@@ -71,7 +75,11 @@ class SandboxPool:
         else:
             self._wanted.release()  # refill the slot just taken
         if inputs:
-            sandbox.add_inputs(list(inputs))
+            try:
+                sandbox.add_inputs(list(inputs))
+            except BaseException:
+                sandbox.close()
+                raise
         return sandbox
 
     def ready(self) -> int:

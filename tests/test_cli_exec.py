@@ -91,6 +91,7 @@ def test_gc_removes_an_orphan_and_names_it():
             outputs.append(result.output)
             with pytest.raises(docker.errors.NotFound):
                 client.containers.get(info["id"])  # gone, whoever removed it
+            assert not os.path.exists(info["conn"])  # and its host folder with it
         finally:
             try:
                 client.containers.get(info["id"]).remove(force=True)

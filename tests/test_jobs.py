@@ -17,8 +17,9 @@ from tests.realdata import CSVS
 SANDCELL = [sys.executable, "-m", "agent.cli"]
 
 
-def sha(path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def sha(path) -> tuple[str, int]:
+    """Content and mode: neither may change (a hard link shares the user's inode)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mode
 
 
 def job_script(csv_name: str) -> list:
