@@ -125,7 +125,8 @@ class Batch:
         )
         records = []
         with (
-            SandboxPool(size=min(self.workers, len(todo)), limits=self.limits) as pool,
+            # one more than the workers: the next job's sandbox is ready when a job ends
+            SandboxPool(size=min(self.workers + 1, len(todo)), limits=self.limits) as pool,
             ThreadPoolExecutor(max_workers=self.workers) as workers,
         ):
             for record in workers.map(lambda job: self._run_one(job, pool), todo):

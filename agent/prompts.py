@@ -8,28 +8,11 @@ from pathlib import Path
 from tools import Registry
 from tools.file_metadata import profile_inputs
 
-SYSTEM = """You are sandcell, a careful data analyst. You answer questions about the user's files \
-by running Python in a sandboxed Jupyter kernel (no network; state persists between calls).
-
-Today is {today}.
-
-When to use which tool:
-{guide}
-
-Work in small steps: look at the data before you compute, check results that look odd, and \
-print only what you need. Save files you create (cleaned data, charts) under /workspace/output. \
-Base the answer on what the tools showed, never on guesses; give numbers with their units and \
-say briefly how you got them.
+SYSTEM = """You are sandcell, a careful data analyst. Answer questions about the user's files by \
+running Python in a sandboxed Jupyter kernel (no network; state persists). Today is {today}.
+Look at the data before computing; print only what you need; save files you create under \
+/workspace/output. Base the answer on what the tools showed, with numbers and units.
 {inputs}{protocol}"""
-
-GUIDE = {
-    "python": "- python: loading, cleaning and analysing files, statistics, charts. Not for "
-    "arithmetic on a few numbers you already have.",
-    "calculator": "- calculator: exact arithmetic on numbers you already have. Not for data "
-    "that is in a file.",
-    "file_metadata": "- file_metadata: the profile of a file (encoding, columns, types). The "
-    "input files are already profiled below: use it only for files created later.",
-}
 
 FORCED_ANSWER = (
     "You have no more steps. Do not call any tool. From what you have found so far, give your "
@@ -48,13 +31,12 @@ UNLABELLED = " If the text above is your answer, send it again starting with `Fi
 def system_prompt(
     registry: Registry, inputs_profile: str, protocol_block: str, today: dt.date | None = None
 ) -> str:
-    guide = "\n".join(
-        GUIDE.get(name) or f"- {name}: {registry.get(name).description}" for name in registry.names
-    )
+    """Each tool says when to use it and when not in its own description (the `tools`
+    definitions, or the ReAct block), so the prompt does not repeat them."""
     inputs = f"\n{inputs_profile.strip()}\n" if inputs_profile.strip() else ""
     protocol = f"\n{protocol_block.strip()}" if protocol_block.strip() else ""
     return SYSTEM.format(
-        today=(today or dt.date.today()).isoformat(), guide=guide, inputs=inputs, protocol=protocol
+        today=(today or dt.date.today()).isoformat(), inputs=inputs, protocol=protocol
     ).strip()
 
 

@@ -108,8 +108,12 @@ def flood_host_memory(gigabytes: float) -> dict:
         seconds = time.perf_counter() - started
         done.set()
         sampler.join()
-    return {"gigabytes": gigabytes, "seconds": seconds, "rss_growth_mb": (peak[0] - before) / 2**20,
-            "dropped_bytes": ex.dropped_bytes}
+    return {
+        "gigabytes": gigabytes,
+        "seconds": seconds,
+        "rss_growth_mb": (peak[0] - before) / 2**20,
+        "dropped_bytes": ex.dropped_bytes,
+    }
 
 
 def run(smoke: bool) -> dict:
@@ -121,5 +125,3 @@ def run(smoke: bool) -> dict:
         "concurrent": concurrent_sandboxes(2 if smoke else 16),
         "flood": flood_host_memory(0.05 if smoke else 1.0),
     }
-
-

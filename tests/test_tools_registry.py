@@ -146,7 +146,7 @@ def test_openai_and_react_renderings():
     ] == ["expression"]
     json.dumps(entries)  # what the openai client sends must be plain JSON
     block = reg.react_block()
-    assert "calculator: Evaluate" in block and "Do NOT" in block
+    assert "calculator: Exact arithmetic" in block and "Not for data in files" in block
     assert "text (string, required): what to echo" in block and "times (integer, optional)" in block
 
 

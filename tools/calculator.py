@@ -349,20 +349,12 @@ def _calculate(expression: str) -> str:
 calculator_tool = Tool(
     name="calculator",
     description=(
-        "Evaluate one arithmetic expression exactly and return the number, e.g. "
-        "'(1,234.5 * 3) ^ 2 / 7' or 'sqrt(2) * pi'. Supports + - * / // % ** (^ is power), "
-        "parentheses, pi, e and abs, round, min, max, sqrt, log, log10, exp, sin, cos, tan, floor, "
-        "ceil, factorial. Use it for quick arithmetic in your reasoning. Do NOT use it for data in "
-        "files, variables, dates, units or statistics over many values: run Python for those."
+        "Exact arithmetic on one expression, e.g. '(1,234.5 * 3) ^ 2 / 7' or 'sqrt(2) * pi'. "
+        "Not for data in files, dates or statistics: use python."
     ),
     parameters={
         "type": "object",
-        "properties": {
-            "expression": {
-                "type": "string",
-                "description": "the arithmetic expression, e.g. '2*(3+4)'",
-            }
-        },
+        "properties": {"expression": {"type": "string"}},
         "required": ["expression"],
         "additionalProperties": False,
     },

@@ -35,12 +35,9 @@ from tools.registry import Observation, Tool, ToolError
 _CACHE_SIZE = 128
 
 DESCRIPTION = (
-    "Inspect one file without loading it: size, modification time, detected type (csv, tsv, json, "
-    "jsonl, parquet, xlsx, text, binary) and sha256; for tables also the encoding, delimiter, "
-    "header, row count, column types, null counts and the first rows. Use it before reading an "
-    "unfamiliar file, to choose read_csv options (encoding, sep, header). Works only on the input "
-    "files under /data and on files in /workspace; `/data` alone lists the inputs. Do NOT use it "
-    "to compute statistics or to read a file's contents: run Python for that."
+    "Profile one file without loading it: type, size, encoding, delimiter, rows, column types, "
+    "nulls, first rows. For files in /data or /workspace whose layout you do not know yet "
+    "(inputs are profiled above already); not for statistics: use python."
 )
 
 
@@ -195,11 +192,7 @@ def file_metadata_tool(
         parameters={
             "type": "object",
             "properties": {
-                "path": {
-                    "type": "string",
-                    "description": "the file as the sandbox sees it, e.g. /data/sales.csv or "
-                    "/workspace/out.csv",
-                },
+                "path": {"type": "string"},
             },
             "required": ["path"],
             "additionalProperties": False,
@@ -221,7 +214,7 @@ def profile_inputs(
     if not fm.inputs:
         return "There are no input files."
     budget = max(600, max_chars // len(fm.inputs))
-    fm.caps = dataclasses.replace(caps, max_chars=budget)
+    fm.caps = dataclasses.replace(caps, max_chars=budget, identity=False)
     out = ["Input files (read-only, under /data; write outputs to /workspace):"]
     for name in fm.inputs:
         try:

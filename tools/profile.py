@@ -30,6 +30,7 @@ class Caps:
     time_s: float = 5.0  # parsing stops here; counts are then marked as estimates
     max_columns: int = 40  # columns listed in the rendered text
     max_chars: int = 3000  # one rendered profile
+    identity: bool = True  # show modification time and sha256 (not needed in a prompt)
 
 
 DEFAULT_CAPS = Caps()
@@ -330,8 +331,10 @@ def render(p: Profile, caps: Caps = DEFAULT_CAPS) -> str:
         if p.mtime is not None
         else "unknown"
     )
-    head = f"{p.name}: {p.kind}, {human_size(p.size)}, modified {when}"
-    if p.sha256:
+    head = f"{p.name}: {p.kind}, {human_size(p.size)}"
+    if caps.identity:
+        head += f", modified {when}"
+    if p.sha256 and caps.identity:
         head += f", sha256 {p.sha256[:16]}…"
     lines = [head]
     shape = []

@@ -9,12 +9,9 @@ from sandbox import render
 from tools.registry import Observation, Tool
 
 DESCRIPTION = (
-    "Run Python code in a persistent Jupyter kernel (variables, imports and files persist "
-    "between calls). pandas, numpy and matplotlib are installed; there is no network. Input "
-    "files are read-only under /data; write files to /workspace/output. Use it to load and "
-    "analyse data, compute statistics, clean files and draw charts (saved as PNG). Print what "
-    "you need to see; output is cut when long. Not for arithmetic on a few numbers you already "
-    "have (use calculator)."
+    "Run Python in a persistent Jupyter kernel (pandas, numpy, matplotlib; no network). "
+    "Inputs are read-only in /data; write to /workspace/output. For loading, cleaning, "
+    "statistics and charts; not for arithmetic on numbers you already have."
 )
 
 
@@ -33,7 +30,7 @@ def python_tool(sandbox: Any, budget: int | None = None) -> Tool:
         description=DESCRIPTION,
         parameters={
             "type": "object",
-            "properties": {"code": {"type": "string", "description": "Python source to run"}},
+            "properties": {"code": {"type": "string"}},
             "required": ["code"],
             "additionalProperties": False,
         },
