@@ -60,8 +60,10 @@ def main() -> None:
     internal, connection_file = sys.argv[1], sys.argv[2]
     with open(connection_file) as f:
         key = json.load(f)["key"].encode()
+    # No per-frame ZMQ limit here: a frame over it would drop the kernel's connection, and
+    # with it the rest of the cell's output. The container's memory bounds what arrives;
+    # the total of each message is checked below.
     context = zmq.Context()
-    context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # one frame; the total is checked below
     poller = zmq.Poller()
     peer = {}  # socket -> the socket its messages go to
     from_kernel = set()
