@@ -44,7 +44,7 @@ stamp="$(sha256sum requirements.txt | cut -c1-16)-py$PYTHON"
 if [ "$(cat .wheels/.stamp 2>/dev/null)" != "$stamp" ]; then
     echo "downloading wheels for Python $PYTHON..."
     rm -rf .wheels && mkdir -p .wheels
-    pip download -q --no-color --disable-pip-version-check --only-binary=:all: --no-deps \
+    python3 -m pip download -q --no-color --disable-pip-version-check --only-binary=:all: --no-deps \
         --python-version "$PYTHON" --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64 \

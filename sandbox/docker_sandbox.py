@@ -233,7 +233,7 @@ class DockerSandbox:
         self._client = self._connect()
 
     def _kernel_died(self) -> bool:
-        if self._client.hb_channel.is_beating():
+        if kernel.beating(self._client, self.conn_dir, self._info):
             return False
         ctr.check_running(self.container)
         processes = self.container.top(ps_args="-eo pid,args").get("Processes") or []

@@ -63,14 +63,26 @@ def connect(path: str, info: dict, ready_timeout: float) -> BlockingKernelClient
     client = BlockingKernelClient(context=context)
     client.load_connection_info(dict(info, ip=os.path.join(path, "kernel")))
     try:
-        client.start_channels(hb=False)
+        client.start_channels(hb=False)  # liveness: see beating()
         wait_until_ready(client, ready_timeout)
     except BaseException:  # re-raised; the ZMQ context must not leak
         disconnect(client)
         raise
-    client.hb_channel.time_to_dead = 0.5
-    client.hb_channel.start()  # only now: a kernel still starting up is not a dead one
     return client
+
+
+def beating(client: BlockingKernelClient, path: str, info: dict, timeout: float = 0.5) -> bool:
+    """One heartbeat ping, asked only when a cell has gone quiet. Not jupyter_client's
+    heartbeat thread: stopped right after it starts, it spins creating sockets until ZMQ
+    runs out of them."""
+    sock = client.context.socket(zmq.REQ)
+    sock.linger = 0
+    try:
+        sock.connect(f"ipc://{os.path.join(path, 'kernel')}-{info['hb_port']}")
+        sock.send(b"ping")
+        return sock.poll(int(timeout * 1000)) != 0
+    finally:
+        sock.close(linger=0)
 
 
 def wait_until_ready(client: BlockingKernelClient, timeout: float) -> None:

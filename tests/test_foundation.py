@@ -10,6 +10,7 @@ import docker
 import pytest
 from jupyter_client import BlockingKernelClient
 
+from sandbox.container import remove_host_dirs
 from sandbox.kernel import make_connection_dir, seal
 
 
@@ -63,5 +64,6 @@ def test_one_plus_one_through_a_sealed_ipc_kernel(image):
     finally:
         kc.stop_channels()
         container.remove(force=True)
+        remove_host_dirs(conn)
     with pytest.raises(docker.errors.NotFound):
         client.containers.get(container.id)
