@@ -93,8 +93,10 @@ def test_chat_two_questions_share_state_and_ctrl_c_interrupts_the_cell(tmp_path)
         timeout=120,
         cwd=str(tmp_path),
     )
+    owner = {"label": f"sandcell.owner={socket.gethostname()}:{child.pid}"}
     try:
         child.expect("you> ")
+        assert len(docker.from_env().containers.list(filters=owner)) == 1  # the session's sandbox
         child.sendline("What is the total of n?")
         child.expect("total 6")
         child.expect("the total is 6")
@@ -128,9 +130,7 @@ def test_chat_two_questions_share_state_and_ctrl_c_interrupts_the_cell(tmp_path)
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
-    left = docker.from_env().containers.list(
-        all=True, filters={"label": f"sandcell.owner={socket.gethostname()}:{child.pid}"}
-    )
+    left = docker.from_env().containers.list(all=True, filters=owner)
     assert left == []  # ending mid-cell left no container behind
     trace = (folder / "trace.jsonl").read_text()
     assert trace.count('"type": "final"') >= 4  # the fifth question was cut short
