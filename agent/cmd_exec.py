@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import click
 
+from agent.cmd_options import input_option
 from sandbox import DockerSandbox, Execution, Limits, SandboxError, SandboxUnavailable, render
 from sandbox.container import engine, reap_orphans
 
@@ -21,13 +22,7 @@ def exit_status(ex: Execution) -> int:
 
 
 @click.command("exec")
-@click.option(
-    "--input",
-    "inputs",
-    multiple=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="A file to mount read-only at /data/<name> (repeatable).",
-)
+@input_option("A file to mount read-only at /data/<name> (repeatable).")
 @click.option("--timeout", type=float, default=None, help="Cell deadline in seconds.")
 @click.option("--memory", type=int, default=None, help="Memory limit in MB.")
 @click.option("--json", "as_json", is_flag=True, help="Print the Execution as JSON.")

@@ -125,7 +125,8 @@ class DockerSandbox:
         self._client = self._connect()
         self.start_seconds = time.monotonic() - started
         self.container.reload()  # the attributes from `run` predate the start: no PID yet
-        self._host_pid = self.container.attrs.get("State", {}).get("Pid") or None
+        # found once: each cell reads only the counter, not /proc and the cgroup tree
+        self._oom_file = _oom_counter_file(self.container.attrs.get("State", {}).get("Pid"))
 
     # -- lifecycle -------------------------------------------------------------------
     def _connect(self):
@@ -240,27 +241,15 @@ class DockerSandbox:
         return not any("ipykernel_launcher" in " ".join(p) for p in processes)
 
     def _oom_kills(self) -> int:
-        """The container's OOM-kill count from its memory cgroup (v1 or v2), 0 if unknown."""
-        if not self._host_pid:
+        """The container's OOM-kill count, 0 where the host cannot read it."""
+        if self._oom_file is None:
             return 0
         try:
-            lines = Path(f"/proc/{self._host_pid}/cgroup").read_text().splitlines()
+            for row in self._oom_file.read_text().splitlines():
+                if row.startswith("oom_kill "):
+                    return int(row.split()[1])
         except OSError:
-            return 0
-        for line in lines:
-            _, controllers, path = line.split(":", 2)
-            candidates = []
-            if "memory" in controllers.split(","):
-                candidates.append(f"/sys/fs/cgroup/memory{path}/memory.oom_control")
-            if controllers == "":
-                candidates.append(f"/sys/fs/cgroup{path}/memory.events")
-            for candidate in candidates:
-                try:
-                    for row in Path(candidate).read_text().splitlines():
-                        if row.startswith("oom_kill "):
-                            return int(row.split()[1])
-                except OSError:
-                    continue
+            pass
         return 0
 
     def _save_full_output(self, ex: Execution) -> None:
@@ -348,6 +337,27 @@ class DockerSandbox:
             # No chmod: a hard link shares the user's inode (and its mode). The folder is
             # mounted read-only, which is what protects the file.
             self.inputs[name] = path
+
+
+def _oom_counter_file(host_pid: int | None) -> Path | None:
+    """The memory cgroup file (v1 or v2) holding the container's `oom_kill` count."""
+    if not host_pid:
+        return None
+    try:
+        lines = Path(f"/proc/{host_pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None  # not a Linux host, or the engine runs in a VM
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            candidate = Path(f"/sys/fs/cgroup/memory{path}/memory.oom_control")
+        elif controllers == "":
+            candidate = Path(f"/sys/fs/cgroup{path}/memory.events")
+        else:
+            continue
+        if candidate.exists():
+            return candidate
+    return None
 
 
 def _input_map(paths) -> dict[str, Path]:
