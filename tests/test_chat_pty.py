@@ -7,9 +7,10 @@ import socket
 import sys
 import time
 
-import docker
 import pexpect
 import pytest
+
+from tests.containers import container_labels
 
 SCRIPT = [
     {
@@ -93,10 +94,10 @@ def test_chat_two_questions_share_state_and_ctrl_c_interrupts_the_cell(tmp_path)
         timeout=120,
         cwd=str(tmp_path),
     )
-    owner = {"label": f"sandcell.owner={socket.gethostname()}:{child.pid}"}
+    owner = f"sandcell.owner={socket.gethostname()}:{child.pid}"
     try:
         child.expect("you> ")
-        assert len(docker.from_env().containers.list(filters=owner)) == 1  # the session's sandbox
+        assert len(container_labels(owner, running_only=True)) == 1  # the session's sandbox
         child.sendline("What is the total of n?")
         child.expect("total 6")
         child.expect("the total is 6")
@@ -130,7 +131,7 @@ def test_chat_two_questions_share_state_and_ctrl_c_interrupts_the_cell(tmp_path)
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
-    left = docker.from_env().containers.list(all=True, filters=owner)
+    left = container_labels(owner)
     assert left == []  # ending mid-cell left no container behind
     trace = (folder / "trace.jsonl").read_text()
     assert trace.count('"type": "final"') >= 4  # the fifth question was cut short

@@ -8,10 +8,10 @@ import subprocess
 import sys
 import time
 
-import docker
 import pandas as pd
 import pytest
 
+from tests.containers import container_labels
 from tests.realdata import CSVS
 
 SANDCELL = [sys.executable, "-m", "agent.cli"]
@@ -63,12 +63,12 @@ def make_jobs(tmp_path, count: int, looping: set[int] = frozenset()) -> tuple:
     return jobs_file, expected
 
 
-def sandcell_containers() -> list:
-    return docker.from_env().containers.list(all=True, filters={"label": "sandcell.owner"})
-
-
-def owned_by(pid: int) -> list:
-    return [c for c in sandcell_containers() if c.labels["sandcell.owner"].endswith(f":{pid}")]
+def owned_by(pid: int) -> list[dict]:
+    return [
+        labels
+        for labels in container_labels("sandcell.owner")
+        if labels["sandcell.owner"].endswith(f":{pid}")
+    ]
 
 
 @pytest.mark.docker

@@ -15,6 +15,7 @@ import pytest
 
 from sandbox import DockerSandbox, Limits, SandboxError, SandboxPool, render
 from sandbox import container as ctr
+from tests.containers import container_labels
 
 pytestmark = pytest.mark.docker
 
@@ -245,7 +246,6 @@ def test_restart_clears_state_and_keeps_files():
 @pytest.mark.xdist_group("semantics-c")
 @pytest.mark.timeout(120)
 def test_pool_hands_out_fresh_distinct_sandboxes_with_inputs(input_file):
-    client = docker.from_env()
     with SandboxPool(size=2, limits=FAST) as pool:
         first = pool.acquire(inputs=[input_file], timeout=60)
         second = pool.acquire(inputs=[input_file], timeout=60)
@@ -264,9 +264,7 @@ def test_pool_hands_out_fresh_distinct_sandboxes_with_inputs(input_file):
             first.close()
             second.close()
         for box in (first, second):
-            assert not client.containers.list(
-                all=True, filters={"label": f"sandcell.session={box.session}"}
-            )
+            assert not container_labels(f"sandcell.session={box.session}")
         deadline = time.monotonic() + 60
         while pool.ready() < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -274,23 +272,20 @@ def test_pool_hands_out_fresh_distinct_sandboxes_with_inputs(input_file):
         sessions = [s.session for s in list(pool._ready.queue)]
     time.sleep(0.5)
     for session in sessions:  # closing the pool closes what it kept ready
-        assert not client.containers.list(
-            all=True, filters={"label": f"sandcell.session={session}"}
-        )
+        assert not container_labels(f"sandcell.session={session}")
 
 
 @pytest.mark.xdist_group("semantics-c")
 @pytest.mark.timeout(60)
 def test_no_container_left_after_close():
-    client = docker.from_env()
     session = f"test-{uuid.uuid4().hex[:8]}"
-    flt = {"label": [ctr.LABEL, f"sandcell.session={session}"]}
+    labels = (ctr.LABEL, f"sandcell.session={session}")
     box = DockerSandbox(limits=FAST, session=session)
-    assert len(client.containers.list(filters=flt)) == 1
+    assert len(container_labels(*labels, running_only=True)) == 1
     conn_dir = box.conn_dir
     assert box.run("1").ok
     box.close()
-    assert client.containers.list(all=True, filters=flt) == []
+    assert container_labels(*labels) == []
     assert not os.path.exists(conn_dir)
     with pytest.raises(SandboxError, match="closed"):
         box.run("1")
