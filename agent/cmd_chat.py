@@ -4,6 +4,7 @@ Questions share one sandbox (kernel state, files) and one history. Ctrl-C while 
 works interrupts the running cell; a second Ctrl-C (or one at the prompt) ends the session
 cleanly, leaving trace.jsonl, notebook.ipynb and the workspace in the session folder."""
 
+import signal
 import sys
 import threading
 import time
@@ -116,6 +117,9 @@ def slash(command: str, session: Session, console: Console) -> bool:
 @agent_options
 def chat_cmd(inputs, output, opts):
     """Talk with the agent about your files."""
+    # Ctrl-C is how the user stops a cell, so it must raise KeyboardInterrupt even when the
+    # parent started us with SIGINT ignored (any `cmd &` from a script does, and it inherits).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     console = Console(highlight=False)
     folder = output or Path("sandcell-out") / time.strftime("chat-%Y%m%d-%H%M%S")
     try:

@@ -94,6 +94,8 @@ def test_chat_two_questions_share_state_and_ctrl_c_interrupts_the_cell(tmp_path)
         timeout=120,
         cwd=str(tmp_path),
     )
+    child.str_last_chars = 4000  # a failure shows what the chat printed, not 100 characters
+    child.logfile_read = (tmp_path / "transcript.txt").open("w")
     owner = f"sandcell.owner={socket.gethostname()}:{child.pid}"
     try:
         child.expect("you> ")
