@@ -3,6 +3,7 @@ Ctrl-C interrupting a running cell without ending the session, slash commands, a
 Ctrl-C ending the session cleanly."""
 
 import json
+import signal
 import socket
 import sys
 import time
@@ -93,6 +94,9 @@ def test_chat_two_questions_share_state_and_ctrl_c_interrupts_the_cell(tmp_path)
         encoding="utf-8",
         timeout=120,
         cwd=str(tmp_path),
+        # Started as a script's background job would be: SIGINT ignored, inherited. Ctrl-C
+        # must still work, so chat has to restore the handler itself.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     child.str_last_chars = 4000  # a failure shows what the chat printed, not 100 characters
     child.logfile_read = (tmp_path / "transcript.txt").open("w")
