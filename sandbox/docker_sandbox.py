@@ -129,8 +129,13 @@ class DockerSandbox:
         self._oom_file = _oom_counter_file(self.container.attrs.get("State", {}).get("Pid"))
 
     # -- lifecycle -------------------------------------------------------------------
-    def _connect(self):
+    def _connect(self, replacing: list | None = None):
+        """Connect once the kernel answers; after a restart, only to the new relay."""
         try:
+            if replacing is not None and not kernel.await_new_sockets(
+                self.conn_dir, self._info, replacing, READY_TIMEOUT_S
+            ):
+                raise RuntimeError("no new relay")
             client = kernel.connect(self.conn_dir, self._info, READY_TIMEOUT_S)
         except RuntimeError:
             log = self._kernel_log()
@@ -229,9 +234,11 @@ class DockerSandbox:
         """Kill every process but the supervisor, which then starts a fresh kernel."""
         ctr.check_running(self.container)
         kernel.disconnect(self._client)
+        self._client = None
         kernel.unseal(self.conn_dir)
+        before = kernel.socket_files(self.conn_dir, self._info)
         self.container.kill(signal="SIGUSR1")
-        self._client = self._connect()
+        self._client = self._connect(replacing=before)
 
     def _kernel_died(self) -> bool:
         if kernel.beating(self._client, self.conn_dir, self._info):

@@ -56,6 +56,34 @@ def unseal(path: str) -> None:
     os.chmod(path, 0o1777)
 
 
+PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+
+
+def socket_files(path: str, info: dict) -> list[tuple[int, int] | None]:
+    """Identity (inode, ctime) of each socket file the relay binds; None where absent."""
+    ids = []
+    for port in PORTS:
+        try:
+            st = os.stat(os.path.join(path, f"kernel-{info[port]}"))
+            ids.append((st.st_ino, st.st_ctime_ns))
+        except FileNotFoundError:
+            ids.append(None)
+    return ids
+
+
+def await_new_sockets(path: str, info: dict, before: list, timeout: float) -> bool:
+    """After a hard restart, wait until a new relay has bound every socket afresh. Connecting
+    sooner can reach the old relay in its last moments: the old kernel answers the readiness
+    check, then dies, and the next cell's output is lost or runs in the old state."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = socket_files(path, info)
+        if all(new is not None and new != old for new, old in zip(now, before, strict=True)):
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def connect(path: str, info: dict, ready_timeout: float) -> BlockingKernelClient:
     context = zmq.Context()
     context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
