@@ -17,8 +17,9 @@ from sandbox.execution import Error, Execution, Result, StreamChunk
 
 MAX_MESSAGE_BYTES = 32 << 20  # a single ZMQ message larger than this is refused
 # Whole messages the host queues per socket before ZMQ stops reading; the kernel side
-# queues the rest in the container's memory. Not a hard bound: one message may carry many
-# frames of up to MAX_MESSAGE_BYTES each (see the xfail test in test_sandbox_security.py).
+# queues the rest in the container's memory. Not a hard bound on its own (one message may
+# carry many frames of up to MAX_MESSAGE_BYTES each): the relay in the container drops any
+# message over 16 MiB before it reaches the host (see images/relay.py).
 RECEIVE_HWM = 2
 DROPPED_MARKER = re.compile(r"\n\x1b\[sandcell-dropped (\w+) (\d+)\]\n")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
