@@ -16,13 +16,13 @@ import docker.errors
 from docker.types import LogConfig, Ulimit
 
 from sandbox.errors import SandboxError, SandboxUnavailable
+from sandbox.kernel import CONN_PREFIX
 from sandbox.limits import Limits
 
 DEFAULT_IMAGE = os.environ.get("SANDCELL_IMAGE", "sandcell-sandbox:latest")
 LABEL = "sandcell"  # every sandbox container carries it
-OWNER_LABEL = "sandcell.owner"
+OWNER_LABEL = "sandcell.owner"  # "<hostname>:<pid>" of the process that started it
 HOST_DIR_LABEL = "sandcell.conn"  # the host folder to delete with an orphan
-CONN_PREFIX = "sandcell-conn-"  # "<hostname>:<pid>" of the process that started it
 CONNECTION_DIR = "/run/sandcell"
 WORKSPACE = "/workspace"
 # The sandbox's uid must differ from the host user's: the same uid would own the host-side
@@ -112,11 +112,16 @@ def start(
     return container
 
 
+def staging_path(conn_dir: str) -> Path:
+    """Where a pool sandbox's inputs are placed: beside its connection folder."""
+    return Path(conn_dir + "-data")
+
+
 def remove_host_dirs(conn_dir: str) -> None:
     """The connection folder and the pool's input staging folder beside it. Only paths that
     sandcell made (temp dir, its prefix) are touched, whatever a label says."""
     base = Path(tempfile.gettempdir()).resolve()
-    for path in (Path(conn_dir), Path(conn_dir + "-data")):
+    for path in (Path(conn_dir), staging_path(conn_dir)):
         if path.parent.resolve() != base or not path.name.startswith(CONN_PREFIX):
             continue
         if path.is_dir() and not path.is_symlink():

@@ -99,14 +99,14 @@ class DockerSandbox:
         ctr.reap_orphans(self.client)
         self.conn_dir, info = kernel.make_connection_dir()
         # A pool sandbox gets its inputs later: it mounts a private, empty staging folder.
-        self.staging_dir = Path(self.conn_dir + "-data") if staging else None  # see _cleanup
+        self.staging_dir = ctr.staging_path(self.conn_dir) if staging else None
         mounts = dict(self.inputs)
         if self.staging_dir:
             self.staging_dir.mkdir(mode=0o755)
         self._info = info
         self._client = None
         self.container = None
-        self._finalizer = weakref.finalize(self, _cleanup, None, self.conn_dir, self.staging_dir)
+        self._finalizer = weakref.finalize(self, _cleanup, None, self.conn_dir)
         started = time.monotonic()
         self.container = ctr.start(
             self.client,
@@ -119,9 +119,7 @@ class DockerSandbox:
             staging_dir=self.staging_dir,
         )
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(
-            self, _cleanup, self.container, self.conn_dir, self.staging_dir
-        )
+        self._finalizer = weakref.finalize(self, _cleanup, self.container, self.conn_dir)
         self._client = self._connect()
         self.start_seconds = time.monotonic() - started
         self.container.reload()  # the attributes from `run` predate the start: no PID yet
@@ -379,7 +377,7 @@ def _input_map(paths) -> dict[str, Path]:
     return mapping
 
 
-def _cleanup(container, conn_dir: str, staging_dir: Path | None) -> None:
+def _cleanup(container, conn_dir: str) -> None:
     """Runs once: on close(), at garbage collection, or at interpreter exit."""
     if container is not None:
         try:

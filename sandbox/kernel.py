@@ -23,11 +23,12 @@ MAX_MESSAGE_BYTES = 32 << 20  # a single ZMQ message larger than this is refused
 RECEIVE_HWM = 2
 DROPPED_MARKER = re.compile(r"\n\x1b\[sandcell-dropped (\w+) (\d+)\]\n")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+CONN_PREFIX = "sandcell-conn-"  # the host folders sandcell made, and may delete
 
 
 def make_connection_dir() -> tuple[str, dict]:
     """A host-owned directory the container's kernel binds its ipc sockets in."""
-    path = tempfile.mkdtemp(prefix="sandcell-conn-")  # container.CONN_PREFIX
+    path = tempfile.mkdtemp(prefix=CONN_PREFIX)
     unseal(path)  # the kernel's uid creates its sockets here until sealed
     info = dict(
         transport="ipc",
