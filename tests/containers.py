@@ -1,6 +1,10 @@
 """Which sandcell containers exist, read race-free for tests that run side by side."""
 
+import socket
+
 import docker
+
+from sandbox.container import OWNER_LABEL
 
 
 def container_labels(*labels: str, running_only: bool = False) -> list[dict]:
@@ -13,3 +17,8 @@ def container_labels(*labels: str, running_only: bool = False) -> list[dict]:
         all=not running_only, filters={"label": list(labels)}
     )
     return [entry.get("Labels") or {} for entry in entries]
+
+
+def owner_label(pid: int) -> str:
+    """The label filter for the containers a process on this host started."""
+    return f"{OWNER_LABEL}={socket.gethostname()}:{pid}"

@@ -4,14 +4,13 @@ Ctrl-C ending the session cleanly."""
 
 import json
 import signal
-import socket
 import sys
 import time
 
 import pexpect
 import pytest
 
-from tests.containers import container_labels
+from tests.containers import container_labels, owner_label
 
 SCRIPT = [
     {
@@ -100,7 +99,7 @@ def test_chat_two_questions_share_state_and_ctrl_c_interrupts_the_cell(tmp_path)
     )
     child.str_last_chars = 4000  # a failure shows what the chat printed, not 100 characters
     child.logfile_read = (tmp_path / "transcript.txt").open("w")
-    owner = f"sandcell.owner={socket.gethostname()}:{child.pid}"
+    owner = owner_label(child.pid)
     try:
         child.expect("you> ")
         assert len(container_labels(owner, running_only=True)) == 1  # the session's sandbox

@@ -11,7 +11,7 @@ import time
 import pandas as pd
 import pytest
 
-from tests.containers import container_labels
+from tests.containers import container_labels, owner_label
 from tests.realdata import CSVS
 
 SANDCELL = [sys.executable, "-m", "agent.cli"]
@@ -64,11 +64,7 @@ def make_jobs(tmp_path, count: int, looping: set[int] = frozenset()) -> tuple:
 
 
 def owned_by(pid: int) -> list[dict]:
-    return [
-        labels
-        for labels in container_labels("sandcell.owner")
-        if labels["sandcell.owner"].endswith(f":{pid}")
-    ]
+    return container_labels(owner_label(pid))
 
 
 @pytest.mark.docker
