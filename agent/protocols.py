@@ -15,6 +15,7 @@ import json_repair
 from agent.parsing import THINK, parse_react
 from agent.seams import Action, FormatError, Parsed, Reply
 from tools import Registry
+from tools.registry import single_string_arg
 
 # Stop sequences for text mode: the model must not write the observation itself.
 REACT_STOP = ["\nObservation:", "\nObservation：", "\n观察:", "\n观察："]
@@ -49,13 +50,7 @@ class ActionProtocol(Protocol):
 
 def single_string_params(registry: Registry) -> dict[str, str | None]:
     """Each tool's one required string argument (what a bare or fenced input fills), or None."""
-    out: dict[str, str | None] = {}
-    for name in registry.names:
-        params = registry.get(name).parameters
-        required = params.get("required", [])
-        prop = params.get("properties", {}).get(required[0], {}) if len(required) == 1 else {}
-        out[name] = required[0] if prop.get("type") == "string" else None
-    return out
+    return {name: single_string_arg(registry.get(name)) for name in registry.names}
 
 
 class ReactProtocol:

@@ -112,14 +112,14 @@ def _mul(a: Number, b: Number) -> Number:
     return a * b
 
 
-BINOPS: dict[type, tuple[str, Callable[[Number, Number], Number]]] = {
-    ast.Add: ("+", operator.add),
-    ast.Sub: ("-", operator.sub),
-    ast.Mult: ("*", _mul),
-    ast.Div: ("/", operator.truediv),
-    ast.FloorDiv: ("//", operator.floordiv),
-    ast.Mod: ("%", operator.mod),
-    ast.Pow: ("**", _pow),
+BINOPS: dict[type, Callable[[Number, Number], Number]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: _mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: _pow,
 }
 _REFUSED_OPS = {
     ast.LShift: "<<",
@@ -221,7 +221,7 @@ def _eval(node: ast.AST) -> Number:
                 f"the operator {_REFUSED_OPS.get(op, op.__name__)} is not supported{hint}"
             )
         left, right = _eval(node.left), _eval(node.right)
-        return _check_int(BINOPS[op][1](left, right))
+        return _check_int(BINOPS[op](left, right))
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
         value = _eval(node.operand)
         return -value if isinstance(node.op, ast.USub) else +value

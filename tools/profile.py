@@ -55,7 +55,8 @@ class Profile:
     notes: list[str] = field(default_factory=list)
 
 
-TEXT_TABLE_EXTS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".txt": "text", ".psv": "csv"}
+DELIMITED_EXTS = (".csv", ".tsv", ".tab", ".psv")
+TEXT_TABLE_EXTS = (*DELIMITED_EXTS, ".txt")
 
 
 def build_profile(
@@ -148,14 +149,14 @@ def _binary_table(
 def _text(p: Profile, data: bytes, complete: bool, caps: Caps, deadline: float) -> None:
     enc = tables.detect_encoding(data, complete)
     nul = data.find(b"\x00")
-    if enc is None and nul > 1024 and tables.detect_encoding(data[:nul], False) is not None:
+    before_zeros = tables.detect_encoding(data[:nul], False) if enc is None and nul > 1024 else None
+    if before_zeros is not None:
         # Text followed by zero bytes: a preallocated, sparse or truncated-and-padded file.
         p.notes.append(
             f"zero bytes from byte {nul:,} on: the file looks padded or corrupt; only the "
             "text before them was profiled"
         )
-        data, complete = data[:nul], False
-        enc = tables.detect_encoding(data, False)
+        data, complete, enc = data[:nul], False, before_zeros
         p.rows_exact, p.rows_at_least = False, True
     if enc is None:
         p.extra.append("content: binary data (zero bytes in the first 64 KiB)")
@@ -176,7 +177,7 @@ def _text(p: Profile, data: bytes, complete: bool, caps: Caps, deadline: float) 
     if _json(p, text, ext, complete):
         return
     delimiter, width = tables.sniff_delimiter(text)
-    if width > 1 or ext in (".csv", ".tsv", ".tab", ".psv"):
+    if width > 1 or ext in DELIMITED_EXTS:
         _table(p, text, delimiter, complete, deadline, data, enc)
     else:
         p.kind = "text"
@@ -231,13 +232,14 @@ def _json(p: Profile, text: str, ext: str, complete: bool) -> bool:
     head = text.lstrip()[:1]
     if ext not in (".json", ".jsonl", ".ndjson", ".geojson") and head not in ("{", "["):
         return False
-    lines = [ln for ln in text.split("\n")[:50] if ln.strip()]
-    if ext in (".jsonl", ".ndjson") or (len(lines) > 1 and all(_is_json(ln) for ln in lines)):
+    all_lines = text.split("\n")
+    values = [_json_record(ln) for ln in all_lines[:50] if ln.strip()]  # each parsed once
+    if ext in (".jsonl", ".ndjson") or (len(values) > 1 and None not in values):
         p.kind = "jsonl"
-        records = [json.loads(ln) for ln in lines if _is_json(ln)]
-        n = sum(1 for ln in text.split("\n") if ln.strip())
+        records = [v for v in values if v is not None]
+        n = sum(1 for ln in all_lines if ln.strip())
         p.rows, p.rows_exact = _rows(n, complete, len(text.encode()), p.size)
-        _json_columns(p, records, complete and len(records) == p.rows)
+        _json_columns(p, records, complete)
         return True
     p.kind = "json"
     if not complete:
@@ -257,11 +259,13 @@ def _json(p: Profile, text: str, ext: str, complete: bool) -> bool:
     return True
 
 
-def _is_json(line: str) -> bool:
+def _json_record(line: str) -> dict | list | None:
+    """The line's JSON object or array; None for anything else."""
     try:
-        return isinstance(json.loads(line), (dict, list))
+        value = json.loads(line)
     except ValueError:
-        return False
+        return None
+    return value if isinstance(value, (dict, list)) else None
 
 
 _JSON_KINDS = {

@@ -111,8 +111,9 @@ class Registry:
         problem = self._check(tool, parsed)
         if problem:
             return Observation(False, f"{tool.name}: {problem}")
-        key = (name, json.dumps(parsed, sort_keys=True, ensure_ascii=False, default=str))
+        key = None  # built only for cacheable tools: python calls carry whole cells
         if tool.cacheable:
+            key = (name, json.dumps(parsed, sort_keys=True, ensure_ascii=False, default=str))
             with self._lock:
                 hit = self._cache.get(key)
                 if hit is not None:
@@ -151,7 +152,7 @@ def _parse_args(tool: Tool, args: dict | str | None) -> dict | Observation:
     except json.JSONDecodeError as exc:
         value = _repair(text)
         if value is None:
-            only = _single_string_arg(tool)
+            only = single_string_arg(tool)
             if only and not text.startswith(("{", "[")):
                 return {only: text}  # a ReAct model wrote `2+2` instead of {"expression": "2+2"}
             return Observation(
@@ -162,7 +163,7 @@ def _parse_args(tool: Tool, args: dict | str | None) -> dict | Observation:
             )
     if isinstance(value, dict):
         return value
-    only = _single_string_arg(tool)
+    only = single_string_arg(tool)
     if only and not isinstance(value, (list, dict)):
         return {only: text}  # a bare value for a one-argument tool, e.g. "2+2" or 7
     return Observation(
@@ -180,7 +181,8 @@ def _repair(text: str) -> object | None:
     return value
 
 
-def _single_string_arg(tool: Tool) -> str | None:
+def single_string_arg(tool: Tool) -> str | None:
+    """The tool's one required string argument (what a bare input fills), or None."""
     required = tool.parameters.get("required", [])
     props = tool.parameters.get("properties", {})
     if len(required) == 1 and props.get(required[0], {}).get("type") == "string":
@@ -195,14 +197,7 @@ def _example(tool: Tool) -> str:
     return json.dumps(example, ensure_ascii=False)
 
 
-_JSON_TYPES = {
-    bool: "boolean",
-    int: "integer",
-    float: "number",
-    str: "string",
-    list: "array",
-    dict: "object",
-}
+_JSON_TYPES = {str: "string", list: "array", dict: "object"}  # _json_type does the rest
 
 
 def _json_type(value: object) -> str:

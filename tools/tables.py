@@ -84,7 +84,7 @@ def detect_encoding(data: bytes, complete: bool) -> Encoding | None:
         codecs.getincrementaldecoder("utf-8")().decode(data, final=complete)
     except UnicodeDecodeError as exc:
         return _not_utf8(data, exc)
-    return Encoding("utf-8", "utf-8" if any(b > 127 for b in sample) else "utf-8 (ASCII only)")
+    return Encoding("utf-8", "utf-8 (ASCII only)" if sample.isascii() else "utf-8")
 
 
 def _not_utf8(data: bytes, exc: UnicodeDecodeError) -> Encoding:
