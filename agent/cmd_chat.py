@@ -97,7 +97,7 @@ def slash(command: str, session: Session, console: Console) -> bool:
             console.print(f"copied {len(copied)} files to {arg.strip()}")
     elif name == "/reset":
         session.sandbox.restart()
-        del session.loop.messages[1:]
+        del session.messages[1:]
         console.print("fresh kernel, empty history; workspace files kept")
     elif name == "/help":
         console.print(HELP)

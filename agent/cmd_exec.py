@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import click
 
-from agent.cmd_options import input_option
+from agent.cmd_options import EXIT_UNAVAILABLE, input_option
 from sandbox import DockerSandbox, Execution, Limits, SandboxError, SandboxUnavailable, render
 from sandbox.container import engine, reap_orphans
 
-EXIT_OK, EXIT_RAISED, EXIT_UNAVAILABLE, EXIT_TIMEOUT, EXIT_DIED = 0, 1, 3, 124, 137
+EXIT_OK, EXIT_RAISED, EXIT_TIMEOUT, EXIT_DIED = 0, 1, 124, 137
 
 
 def exit_status(ex: Execution) -> int:

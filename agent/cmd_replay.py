@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from agent.cmd_options import EXIT_UNAVAILABLE
 from agent.session import prepare
 from agent.trace import read_trace
 from sandbox import DockerSandbox, Execution, Limits, SandboxError
@@ -96,7 +97,7 @@ def replay_cmd(trace: Path, inputs: tuple[Path, ...], image: str | None) -> None
         raise click.ClickException(str(exc)) from None
     except SandboxError as exc:
         click.echo(f"sandcell: {exc}", err=True)
-        sys.exit(3)
+        sys.exit(EXIT_UNAVAILABLE)
     if not cells:
         click.echo(f"{trace}: no python cells recorded; nothing to replay")
         return

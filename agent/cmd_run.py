@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from agent import stops
 from agent.cmd_options import (
     EXIT_MODEL,
     EXIT_STOPPED,
@@ -54,4 +55,4 @@ def run_cmd(task, inputs, output, opts):
         + (f" ({result.detail})" if result.detail else ""),
         err=True,
     )
-    sys.exit(EXIT_MODEL if result.stop_reason == "model_error" else EXIT_STOPPED)
+    sys.exit(EXIT_MODEL if result.stop_reason == stops.MODEL_ERROR else EXIT_STOPPED)

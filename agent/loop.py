@@ -204,7 +204,7 @@ class Loop:
 
     def _system(self) -> str:
         instructions = self.protocol.instructions(self.registry)
-        return prompts.system_prompt(self.registry, self.inputs_profile, instructions)
+        return prompts.system_prompt(self.inputs_profile, instructions)
 
     def _emit(self, kind: str, **data: object) -> None:
         if self.on_event is not None:

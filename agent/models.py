@@ -13,7 +13,15 @@ from collections.abc import Callable
 
 import openai
 
-from agent.seams import ModelError, OnToken, Reply, ToolCall, ToolsUnsupported, Usage
+from agent.seams import (
+    ModelError,
+    OnToken,
+    Reply,
+    ToolCall,
+    ToolsUnsupported,
+    Usage,
+    estimated_usage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +106,8 @@ class OpenAIModel:
             except openai.APIStatusError as exc:
                 raise self._refused(exc, bool(tools)) from None
             if reply.usage.total == 0:
-                reply.usage = _estimate(messages, reply)
+                written = len(reply.text) + sum(len(c.arguments) for c in reply.tool_calls)
+                reply.usage = estimated_usage(messages, written)
             reply.duration_s, reply.retries = time.monotonic() - started, attempt
             return reply
         raise AssertionError("unreachable: the retry loop returns or raises")
@@ -230,12 +239,6 @@ def _with_reasoning(msg: object, text: str) -> str:
     return (
         f"<think>{reasoning}</think>\n{text}" if isinstance(reasoning, str) and reasoning else text
     )
-
-
-def _estimate(messages: list[dict], reply: Reply) -> Usage:
-    prompt = sum(len(str(m.get("content") or "")) for m in messages)
-    completion = len(reply.text) + sum(len(c.arguments) for c in reply.tool_calls)
-    return Usage(prompt // 4, completion // 4, estimated=True)
 
 
 def _short(exc: Exception) -> str:

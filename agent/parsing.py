@@ -26,8 +26,8 @@ _LABEL = re.compile(
     re.IGNORECASE | re.MULTILINE,
 )
 _KIND = {
-    "final answer": "final", "final_answer": "final", "最终答案": "final", "最终回答": "final",
-    "action input": "input", "action_input": "input", "行动输入": "input", "动作输入": "input",
+    "final answer": "final", "最终答案": "final", "最终回答": "final",
+    "action input": "input", "行动输入": "input", "动作输入": "input",
     "action": "action", "行动": "action", "动作": "action",
     "thought": "thought", "思考": "thought", "想法": "thought",
     "observation": "observation", "观察": "observation", "观察结果": "observation",
@@ -96,9 +96,11 @@ def _label_hit(body: str, tools: dict[str, str | None]) -> _Hit | None:
         name_text = body[m.end() : line_end].strip().strip("`*").strip()
         rest = labels[i + 1 :]
         stop = next((n.start() for n, k in rest if k not in ("input",)), len(body))
-        found = _parse_call(name_text, tools) if "(" in name_text or "（" in name_text else None
-        if found is None and ("(" in name_text or "（" in name_text):
-            found = _parse_call(body[m.end() : stop].strip().strip("`"), tools)
+        found = None
+        if "(" in name_text or "（" in name_text:
+            found = _parse_call(name_text, tools) or _parse_call(
+                body[m.end() : stop].strip().strip("`"), tools
+            )
         if found is not None:
             return _Hit(m.start(), stop, found[0])
         name = name_text.split()[0].strip("`*[]:：") if name_text else ""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from tools import Registry
 from tools.file_metadata import profile_inputs
 
 SYSTEM = """You are sandcell, a careful data analyst. Answer questions about the user's files by \
@@ -28,9 +27,7 @@ LENGTH_NUDGE = (
 UNLABELLED = " If the text above is your answer, send it again starting with `Final Answer:`."
 
 
-def system_prompt(
-    registry: Registry, inputs_profile: str, protocol_block: str, today: dt.date | None = None
-) -> str:
+def system_prompt(inputs_profile: str, protocol_block: str, today: dt.date | None = None) -> str:
     """Each tool says when to use it and when not in its own description (the `tools`
     definitions, or the ReAct block), so the prompt does not repeat them."""
     inputs = f"\n{inputs_profile.strip()}\n" if inputs_profile.strip() else ""

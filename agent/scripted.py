@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from agent.seams import ModelError, OnToken, Reply, ToolCall, Usage
+from agent.seams import ModelError, OnToken, Reply, ToolCall, estimated_usage
 
 
 class ScriptedModel:
@@ -66,9 +66,7 @@ class ScriptedModel:
             for i in range(0, len(text), 16):
                 on_token(text[i : i + 16])
         finish = entry["finish_reason"] or ("tool_calls" if calls else "stop")
-        usage = Usage(
-            sum(len(str(m.get("content") or "")) for m in messages) // 4, len(text) // 4, True
-        )
+        usage = estimated_usage(messages, len(text))
         return Reply(text, calls, finish, usage, time.monotonic() - started)
 
 

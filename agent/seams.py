@@ -1,5 +1,5 @@
 """The seams of the agent as small types: what a model returns, what a protocol parses a reply
-into, the Model and Sandbox protocols, and the few exceptions that leave the loop.
+into, the Model protocol, and the few exceptions that leave the loop.
 
 Everything else in `agent` is composed from these; nothing here imports a client or Docker."""
 
@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import json_repair
 
@@ -32,6 +32,12 @@ class Usage:
             self.completion_tokens + other.completion_tokens,
             self.estimated or other.estimated,
         )
+
+
+def estimated_usage(messages: list[dict], completion_chars: int) -> Usage:
+    """For endpoints (and scripts) that report no usage: characters / 4."""
+    prompt = sum(len(str(m.get("content") or "")) for m in messages)
+    return Usage(prompt // 4, completion_chars // 4, estimated=True)
 
 
 @dataclass
@@ -103,19 +109,6 @@ class Parsed:
     thought: str = ""
     actions: list[Action] = field(default_factory=list)
     answer: str | None = None  # set when the reply is a final answer
-
-
-# -- the environment the python tool runs in ---------------------------------------------------
-
-
-class Sandbox(Protocol):
-    """What the agent needs of sandbox.DockerSandbox (kept narrow so tests and pools fit)."""
-
-    def run(self, code: str, timeout: float | None = None) -> Any: ...
-    def interrupt(self) -> None: ...
-    def files(self) -> list[dict]: ...
-    def export(self, host_dir: str | Path) -> Any: ...
-    def close(self) -> None: ...
 
 
 # -- leaving the loop --------------------------------------------------------------------------

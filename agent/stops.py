@@ -90,7 +90,7 @@ class Watch:
         )
 
     def thought(self, text: str) -> str | None:
-        key = " ".join(text.lower().split())
+        key = _norm(text)
         if len(key) < 20:
             return None
         if key in self.thoughts and key not in self.warned_thoughts:
@@ -127,5 +127,10 @@ class Watch:
         )
 
 
+def _norm(text: str) -> str:
+    """Case and spacing do not make a thought or an answer new."""
+    return " ".join(text.lower().split())
+
+
 def _same(a: str, b: str) -> bool:
-    return " ".join(a.lower().split()) == " ".join(b.lower().split())
+    return _norm(a) == _norm(b)

@@ -16,7 +16,6 @@ from agent.stops import FAILURES, MAX_STEPS, REPEATED, TOKENS, WALL_TIME, Rules,
 from agent.trace import TraceWriter, read_trace
 from sandbox import Execution
 from sandbox.execution import Error, Result, StreamChunk
-from tools import Registry, Tool, calculator_tool
 
 # -- stop rules ------------------------------------------------------------------------------------
 
@@ -149,10 +148,7 @@ def test_fit_leaves_a_small_history_alone_and_tool_pairs_intact():
 
 
 def test_system_prompt_is_lean_and_never_mentions_the_step_limit():
-    extra = Tool(
-        "lookup", "Look a code up in the table.", {"type": "object", "properties": {}}, lambda: ""
-    )
-    text = system_prompt(Registry([calculator_tool, extra]), "/data/a.csv: csv, 3 rows", "")
+    text = system_prompt("/data/a.csv: csv, 3 rows", "")
     assert "/data/a.csv" in text and "Today is" in text
     # the tools describe themselves (tool definitions or the ReAct block): not repeated here
     assert "calculator" not in text and "Look a code up" not in text
