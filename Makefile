@@ -10,7 +10,7 @@ export SANDCELL_IMAGE ?= sandcell-sandbox:latest
 install: $(STAMP)
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
 	touch $(STAMP)
 
 engine:
@@ -26,7 +26,6 @@ unit: install
 	$(PY) -m pytest -m 'not docker' $(PYTEST_ARGS)
 
 bench: install engine image
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
 	$(PY) -m bench $(BENCH_ARGS)
 
 demo: install engine image

@@ -36,13 +36,14 @@ def main() -> None:
     args = parser.parse_args()
     started = time.time()
     results = {"machine": machine(), "smoke": args.smoke, "sandbox": sandbox_bench.run(args.smoke)}
-    for name, section in report.optional_sections():
-        results[name] = section(args.smoke)
+    for name, module in report.sections():
+        results[name] = module.run(args.smoke)
     results["seconds"] = round(time.time() - started, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "REPORT.md").write_text(report.markdown(results))
-    print(report.markdown(results))
+    text = report.markdown(results)
+    (args.out / "REPORT.md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

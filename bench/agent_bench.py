@@ -14,6 +14,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 from agent import Agent, OpenAIModel, Rules, ScriptedModel
@@ -86,9 +87,7 @@ def step_overhead(steps: int, protocol: str) -> dict:
 
 def run_sandcell(task: Task, protocol: str) -> dict:
     """One task with sandcell over HTTP; the characters sent and the protocol actually used."""
-    with ScriptedServer(
-        sandcell_script(task, "react" if protocol == "react" else "tools")
-    ) as server:
+    with ScriptedServer(sandcell_script(task, protocol)) as server:
         model = OpenAIModel("scripted", base_url=server.url, api_key="k", retry_base_s=0.01)
         with Agent(model, protocol=protocol).session([task.csv]) as session:
             result = session.ask(task.prompt(f"/data/{task.csv.name}"))
@@ -96,8 +95,7 @@ def run_sandcell(task: Task, protocol: str) -> dict:
         left, requests = server.left(), list(server.requests)
     assert result.answer == task.expected(), (task.id, protocol, result.answer, result.detail)
     assert left == 0, f"{task.id}: {left} scripted replies unused"
-    return {"chars": sum(sent_chars(b) for b in requests), "requests": len(requests),
-            "first": sent_chars(requests[0]), "protocol": used}  # fmt: skip
+    return {**_sent(requests), "protocol": used}
 
 
 def run_smolagents(task: Task, folder: Path) -> dict:
@@ -115,7 +113,12 @@ def run_smolagents(task: Task, folder: Path) -> dict:
         left, requests = server.left(), list(server.requests)
     assert answer == task.expected(), (task.id, "smolagents", answer)
     assert left == 0, f"{task.id}: {left} scripted replies unused by smolagents"
-    return {"chars": sum(sent_chars(b) for b in requests), "requests": len(requests),
+    return _sent(requests)
+
+
+def _sent(requests: list[dict]) -> dict:
+    """What the model was sent over one task: characters, requests, the first one's size."""
+    return {"chars": sum(map(sent_chars, requests)), "requests": len(requests),
             "first": sent_chars(requests[0])}  # fmt: skip
 
 
@@ -142,14 +145,8 @@ def characters(tasks: list[Task]) -> dict:
         "mean_per_task": {k: v / len(per_task) for k, v in totals.items()},
         "ratio_auto": totals["sandcell_auto"] / totals["smolagents"],
         "ratio_react": totals["sandcell_react"] / totals["smolagents"],
-        "smolagents": _version("smolagents"),
+        "smolagents": version("smolagents"),
     }
-
-
-def _version(name: str) -> str:
-    from importlib.metadata import version
-
-    return version(name)
 
 
 def run(smoke: bool) -> dict:

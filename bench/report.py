@@ -2,17 +2,12 @@
 
 import importlib
 
+SECTIONS = ("agent", "batch")  # beside the sandbox's: each in bench/<name>_bench.py
 
-def optional_sections():
-    """Agent and batch benchmarks, each in its own module, added as they exist."""
-    for name in ("agent_bench", "batch_bench"):
-        try:
-            module = importlib.import_module(f"bench.{name}")
-        except ModuleNotFoundError as error:
-            if error.name != f"bench.{name}":
-                raise
-            continue
-        yield name.removesuffix("_bench"), module.run
+
+def sections():
+    for name in SECTIONS:
+        yield name, importlib.import_module(f"bench.{name}_bench")
 
 
 def _row(what: str, figure: str, target: str, met: bool | None) -> str:
@@ -63,9 +58,8 @@ def markdown(r: dict) -> str:
         ),
     ]
     details = []
-    for name in ("agent", "batch"):
+    for name, module in sections():
         if name in r:
-            module = importlib.import_module(f"bench.{name}_bench")
             rows += module.rows(r[name], _row)
             if hasattr(module, "details"):  # optional: the numbers behind a row
                 details.append(module.details(r[name]))

@@ -133,12 +133,17 @@ def result_in(text: str) -> str:
     return found[-1].strip()
 
 
-def last_text(body: dict) -> str:
-    """The newest message of a chat-completion request, as text (an observation)."""
-    content = body["messages"][-1].get("content") or ""
+def _text(message: dict) -> str:
+    """A message's content as text: a string, or a list of parts."""
+    content = message.get("content") or ""
     if isinstance(content, list):
         return "".join(part.get("text", "") for part in content)
     return content
+
+
+def last_text(body: dict) -> str:
+    """The newest message of a chat-completion request, as text (an observation)."""
+    return _text(body["messages"][-1])
 
 
 def sandcell_script(task: Task, protocol: str) -> list:
@@ -185,10 +190,7 @@ def sent_chars(body: dict) -> int:
     replays (name and arguments), and the tool definitions if any."""
     total = 0
     for message in body.get("messages", []):
-        content = message.get("content") or ""
-        if isinstance(content, list):
-            content = "".join(part.get("text", "") for part in content)
-        total += len(content)
+        total += len(_text(message))
         for call in message.get("tool_calls") or []:
             total += len(call["function"]["name"]) + len(call["function"]["arguments"])
     if body.get("tools"):

@@ -43,8 +43,9 @@ def engine() -> docker.DockerClient:
     return client
 
 
-def owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+def owner(pid: int | None = None) -> str:
+    """The owner label's value for a process on this host (by default this one)."""
+    return f"{socket.gethostname()}:{pid or os.getpid()}"
 
 
 def start(

@@ -1,17 +1,20 @@
 """Shared fixtures. Docker tests skip outside CI when no engine or image is there (with the
 reason printed); with CI=true a missing engine or image is a failure."""
 
+import functools
 import os
 import shutil
 import subprocess
 
 import pytest
 
-IMAGE = os.environ.get("SANDCELL_IMAGE", "sandcell-sandbox:latest")
+from sandbox.container import DEFAULT_IMAGE as IMAGE
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def _docker_problem() -> str | None:
+@functools.cache  # asked once per test process
+def docker_problem() -> str | None:
     if shutil.which("docker") is None:
         return "the docker client is not installed (run `make engine`)"
     probe = subprocess.run(["docker", "info"], capture_output=True, text=True)
@@ -21,15 +24,6 @@ def _docker_problem() -> str | None:
     if probe.returncode != 0:
         return f"the sandbox image {IMAGE} is missing (run `make image`)"
     return None
-
-
-_PROBLEM: list = []
-
-
-def docker_problem() -> str | None:
-    if not _PROBLEM:
-        _PROBLEM.append(_docker_problem())
-    return _PROBLEM[0]
 
 
 def pytest_runtest_setup(item):

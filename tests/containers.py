@@ -1,10 +1,8 @@
 """Which sandcell containers exist, read race-free for tests that run side by side."""
 
-import socket
-
 import docker
 
-from sandbox.container import OWNER_LABEL
+from sandbox.container import OWNER_LABEL, owner
 
 
 def container_labels(*labels: str, running_only: bool = False) -> list[dict]:
@@ -21,4 +19,4 @@ def container_labels(*labels: str, running_only: bool = False) -> list[dict]:
 
 def owner_label(pid: int) -> str:
     """The label filter for the containers a process on this host started."""
-    return f"{OWNER_LABEL}={socket.gethostname()}:{pid}"
+    return f"{OWNER_LABEL}={owner(pid)}"

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -19,7 +18,7 @@ import pytest
 
 from agent import Agent, OpenAIModel, Rules, prompts
 from agent.trace import read_trace
-from tests.scripted_server import ScriptedServer
+from tests.scripted_server import ScriptedServer, dead_url
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
 
@@ -259,9 +258,7 @@ def test_429_then_success(tmp_path):
 
 
 def test_endpoint_down_gives_the_clear_error(tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    url = dead_url()
     model = OpenAIModel("m", base_url=url, api_key="k", retry_base_s=0.01)
     result = Agent(model).run("Rows?", [SALES], tmp_path)
     assert result.stop_reason == "model_error" and result.answer is None

@@ -1,7 +1,6 @@
 """OpenAIModel: the real `openai` client over HTTP against the scripted server: streaming and
 not, tool calls, usage, retries on 429/5xx/timeouts/malformed bodies, and the clear errors."""
 
-import socket
 import time
 
 import pytest
@@ -9,7 +8,7 @@ import pytest
 from agent.models import OpenAIModel
 from agent.scripted import ScriptedModel
 from agent.seams import ModelError, ToolsUnsupported
-from tests.scripted_server import ScriptedServer
+from tests.scripted_server import ScriptedServer, dead_url
 
 USER = [{"role": "user", "content": "hi"}]
 TOOL = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
@@ -96,14 +95,8 @@ def test_retries_used_up_give_one_clear_error():
     assert "Traceback" not in message
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_endpoint_down_names_the_url_and_what_to_check():
-    url = f"http://127.0.0.1:{_free_port()}/v1"
+    url = dead_url()
     started = time.monotonic()
     with pytest.raises(ModelError) as err:
         OpenAIModel("m", base_url=url, api_key="k", retry_base_s=0.01).complete(USER)
