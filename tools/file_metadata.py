@@ -10,9 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -30,7 +28,7 @@ from tools.paths import (
     refuse_kind,
 )
 from tools.profile import DEFAULT_CAPS, Caps, Profile, build_profile, human_size, render
-from tools.registry import Observation, Tool, ToolError
+from tools.registry import LRU, Observation, Tool, ToolError
 
 _CACHE_SIZE = 128
 
@@ -51,8 +49,7 @@ class FileMetadata:
         self.inputs = input_map(inputs)
         self.workspace = workspace
         self.caps = caps
-        self._cache: OrderedDict[tuple, Profile] = OrderedDict()
-        self._lock = threading.Lock()
+        self._cache = LRU(_CACHE_SIZE)  # profiles of unchanged files
 
     def describe(self, path: str) -> Observation:
         target = parse_request(path, self.inputs)
@@ -82,7 +79,7 @@ class FileMetadata:
             if kind != "file":
                 raise refuse_kind(target.shown, kind)
             key = (target.shown, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            cached = self._cached(key)
+            cached = self._cache.get(key)
             if cached is not None:
                 return cached
             complete = st.st_size <= self.caps.full_bytes
@@ -104,7 +101,7 @@ class FileMetadata:
             )
         finally:
             os.close(fd)
-        return self._store(key, profile)
+        return self._cache.put(key, profile)
 
     def listing(self) -> str:
         if not self.inputs:
@@ -144,7 +141,7 @@ class FileMetadata:
         if kind != "file":
             raise refuse_kind(shown, kind)
         key = ("workspace", shown, info.get("size"), info.get("mtime"))
-        cached = self._cached(key)
+        cached = self._cache.get(key)
         if cached is not None:
             return cached
         size = int(info.get("size") or 0)
@@ -160,22 +157,7 @@ class FileMetadata:
         profile = build_profile(
             shown, size, info.get("mtime"), data, complete=complete, caps=self.caps
         )
-        return self._store(key, profile)
-
-    # -- cache of unchanged files --------------------------------------------------------
-    def _cached(self, key: tuple) -> Profile | None:
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-            return hit
-
-    def _store(self, key: tuple, profile: Profile) -> Profile:
-        with self._lock:
-            self._cache[key] = profile
-            while len(self._cache) > _CACHE_SIZE:
-                self._cache.popitem(last=False)
-        return profile
+        return self._cache.put(key, profile)
 
 
 def file_metadata_tool(

@@ -21,6 +21,29 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what the OpenAI API accepts a
 _CACHE_SIZE = 256
 
 
+class LRU:
+    """A small thread-safe least-recently-used map: tool results, file profiles."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+            return hit
+
+    def put(self, key, value):
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return value
+
+
 @dataclass
 class Observation:
     ok: bool  # False when the call failed (bad args, unknown tool, tool error, timeout)
@@ -60,8 +83,7 @@ class Registry:
             )  # a broken schema is a bug: fail early
             self._tools[tool.name] = tool
             self._validators[tool.name] = Draft202012Validator(tool.parameters)
-        self._cache: OrderedDict[tuple[str, str], Observation] = OrderedDict()
-        self._lock = threading.Lock()
+        self._cache = LRU(_CACHE_SIZE)
 
     @property
     def names(self) -> list[str]:
@@ -114,17 +136,12 @@ class Registry:
         key = None  # built only for cacheable tools: python calls carry whole cells
         if tool.cacheable:
             key = (name, json.dumps(parsed, sort_keys=True, ensure_ascii=False, default=str))
-            with self._lock:
-                hit = self._cache.get(key)
-                if hit is not None:
-                    self._cache.move_to_end(key)
-                    return hit
+            hit = self._cache.get(key)
+            if hit is not None:
+                return hit
         obs = _run_with_timeout(tool, parsed)
         if tool.cacheable and obs.ok:  # failures (timeouts above all) are not worth remembering
-            with self._lock:
-                self._cache[key] = obs
-                while len(self._cache) > _CACHE_SIZE:
-                    self._cache.popitem(last=False)
+            self._cache.put(key, obs)
         return obs
 
     def _check(self, tool: Tool, args: dict) -> str | None:
