@@ -4,16 +4,33 @@ and traces. The Python API:
     from agent import Agent, OpenAIModel
     result = Agent(model=OpenAIModel()).run("How many rows?", inputs=["sales.csv"])
     with Agent(model=...).session(inputs=[...]) as s: s.ask(...); s.ask(...)
+
+The names load on first use (PEP 562), so a command that needs no model client (e.g.
+`sandcell exec`) does not pay for importing it.
 """
 
-from agent.loop import Loop
-from agent.models import OpenAIModel
-from agent.scripted import ScriptedModel
-from agent.seams import Action, Model, ModelError, Parsed, Reply, Result, ToolCall, Usage
-from agent.session import Agent, Session
-from agent.stops import Rules
+import importlib
 
-__all__ = [
-    "Action", "Agent", "Loop", "Model", "ModelError", "OpenAIModel", "Parsed", "Reply", "Result",
-    "Rules", "ScriptedModel", "Session", "ToolCall", "Usage",
-]  # fmt: skip
+_HOMES = {
+    "Loop": "agent.loop",
+    "OpenAIModel": "agent.models",
+    "ScriptedModel": "agent.scripted",
+    "Action": "agent.seams",
+    "Model": "agent.seams",
+    "ModelError": "agent.seams",
+    "Parsed": "agent.seams",
+    "Reply": "agent.seams",
+    "Result": "agent.seams",
+    "ToolCall": "agent.seams",
+    "Usage": "agent.seams",
+    "Agent": "agent.session",
+    "Session": "agent.session",
+    "Rules": "agent.stops",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'agent' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

@@ -1,35 +1,40 @@
-"""The `sandcell` command. Each subcommand lives in its own module; this file only
-assembles them, so one reason to change per module holds."""
+"""The `sandcell` command. Each subcommand lives in its own module, imported only when it
+runs (or for --help): `exec`, `gc` and `tool` then start without the model client."""
 
+import importlib
 from importlib.metadata import version
 
 import click
 
+COMMANDS = {  # name -> "module:attribute"
+    "exec": "agent.cmd_exec:exec_cmd",
+    "gc": "agent.cmd_exec:gc_cmd",
+    "tool": "agent.cmd_tool:tool",
+    "replay": "agent.cmd_replay:replay_cmd",
+    "run": "agent.cmd_run:run_cmd",
+    "batch": "agent.cmd_batch:batch_cmd",
+    "chat": "agent.cmd_chat:chat_cmd",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    """click's documented pattern for subcommands loaded on use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attribute = COMMANDS[name].split(":")
+        return getattr(importlib.import_module(module), attribute)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version("sandcell"), prog_name="sandcell")
 def main() -> None:
     """sandcell: a code-interpreter agent whose Python runs in a sealed Docker sandbox."""
 
-
-from agent.cmd_exec import exec_cmd, gc_cmd  # noqa: E402  (commands register below the group)
-
-main.add_command(exec_cmd)
-main.add_command(gc_cmd)
-from agent.cmd_tool import tool  # noqa: E402
-
-main.add_command(tool)
-from agent.cmd_replay import replay_cmd  # noqa: E402
-
-main.add_command(replay_cmd)
-
-from agent.cmd_batch import batch_cmd  # noqa: E402
-from agent.cmd_chat import chat_cmd  # noqa: E402
-from agent.cmd_run import run_cmd  # noqa: E402
-
-main.add_command(run_cmd)
-main.add_command(batch_cmd)
-main.add_command(chat_cmd)
 
 if __name__ == "__main__":
     main()

@@ -13,13 +13,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from agent.cmd_options import (
-    EXIT_MODEL,
-    EXIT_UNAVAILABLE,
-    agent_options,
-    build_agent,
-    input_option,
-)
+from agent.cmd_common import EXIT_MODEL, EXIT_UNAVAILABLE, input_option
+from agent.cmd_options import agent_options, build_agent
 from agent.console import EventPrinter
 from agent.seams import ModelError
 from agent.session import Session

@@ -13,8 +13,6 @@ from agent.session import Agent
 from agent.stops import Rules
 from sandbox import Limits
 
-EXIT_STOPPED, EXIT_UNAVAILABLE, EXIT_MODEL = 1, 3, 4
-
 _OPTIONS = [
     click.option(
         "--model",
@@ -75,17 +73,6 @@ _OPTIONS = [
     ),
     click.option("--cpus", type=float, default=Limits.cpus, show_default=True),
 ]
-
-
-def input_option(help_text: str):
-    """The repeatable --input PATH option: an existing file, mounted read-only."""
-    return click.option(
-        "--input",
-        "inputs",
-        multiple=True,
-        help=help_text,
-        type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    )
 
 
 def agent_options(command):
