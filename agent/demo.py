@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from agent.console import EventPrinter
+from agent.cli.console import EventPrinter
 from agent.jobfiles import write_answer
 from agent.models import OpenAIModel
 from agent.scripted import ScriptedModel

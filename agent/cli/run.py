@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from agent import stops
-from agent.cmd_common import EXIT_MODEL, EXIT_STOPPED, EXIT_UNAVAILABLE, input_option
-from agent.cmd_options import agent_options, build_agent
+from agent.cli.exits import EXIT_MODEL, EXIT_STOPPED, EXIT_UNAVAILABLE, input_option
+from agent.cli.options import agent_options, build_agent
 from agent.jobfiles import write_answer
 from agent.seams import ModelError
 from sandbox import SandboxError

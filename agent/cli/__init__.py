@@ -7,13 +7,13 @@ from importlib.metadata import version
 import click
 
 COMMANDS = {  # name -> "module:attribute"
-    "exec": "agent.cmd_exec:exec_cmd",
-    "gc": "agent.cmd_exec:gc_cmd",
-    "tool": "agent.cmd_tool:tool",
-    "replay": "agent.cmd_replay:replay_cmd",
-    "run": "agent.cmd_run:run_cmd",
-    "batch": "agent.cmd_batch:batch_cmd",
-    "chat": "agent.cmd_chat:chat_cmd",
+    "exec": "agent.cli.exec:exec_cmd",
+    "gc": "agent.cli.exec:gc_cmd",
+    "tool": "agent.cli.tool:tool",
+    "replay": "agent.replay:replay_cmd",
+    "run": "agent.cli.run:run_cmd",
+    "batch": "agent.cli.batch:batch_cmd",
+    "chat": "agent.cli.chat:chat_cmd",
 }
 
 
@@ -34,7 +34,3 @@ class LazyGroup(click.Group):
 @click.version_option(version("sandcell"), prog_name="sandcell")
 def main() -> None:
     """sandcell: a code-interpreter agent whose Python runs in a sealed Docker sandbox."""
-
-
-if __name__ == "__main__":
-    main()

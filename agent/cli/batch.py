@@ -6,8 +6,8 @@ from pathlib import Path
 import click
 
 from agent.batch import Batch, JobsError, load_jobs
-from agent.cmd_common import EXIT_MODEL, EXIT_STOPPED
-from agent.cmd_options import agent_options, build_limits, build_model, build_rules
+from agent.cli.exits import EXIT_MODEL, EXIT_STOPPED
+from agent.cli.options import agent_options, build_limits, build_model, build_rules
 from agent.scripted import ScriptedModel
 from agent.seams import ModelError
 

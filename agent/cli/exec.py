@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import click
 
-from agent.cmd_common import EXIT_UNAVAILABLE, input_option
+from agent.cli.exits import EXIT_UNAVAILABLE, input_option
 from sandbox import DockerSandbox, Execution, Limits, SandboxError, SandboxUnavailable, render
 from sandbox.container import engine, reap_orphans
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from agent.cmd_common import EXIT_MODEL, EXIT_UNAVAILABLE, input_option
-from agent.cmd_options import agent_options, build_agent
-from agent.console import EventPrinter
+from agent.cli.console import EventPrinter
+from agent.cli.exits import EXIT_MODEL, EXIT_UNAVAILABLE, input_option
+from agent.cli.options import agent_options, build_agent
 from agent.seams import ModelError
 from agent.session import Session
 from sandbox import SandboxError

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from agent.cmd_common import EXIT_UNAVAILABLE
+from agent.cli.exits import EXIT_UNAVAILABLE
 from agent.session import prepare
 from agent.trace import read_trace
 from sandbox import DockerSandbox, Execution, Limits, SandboxError
