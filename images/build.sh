@@ -2,6 +2,7 @@
 # Build the sandcell sandbox image with no image registry and no network inside the build.
 #   images/build.sh                      base from debootstrap (made once, cached as an image)
 #   BASE=python:3.12-slim images/build.sh  base from a registry, for users who have one
+#   images/build.sh --hash               print the hash of the inputs and exit (no Docker needed)
 # Python wheels are downloaded on the host and installed with --no-index. A second run with
 # nothing changed only compares a hash with the image's label and exits.
 set -euo pipefail
@@ -12,8 +13,14 @@ DEFAULT_BASE=sandcell-base:bookworm
 BASE=${BASE:-$DEFAULT_BASE}
 PYTHON=${PYTHON:-}
 
-hash=$( (cat Dockerfile requirements.txt supervisor.py sandcell_kernel.py relay.py build.sh; echo "$BASE") \
-        | sha256sum | cut -c1-16)
+# The host-container contract lives in sandbox/; the image gets a copy next to its programs.
+cp ../sandbox/boundary.py boundary.py
+SOURCES=(Dockerfile .dockerignore requirements.txt build.sh boundary.py supervisor.py sandcell_kernel.py relay.py files.py)
+hash=$( (cat "${SOURCES[@]}"; echo "$BASE") | sha256sum | cut -c1-16)
+if [ "${1:-}" = "--hash" ]; then
+    echo "$hash"
+    exit 0
+fi
 if [ "$(docker image inspect -f '{{ index .Config.Labels "sandcell.hash" }}' "$IMAGE" 2>/dev/null)" = "$hash" ]; then
     echo "image $IMAGE is up to date ($hash)"
     exit 0

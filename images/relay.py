@@ -20,11 +20,10 @@ import os
 import sys
 import uuid
 
+import boundary
 import zmq
 
-HOST_SIDE = "/run/sandcell/kernel"  # ipc paths the host connects to: kernel-1 ... kernel-5
-CHANNELS = {"shell": 1, "iopub": 2, "stdin": 3, "control": 4, "hb": 5}
-MAX_MESSAGE_BYTES = int(os.environ.get("SANDCELL_MAX_MESSAGE_BYTES", str(16 << 20)))
+MAX_MESSAGE_BYTES = int(os.environ.get(boundary.MAX_MESSAGE_ENV, str(boundary.MAX_MESSAGE_BYTES)))
 MAX_FRAMES = 64
 DELIMITER = b"<IDS|MSG>"
 
@@ -47,7 +46,7 @@ def dropped_notice(frames: list, size: int, key: bytes) -> list[bytes] | None:
         "date": datetime.datetime.now(datetime.UTC).isoformat(),
         "version": "5.3",
     }
-    content = {"name": "stderr", "text": f"\n\x1b[sandcell-dropped relay {size}]\n"}
+    content = {"name": "stderr", "text": boundary.dropped_marker("relay", size)}
     parts = [json.dumps(header).encode(), parent, b"{}", json.dumps(content).encode()]
     signature = hmac.new(key, digestmod=hashlib.sha256)
     for part in parts:
@@ -68,11 +67,11 @@ def main() -> None:
     peer = {}  # socket -> the socket its messages go to
     from_kernel = set()
     iopub_front = None
-    for name, port in CHANNELS.items():
+    for name, port in boundary.CHANNELS.items():
         pub = name == "iopub"
         front = context.socket(zmq.XPUB if pub else zmq.ROUTER)
         back = context.socket(zmq.XSUB if pub else zmq.DEALER)
-        front.bind(f"ipc://{HOST_SIDE}-{port}")
+        front.bind(f"ipc://{boundary.CONNECTION_DIR}/{boundary.socket_name(port)}")
         back.connect(f"ipc://{internal}-{port}")
         peer[front], peer[back] = back, front
         from_kernel.add(back)

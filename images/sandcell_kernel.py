@@ -3,8 +3,8 @@
 - Caps the text a cell writes to stdout/stderr at the source: the first
   SANDCELL_OUTPUT_CHARS characters pass, then only a short tail per stream is kept
   and emitted after the cell with a marker the host turns into a "dropped" count.
-- Saves every PNG a cell displays under /workspace/figures and names the file in
-  the display metadata, so the observation can point at it.
+- Saves every PNG a cell displays under boundary.FIGURES and names the file in
+  the display metadata (boundary.PATH_KEY), so the observation can point at it.
 - Shows pandas DataFrames and Series as bounded text that always states the shape.
 """
 
@@ -12,10 +12,10 @@ import base64
 import os
 import sys
 
-LIMIT = int(os.environ.get("SANDCELL_OUTPUT_CHARS", str(1 << 20)))
+import boundary
+
+LIMIT = int(os.environ.get(boundary.OUTPUT_CHARS_ENV, str(1 << 20)))
 TAIL = max(0, min(16384, LIMIT // 4))
-FIGURES = os.environ.get("SANDCELL_FIGURES", "/workspace/figures")
-MARKER = "\n\x1b[sandcell-dropped {name} {count}]\n"
 
 
 class _Budget:
@@ -53,7 +53,7 @@ def _cap_streams(ip, budget: _Budget) -> None:
             if name not in budget.dropped:
                 continue
             tail = budget.tails.get(name, "")
-            original_write(stream, MARKER.format(name=name, count=budget.dropped[name] - len(tail)))
+            original_write(stream, boundary.dropped_marker(name, budget.dropped[name] - len(tail)))
             original_write(stream, tail)
             stream.flush()
         budget.reset()
@@ -72,17 +72,17 @@ def _save_figures(ip) -> None:
         if isinstance(png, str):
             metadata = dict(metadata or {})
             try:
-                os.makedirs(FIGURES, exist_ok=True)
-                number = len([n for n in os.listdir(FIGURES) if n.endswith(".png")]) + 1
-                path = os.path.join(FIGURES, f"figure-{number}.png")
+                os.makedirs(boundary.FIGURES, exist_ok=True)
+                number = len([n for n in os.listdir(boundary.FIGURES) if n.endswith(".png")]) + 1
+                path = os.path.join(boundary.FIGURES, f"figure-{number}.png")
                 while os.path.exists(path):
                     number += 1
-                    path = os.path.join(FIGURES, f"figure-{number}.png")
+                    path = os.path.join(boundary.FIGURES, f"figure-{number}.png")
                 with open(path, "wb") as f:
                     f.write(base64.b64decode(png))
-                metadata["sandcell/path"] = path
+                metadata[boundary.PATH_KEY] = path
             except OSError as error:
-                metadata["sandcell/error"] = f"figure not saved: {error}"
+                metadata[boundary.ERROR_KEY] = f"figure not saved: {error}"
         return original_publish(data, metadata, *args, **kwargs)
 
     publisher.publish = publish

@@ -6,11 +6,8 @@ starts a fresh kernel and relay.
 It makes itself non-dumpable so model code, which runs as the same uid, can neither
 ptrace it nor read its memory through /proc.
 
-Signals (sent by the host with `docker kill --signal`; the same signals sent by a
-process inside the container carry its pid and are ignored):
-  SIGUSR1  kill everything but PID 1, start a fresh kernel and relay  (hard restart)
-  SIGUSR2  kill everything but PID 1, the kernel and the relay         (sweep after a timeout)
-  SIGTERM  kill everything and exit
+Signals (boundary.RESTART, SWEEP, STOP) are sent by the host with `docker kill --signal`;
+the same signals sent by a process inside the container carry its pid and are ignored.
 """
 
 import ctypes
@@ -21,25 +18,25 @@ import signal
 import sys
 import time
 
+import boundary
+
 PR_SET_DUMPABLE = 4
-CONNECTION_FILE = "/run/sandcell/kernel.json"  # written by the host
-# The kernel's connection file and sockets, reached by the relay only: on a small tmpfs of
-# their own when the host mounts one (a full /tmp cannot stop a restart), else in /tmp.
-INTERNAL_DIR = "/run/kernel" if os.access("/run/kernel", os.W_OK) else "/tmp/.sandcell-kernel"
-INTERNAL_FILE = f"{INTERNAL_DIR}/kernel.json"
-RELAY_CMD = [sys.executable, "/opt/sandcell/relay.py", f"{INTERNAL_DIR}/k", CONNECTION_FILE]
-FONT_CACHE = "/opt/mplcache"
-KERNEL_LOG = "/tmp/.sandcell-kernel.log"
+CONNECTION_FILE = f"{boundary.CONNECTION_DIR}/{boundary.CONNECTION_FILE}"
+INTERNAL_DIR = (
+    boundary.KERNEL_DIR if os.access(boundary.KERNEL_DIR, os.W_OK) else boundary.KERNEL_DIR_FALLBACK
+)
+INTERNAL_FILE = f"{INTERNAL_DIR}/{boundary.CONNECTION_FILE}"
+RELAY_CMD = [sys.executable, boundary.RELAY_PROGRAM, f"{INTERNAL_DIR}/k", CONNECTION_FILE]
 KERNEL_CMD = [
     sys.executable,
     "-m",
-    "ipykernel_launcher",
+    boundary.KERNEL_MODULE,
     "-f",
     INTERNAL_FILE,
-    "--IPKernelApp.extensions=['sandcell_kernel']",
+    f"--IPKernelApp.extensions=['{boundary.KERNEL_EXTENSION}']",
     "--HistoryManager.enabled=False",
 ]
-HANDLED = {signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT}
+HANDLED = {signal.SIGCHLD, boundary.RESTART, boundary.SWEEP, boundary.STOP, signal.SIGINT}
 
 
 def spawn(cmd: list[str], oom_score_adj: int) -> int:
@@ -49,7 +46,7 @@ def spawn(cmd: list[str], oom_score_adj: int) -> int:
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
         try:
-            log = os.open(KERNEL_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            log = os.open(boundary.KERNEL_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError:
             log = null  # a full /tmp must not stop the kernel from starting
         os.dup2(null, 0)
@@ -68,6 +65,10 @@ def spawn(cmd: list[str], oom_score_adj: int) -> int:
 def start() -> tuple[int, int]:
     """A fresh relay and kernel. The kernel binds its sockets in INTERNAL_DIR."""
     os.makedirs(INTERNAL_DIR, mode=0o700, exist_ok=True)
+    try:  # every session starts with the folder a job hands back
+        os.makedirs(boundary.OUTPUT, exist_ok=True)
+    except OSError:
+        pass  # a full or missing workspace must not stop the kernel
     with open(CONNECTION_FILE) as f:
         info = json.load(f)
     info["ip"] = f"{INTERNAL_DIR}/k"
@@ -124,7 +125,7 @@ def main() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
     try:  # the font cache lives in the read-only image; matplotlib wants it writable
-        shutil.copytree(FONT_CACHE, os.environ.get("MPLCONFIGDIR", "/tmp/.matplotlib"))
+        shutil.copytree(boundary.FONT_CACHE, os.environ.get("MPLCONFIGDIR", "/tmp/.matplotlib"))
     except OSError:
         pass
     relay, kernel = start()
@@ -136,10 +137,10 @@ def main() -> None:
         if sig == signal.SIGCHLD:
             if any(pid == kernel for pid, _ in reap()):
                 kernel = -1  # the host notices through the heartbeat and asks for a restart
-        elif sig == signal.SIGUSR1:
+        elif sig == boundary.RESTART:
             kill_all({1})
             relay, kernel = start()
-        elif sig == signal.SIGUSR2:
+        elif sig == boundary.SWEEP:
             kill_all({1, kernel, relay})
         else:
             kill_all({1})

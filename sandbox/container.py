@@ -15,16 +15,13 @@ import docker
 import docker.errors
 from docker.types import LogConfig, Ulimit
 
+from sandbox import boundary
+from sandbox.boundary import HOST_DIR_LABEL, LABEL, OWNER_LABEL, SESSION_LABEL, WORKSPACE
 from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.kernel import CONN_PREFIX
 from sandbox.limits import Limits
 
 DEFAULT_IMAGE = os.environ.get("SANDCELL_IMAGE", "sandcell-sandbox:latest")
-LABEL = "sandcell"  # every sandbox container carries it
-OWNER_LABEL = "sandcell.owner"  # "<hostname>:<pid>" of the process that started it
-HOST_DIR_LABEL = "sandcell.conn"  # the host folder to delete with an orphan
-CONNECTION_DIR = "/run/sandcell"
-WORKSPACE = "/workspace"
 # The sandbox's uid must differ from the host user's: the same uid would own the host-side
 # connection folder and could undo its seal. The image's user is 1000; 1001 is its stand-in.
 SANDBOX_UID = 1001 if os.getuid() == 1000 else 1000
@@ -65,11 +62,11 @@ def start(
         raise SandboxUnavailable(
             f"the sandbox image {image} is missing. Build it with `make image`."
         ) from None
-    volumes = {conn_dir: {"bind": CONNECTION_DIR, "mode": "rw"}}
+    volumes = {conn_dir: {"bind": boundary.CONNECTION_DIR, "mode": "rw"}}
     for name, path in inputs.items():  # one file at a time, read-only: never a whole folder
-        volumes[str(path)] = {"bind": f"/data/{name}", "mode": "ro"}
+        volumes[str(path)] = {"bind": f"{boundary.DATA}/{name}", "mode": "ro"}
     if staging_dir is not None:  # a pool sandbox: its inputs are placed here on acquire
-        volumes[str(staging_dir)] = {"bind": "/data", "mode": "ro"}
+        volumes[str(staging_dir)] = {"bind": boundary.DATA, "mode": "ro"}
     container = client.containers.create(
         image,
         network_mode="none",
@@ -79,7 +76,7 @@ def start(
             WORKSPACE: f"size={limits.workspace_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,"
             "nosuid,nodev",
             # the kernel's own sockets and connection file, reached only by the relay
-            "/run/kernel": f"size=1m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700,nosuid,nodev,noexec",
+            boundary.KERNEL_DIR: f"size=1m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700,nosuid,nodev,noexec",
         },
         volumes=volumes,
         mem_limit=f"{limits.memory_mb}m",
@@ -90,16 +87,16 @@ def start(
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
         user=SANDBOX_USER,
-        environment={"SANDCELL_OUTPUT_CHARS": str(limits.output_bytes)},
+        environment={boundary.OUTPUT_CHARS_ENV: str(limits.output_bytes)},
         log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
         labels={
             LABEL: "1",
             OWNER_LABEL: owner(),
-            "sandcell.session": session,
+            SESSION_LABEL: session,
             HOST_DIR_LABEL: conn_dir,
         },
         runtime=runtime,
-        stop_signal="SIGTERM",
+        stop_signal=boundary.STOP.name,
     )
     try:
         container.start()

@@ -16,76 +16,34 @@ from pathlib import Path
 
 import docker.errors
 
+from sandbox import boundary, kernel
 from sandbox import container as ctr
-from sandbox import kernel
 from sandbox.errors import SandboxError
 from sandbox.execution import Execution
+from sandbox.inputs import Inputs
 from sandbox.limits import Limits
 
 READY_TIMEOUT_S = 60.0
-SAVED_OUTPUTS = ".sandcell/outputs"
-
-# Small scripts run inside the container as the sandbox user: the container is the
-# confinement, so these only need to be careful not to block or read without bound.
-_STAT = """
-import json, os, stat, sys
-p = sys.argv[1]
-try:
-    st = os.lstat(p)
-except FileNotFoundError:
-    print(json.dumps({"path": p, "kind": "missing"})); sys.exit()
-kinds = [(stat.S_ISREG, "file"), (stat.S_ISDIR, "dir"), (stat.S_ISLNK, "symlink"),
-         (stat.S_ISFIFO, "fifo"), (stat.S_ISCHR, "char"), (stat.S_ISBLK, "block"),
-         (stat.S_ISSOCK, "socket")]
-kind = next((k for test, k in kinds if test(st.st_mode)), "other")
-print(json.dumps({"path": p, "size": st.st_size, "mtime": st.st_mtime, "kind": kind}))
-"""
-_READ = """
-import os, stat, sys
-p, limit = sys.argv[1], int(sys.argv[2])
-try:
-    fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-except OSError as e:
-    sys.stderr.write(f"{type(e).__name__}: {e.strerror}"); sys.exit(2)
-st = os.fstat(fd)
-if stat.S_ISDIR(st.st_mode):
-    sys.stderr.write(f"IsADirectoryError: {p} is a directory"); sys.exit(2)
-if not stat.S_ISREG(st.st_mode):
-    sys.stderr.write(f"PermissionError: {p} is not a regular file"); sys.exit(2)
-out, left = sys.stdout.buffer, limit if limit >= 0 else float("inf")
-while left > 0:
-    chunk = os.read(fd, int(min(1 << 20, left)))
-    if not chunk:
-        break
-    out.write(chunk); left -= len(chunk)
-"""
-_FILES = """
-import json, os
-out = []
-for root, dirs, files in os.walk("/workspace"):
-    dirs[:] = [d for d in dirs if d != ".sandcell"]
-    for name in files:
-        p = os.path.join(root, name)
-        try:
-            st = os.lstat(p)
-        except OSError:
-            continue
-        out.append({"path": os.path.relpath(p, "/workspace"), "size": st.st_size,
-                    "mtime": st.st_mtime})
-print(json.dumps(sorted(out, key=lambda f: f["path"])))
-"""
 
 
 def _sandbox_path(path: str) -> str:
     """Relative paths are in /workspace; absolute ones are taken as they are (inside)."""
-    return path if path.startswith("/") else f"{ctr.WORKSPACE}/{path}"
+    return path if path.startswith("/") else f"{boundary.WORKSPACE}/{path}"
+
+
+# The in-image file helper (images/files.py) raises these by name (exit status 2).
+_FILE_ERRORS = {
+    "FileNotFoundError": FileNotFoundError,
+    "IsADirectoryError": IsADirectoryError,
+    "PermissionError": PermissionError,
+}
 
 
 class DockerSandbox:
     def __init__(
         self,
         limits: Limits | None = None,
-        inputs: list[str | Path] = (),
+        inputs: Inputs | list[str | Path] = (),
         image: str | None = None,
         runtime: str | None = None,
         session: str | None = None,
@@ -94,13 +52,13 @@ class DockerSandbox:
         self.limits = limits or Limits()
         self.image = image or ctr.DEFAULT_IMAGE
         self.session = session or uuid.uuid4().hex[:12]
-        self.inputs = _input_map(inputs)
+        self.inputs = Inputs.from_paths(inputs)
         self.client = ctr.engine()
         ctr.reap_orphans(self.client)
         self.conn_dir, info = kernel.make_connection_dir()
         # A pool sandbox gets its inputs later: it mounts a private, empty staging folder.
         self.staging_dir = ctr.staging_path(self.conn_dir) if staging else None
-        mounts = dict(self.inputs)
+        mounts = self.inputs.mounts()
         if self.staging_dir:
             self.staging_dir.mkdir(mode=0o755)
         self._info = info
@@ -144,9 +102,7 @@ class DockerSandbox:
 
     def _kernel_log(self) -> str:
         try:
-            _, out, _ = ctr.exec_in(
-                self.container, ["tail", "-c", "2000", "/tmp/.sandcell-kernel.log"]
-            )
+            _, out, _ = ctr.exec_in(self.container, ["tail", "-c", "2000", boundary.KERNEL_LOG])
             return out.decode(errors="replace")
         except docker.errors.DockerException:
             return ""
@@ -195,7 +151,7 @@ class DockerSandbox:
             ex.timed_out = True
             if self._interrupt_within_grace(msg_id, collector):
                 ex.interrupted = True
-                self.container.kill(signal="SIGUSR2")  # stray processes of the cell go too
+                self.container.kill(signal=boundary.SWEEP.name)  # the cell's strays go too
             else:
                 ex.restarted = "timeout"
                 self._hard_restart()
@@ -235,7 +191,7 @@ class DockerSandbox:
         self._client = None
         kernel.unseal(self.conn_dir)
         before = kernel.socket_files(self.conn_dir, self._info)
-        self.container.kill(signal="SIGUSR1")
+        self.container.kill(signal=boundary.RESTART.name)
         self._client = self._connect(replacing=before)
 
     def _kernel_died(self) -> bool:
@@ -243,7 +199,7 @@ class DockerSandbox:
             return False
         ctr.check_running(self.container)
         processes = self.container.top(ps_args="-eo pid,args").get("Processes") or []
-        return not any("ipykernel_launcher" in " ".join(p) for p in processes)
+        return not any(boundary.KERNEL_MODULE in " ".join(p) for p in processes)
 
     def _oom_kills(self) -> int:
         """The container's OOM-kill count, 0 where the host cannot read it."""
@@ -263,77 +219,64 @@ class DockerSandbox:
         text = "".join(chunk.text for chunk in ex.stream)
         if len(text) <= self.limits.observation_chars:
             return
-        path = f"{SAVED_OUTPUTS}/cell-{ex.execution_count or 0}-{uuid.uuid4().hex[:6]}.txt"
+        path = f"{boundary.SAVED_OUTPUTS}/cell-{ex.execution_count or 0}-{uuid.uuid4().hex[:6]}.txt"
         try:
             self.write(path, text.encode())
-            ex.saved_output = f"{ctr.WORKSPACE}/{path}"
+            ex.saved_output = f"{boundary.WORKSPACE}/{path}"
         except SandboxError:
             pass  # a full workspace: the observation then says the output was cut, no path
 
     # -- files -----------------------------------------------------------------------
+    def _files(self, *args: str, stdin: bytes | None = None, max_out: int | None = None) -> bytes:
+        """Run the image's file helper; its named errors come back as Python exceptions."""
+        code, out, err = ctr.exec_in(
+            self.container,
+            ["python3", boundary.FILES_PROGRAM, *args],
+            stdin=stdin,
+            max_out=max_out,
+        )
+        if code in (0, -1) and not (code == -1 and err):  # -1: stopped reading at max_out
+            return out
+        message = err.decode(errors="replace").strip()
+        kind, _, what = message.partition(": ")
+        error = _FILE_ERRORS.get(kind, SandboxError)
+        raise error(f"{args[0]} {args[1] if len(args) > 1 else ''}: {what or message}".strip())
+
     def stat(self, path: str) -> dict:
-        code, out, err = ctr.exec_in(self.container, ["python3", "-c", _STAT, _sandbox_path(path)])
-        if code != 0:
-            raise SandboxError(f"stat {path} failed: {err.decode(errors='replace')}")
-        return json.loads(out)
+        return json.loads(self._files("stat", _sandbox_path(path)))
 
     def read(self, path: str, max_bytes: int | None = None) -> bytes:
         limit = -1 if max_bytes is None else max_bytes
-        code, out, err = ctr.exec_in(
-            self.container,
-            ["python3", "-c", _READ, _sandbox_path(path), str(limit)],
-            max_out=max_bytes,
-        )
-        if code not in (0, -1) or (code == -1 and err):
-            message = err.decode(errors="replace")
-            kind = message.split(":", 1)[0]
-            errors = {
-                "FileNotFoundError": FileNotFoundError,
-                "IsADirectoryError": IsADirectoryError,
-                "PermissionError": PermissionError,
-            }
-            raise errors.get(kind, SandboxError)(f"{path}: {message}")
-        return out
+        return self._files("read", _sandbox_path(path), str(limit), max_out=max_bytes)
 
     def write(self, path: str, data: bytes) -> None:
-        target = _sandbox_path(path)
-        code, _, err = ctr.exec_in(
-            self.container,
-            ["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", target],
-            stdin=data,
-        )
-        if code != 0:
-            raise SandboxError(f"writing {path} failed: {err.decode(errors='replace').strip()}")
+        try:
+            self._files("write", _sandbox_path(path), stdin=data)
+        except OSError as error:
+            raise SandboxError(f"writing {path} failed: {error}") from None
 
     def files(self) -> list[dict]:
-        code, out, err = ctr.exec_in(self.container, ["python3", "-c", _FILES])
-        if code != 0:
-            raise SandboxError(f"listing the workspace failed: {err.decode(errors='replace')}")
-        return json.loads(out)
+        return json.loads(self._files("list"))
 
     def export(self, host_dir: str | Path, subdir: str = "") -> list[str]:
         """Copy the workspace (or one folder of it) to host_dir; returns the files copied.
         Links and special files are left behind, so nothing can point outside host_dir."""
-        source = f"{ctr.WORKSPACE}/{subdir}".rstrip("/")
         cap = (self.limits.workspace_mb + 16) << 20
-        script = (
-            'cd "$1" 2>/dev/null && '  # hard links are stored as plain files
-            "tar --hard-dereference --exclude=./.sandcell -cf - ."
-        )
-        code, out, err = ctr.exec_in(
-            self.container, ["sh", "-c", script, "sh", source], max_out=cap
-        )
-        if code != 0:
+        try:
+            archive = self._files("tar", *([subdir] if subdir else []), max_out=cap)
+        except FileNotFoundError:
             if subdir:
                 return []  # the folder does not exist: nothing to export
-            raise SandboxError(f"export failed: {err.decode(errors='replace').strip()}")
-        return ctr.extract_tar(out, Path(host_dir))
+            raise SandboxError("export failed: the workspace is missing") from None
+        return ctr.extract_tar(archive, Path(host_dir))
 
-    def add_inputs(self, paths: list[str | Path]) -> None:
+    def add_inputs(self, paths: Inputs | list[str | Path]) -> None:
         """Give a pool sandbox its input files (read-only under /data)."""
         if self.staging_dir is None:
             raise SandboxError("inputs of a started sandbox are fixed; pass them to DockerSandbox")
-        for name, path in _input_map(paths).items():
+        more = Inputs.from_paths(paths)
+        self.inputs = self.inputs.extended(more)
+        for name, path in more.mounts().items():
             target = self.staging_dir / name
             try:
                 os.link(path, target)  # same filesystem: no copy at all
@@ -341,7 +284,6 @@ class DockerSandbox:
                 shutil.copyfile(path, target)
             # No chmod: a hard link shares the user's inode (and its mode). The folder is
             # mounted read-only, which is what protects the file.
-            self.inputs[name] = path
 
 
 def _oom_counter_file(host_pid: int | None) -> Path | None:
@@ -363,18 +305,6 @@ def _oom_counter_file(host_pid: int | None) -> Path | None:
         if candidate.exists():
             return candidate
     return None
-
-
-def _input_map(paths) -> dict[str, Path]:
-    mapping: dict[str, Path] = {}
-    for raw in paths:
-        path = Path(raw).expanduser().resolve()
-        if not path.is_file():
-            raise SandboxError(f"input {raw} is not a readable file; pass existing files only")
-        if path.name in mapping:
-            raise SandboxError(f"two inputs are named {path.name}; rename one of them")
-        mapping[path.name] = path
-    return mapping
 
 
 def _cleanup(container, conn_dir: str) -> None:

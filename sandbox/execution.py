@@ -2,6 +2,8 @@
 
 from dataclasses import asdict, dataclass, field
 
+from sandbox.boundary import PATH_KEY
+
 
 @dataclass
 class StreamChunk:
@@ -20,7 +22,7 @@ class Result:
     @property
     def path(self) -> str | None:
         """Workspace path where an image of this result was saved, if any."""
-        return self.metadata.get("sandcell/path")
+        return self.metadata.get(PATH_KEY)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from queue import Empty
 import zmq
 from jupyter_client import BlockingKernelClient
 
+from sandbox import boundary
 from sandbox.execution import Error, Execution, Result, StreamChunk
 
 MAX_MESSAGE_BYTES = 32 << 20  # a single ZMQ message larger than this is refused
@@ -21,7 +22,6 @@ MAX_MESSAGE_BYTES = 32 << 20  # a single ZMQ message larger than this is refused
 # carry many frames of up to MAX_MESSAGE_BYTES each): the relay in the container drops any
 # message over 16 MiB before it reaches the host (see images/relay.py).
 RECEIVE_HWM = 2
-DROPPED_MARKER = re.compile(r"\n\x1b\[sandcell-dropped (\w+) (\d+)\]\n")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 CONN_PREFIX = "sandcell-conn-"  # the host folders sandcell made, and may delete
 
@@ -32,19 +32,15 @@ def make_connection_dir() -> tuple[str, dict]:
     unseal(path)  # the kernel's uid creates its sockets here until sealed
     info = dict(
         transport="ipc",
-        ip="/run/sandcell/kernel",
-        shell_port=1,
-        iopub_port=2,
-        stdin_port=3,
-        control_port=4,
-        hb_port=5,
+        ip=f"{boundary.CONNECTION_DIR}/{boundary.SOCKET_BASE}",
+        **{f"{name}_port": port for name, port in boundary.CHANNELS.items()},
         key=secrets.token_hex(32),
         signature_scheme="hmac-sha256",
         kernel_name="",
     )
-    with open(os.path.join(path, "kernel.json"), "w") as f:
+    with open(os.path.join(path, boundary.CONNECTION_FILE), "w") as f:
         json.dump(info, f)
-    os.chmod(os.path.join(path, "kernel.json"), 0o444)
+    os.chmod(os.path.join(path, boundary.CONNECTION_FILE), 0o444)
     return path, info
 
 
@@ -58,7 +54,7 @@ def unseal(path: str) -> None:
     os.chmod(path, 0o1777)
 
 
-PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+PORTS = tuple(f"{name}_port" for name in boundary.CHANNELS)
 
 
 def socket_files(path: str, info: dict) -> list[tuple[int, int] | None]:
@@ -66,7 +62,7 @@ def socket_files(path: str, info: dict) -> list[tuple[int, int] | None]:
     ids = []
     for port in PORTS:
         try:
-            st = os.stat(os.path.join(path, f"kernel-{info[port]}"))
+            st = os.stat(os.path.join(path, boundary.socket_name(info[port])))
             ids.append((st.st_ino, st.st_ctime_ns))
         except FileNotFoundError:
             ids.append(None)
@@ -91,7 +87,7 @@ def connect(path: str, info: dict, ready_timeout: float) -> BlockingKernelClient
     context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
     context.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
     client = BlockingKernelClient(context=context)
-    client.load_connection_info(dict(info, ip=os.path.join(path, "kernel")))
+    client.load_connection_info(dict(info, ip=os.path.join(path, boundary.SOCKET_BASE)))
     try:
         client.start_channels(hb=False)  # liveness: see beating()
         wait_until_ready(client, ready_timeout)
@@ -108,7 +104,7 @@ def beating(client: BlockingKernelClient, path: str, info: dict, timeout: float 
     sock = client.context.socket(zmq.REQ)
     sock.linger = 0
     try:
-        sock.connect(f"ipc://{os.path.join(path, 'kernel')}-{info['hb_port']}")
+        sock.connect(f"ipc://{os.path.join(path, boundary.socket_name(info['hb_port']))}")
         sock.send(b"ping")
         return sock.poll(int(timeout * 1000)) != 0
     finally:
@@ -194,9 +190,8 @@ class Collector:
         return False
 
     def _stream(self, name: str, text: str) -> None:
-        for marker in DROPPED_MARKER.finditer(text):  # the kernel cut this stream already
-            self.execution.dropped_bytes += int(marker.group(2))
-        text = DROPPED_MARKER.sub("\n[... output cut by the sandbox ...]\n", text)
+        text, dropped = boundary.parse_dropped(text, "\n[... output cut by the sandbox ...]\n")
+        self.execution.dropped_bytes += dropped  # the kernel or the relay cut this stream
         text = ANSI.sub("", text)
         head_room = self.cap // 2 - self.kept
         if head_room > 0:

@@ -1,5 +1,6 @@
 """The observation the model sees of one Execution: bounded text, never the raw stream."""
 
+from sandbox.boundary import ERROR_KEY
 from sandbox.execution import Execution
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/svg+xml")
@@ -44,7 +45,7 @@ def render(execution: Execution, budget: int = 4000) -> str:
 def _result(result, budget: int) -> str:
     image = next((t for t in IMAGE_TYPES if t in result.data), None)
     if image:
-        where = result.path or result.metadata.get("sandcell/error", "not saved")
+        where = result.path or result.metadata.get(ERROR_KEY, "not saved")
         return f"[image {image} saved to {where}]"
     text = result.data.get("text/plain")
     if text is None:

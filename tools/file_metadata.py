@@ -8,18 +8,19 @@ same tools.profile, so a file gets the same answer wherever it lives.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from sandbox.inputs import Inputs
 from tools.paths import (
     INPUT_ROOT,
     FileSource,
     Refused,
     Target,
-    input_map,
     kind_of,
     list_dir_fd,
     open_confined,
@@ -39,20 +40,25 @@ DESCRIPTION = (
 )
 
 
+InputsLike = Inputs | Mapping[str, str | Path] | Iterable[str | Path]
+
+
 class FileMetadata:
     def __init__(
         self,
-        inputs: Mapping[str, str | Path] | Iterable[str | Path] = (),
+        inputs: InputsLike = (),
         workspace: FileSource | None = None,
         caps: Caps = DEFAULT_CAPS,
     ):
-        self.inputs = input_map(inputs)
+        # A session's Inputs as they are (their profiles are shared with the prompt); plain
+        # paths or {name: path} when the tool is used on its own.
+        self.inputs = Inputs.from_paths(inputs, files_only=False)
         self.workspace = workspace
         self.caps = caps
-        self._cache = LRU(_CACHE_SIZE)  # profiles of unchanged files
+        self._cache = LRU(_CACHE_SIZE)  # profiles of unchanged files inside folder inputs
 
     def describe(self, path: str) -> Observation:
-        target = parse_request(path, self.inputs)
+        target = parse_request(path, self.inputs.names)
         if target.area == INPUT_ROOT:
             profile = self._input(target)
         else:
@@ -65,12 +71,12 @@ class FileMetadata:
     def _input(self, target: Target) -> Profile | str:
         if not target.parts:
             return self.listing()
-        root = self.inputs.get(target.parts[0])
-        if root is None:
+        item = self.inputs.get(target.parts[0])
+        if item is None:
             raise Refused(
                 f"there is no input named {target.parts[0]!r}; {self.listing()}", "missing"
             )
-        fd, st = open_confined(root, target.parts[1:], target.shown)
+        fd, st = open_confined(item.path, target.parts[1:], target.shown)
         try:
             kind = kind_of(st.st_mode)
             if kind == "dir":
@@ -78,41 +84,38 @@ class FileMetadata:
                 return f"{target.shown}: directory, {len(entries)} entries: " + ", ".join(entries)
             if kind != "file":
                 raise refuse_kind(target.shown, kind)
-            key = (target.shown, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            cached = self._cache.get(key)
-            if cached is not None:
-                return cached
-            complete = st.st_size <= self.caps.full_bytes
-            limit = st.st_size if complete else self.caps.head_bytes
-            data = read_fd(fd, limit, time.monotonic() + self.caps.time_s)
-            complete = complete and len(data) == st.st_size  # a file that changed is not "whole"
-
-            def reopen() -> io.BufferedReader:  # parquet and xlsx seek to their footer
-                return os.fdopen(os.dup(fd), "rb")
-
-            profile = build_profile(
-                target.shown,
-                st.st_size,
-                st.st_mtime,
-                data,
-                complete=complete,
-                caps=self.caps,
-                open_file=reopen,
-            )
+            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            build = functools.partial(self._build, fd, st, target.shown)
+            if len(target.parts) == 1:  # the input itself: its profile is kept with the inputs
+                return self.inputs.profile(target.parts[0], identity, build)
+            key = (target.shown, *identity)
+            return self._cache.get(key) or self._cache.put(key, build())
         finally:
             os.close(fd)
-        return self._cache.put(key, profile)
+
+    def _build(self, fd: int, st: os.stat_result, shown: str) -> Profile:
+        complete = st.st_size <= self.caps.full_bytes
+        limit = st.st_size if complete else self.caps.head_bytes
+        data = read_fd(fd, limit, time.monotonic() + self.caps.time_s)
+        complete = complete and len(data) == st.st_size  # a file that changed is not "whole"
+
+        def reopen() -> io.BufferedReader:  # parquet and xlsx seek to their footer
+            return os.fdopen(os.dup(fd), "rb")
+
+        return build_profile(
+            shown, st.st_size, st.st_mtime, data, complete=complete, caps=self.caps, open_file=reopen
+        )
 
     def listing(self) -> str:
         if not self.inputs:
             return "there are no input files in this session"
         items = []
-        for name, path in self.inputs.items():
+        for item in self.inputs:
             try:
-                size = human_size(os.stat(path).st_size)
+                size = human_size(os.stat(item.path).st_size)
             except OSError:
                 size = "unreadable"
-            items.append(f"/data/{name} ({size})")
+            items.append(f"{item.sandbox_path} ({size})")
         return "input files (read-only): " + ", ".join(items)
 
     # -- workspace -----------------------------------------------------------------------
@@ -161,7 +164,7 @@ class FileMetadata:
 
 
 def file_metadata_tool(
-    inputs: Mapping[str, str | Path] | Iterable[str | Path] = (),
+    inputs: InputsLike = (),
     workspace: FileSource | None = None,
     caps: Caps = DEFAULT_CAPS,
 ) -> Tool:
@@ -187,22 +190,23 @@ def file_metadata_tool(
 
 
 def profile_inputs(
-    paths: Mapping[str, str | Path] | Iterable[str | Path],
+    paths: InputsLike,
     caps: Caps = DEFAULT_CAPS,
     max_chars: int = 8000,
 ) -> str:
-    """Compact profiles of the input files, for the agent's system prompt."""
+    """Compact profiles of the input files, for the agent's system prompt. Given a session's
+    Inputs, the profiles are the ones the tool answers with: each file is read once."""
     fm = FileMetadata(paths, None, caps)
     if not fm.inputs:
         return "There are no input files."
     budget = max(600, max_chars // len(fm.inputs))
     fm.caps = dataclasses.replace(caps, max_chars=budget, identity=False)
     out = ["Input files (read-only, under /data; write outputs to /workspace):"]
-    for name in fm.inputs:
+    for item in fm.inputs:
         try:
-            out.append(fm.describe(f"/{INPUT_ROOT}/{name}").text)
+            out.append(fm.describe(item.sandbox_path).text)
         except ToolError as exc:
-            out.append(f"/{INPUT_ROOT}/{name}: {exc}")
+            out.append(f"{item.sandbox_path}: {exc}")
     text = "\n\n".join(out)
     if len(text) > max_chars:
         text = text[: max_chars - 50].rsplit("\n", 1)[0] + "\n... (profiles cut to fit)"

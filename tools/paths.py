@@ -18,7 +18,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -207,19 +207,6 @@ def list_dir_fd(fd: int, limit: int = 50) -> list[str]:
             )
             out.append(entry.name + mark)
     return sorted(out)
-
-
-def input_map(inputs: Mapping[str, str | Path] | Iterable[str | Path]) -> dict[str, Path]:
-    """{name: resolved host path}; a list of paths is named by basename, like the sandbox mounts."""
-    items = inputs.items() if isinstance(inputs, Mapping) else ((Path(p).name, p) for p in inputs)
-    mapping: dict[str, Path] = {}
-    for name, path in items:
-        if not name or "/" in name or name in (".", ".."):
-            raise ValueError(f"input name {name!r} must be a plain file name")
-        if name in mapping:
-            raise ValueError(f"two inputs are named {name}; rename one of them")
-        mapping[name] = Path(path).expanduser().resolve()
-    return mapping
 
 
 class DirSource:

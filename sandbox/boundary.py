@@ -1,0 +1,83 @@
+"""The contract between the host and the container, written once.
+
+Standard library only: images/build.sh copies this file into the image next to the
+supervisor, the relay, the kernel extension and the file helper, which import it as
+`boundary`; the host modules import it as `sandbox.boundary`. Paths, socket names, signals,
+label and metadata keys, and every marker the two sides exchange live here, each marker with
+the one function that writes it and the one that parses it.
+"""
+
+import re
+import signal
+
+# -- paths inside the container -------------------------------------------------------------
+WORKSPACE = "/workspace"  # tmpfs; kept across kernel restarts
+DATA = "/data"  # the inputs, each file mounted read-only on its own
+OUTPUT = f"{WORKSPACE}/output"  # what a job hands back; made by the supervisor at each start
+FIGURES = f"{WORKSPACE}/figures"  # every PNG a cell displays is saved here
+INTERNAL = ".sandcell"  # workspace folder for sandcell's own files; never exported or listed
+SAVED_OUTPUTS = f"{INTERNAL}/outputs"  # full text of cells whose output was cut for the model
+SCRIPTS = "/opt/sandcell"  # this file and the image's programs
+FILES_PROGRAM = f"{SCRIPTS}/files.py"  # file operations the host asks for by `docker exec`
+RELAY_PROGRAM = f"{SCRIPTS}/relay.py"
+KERNEL_EXTENSION = "sandcell_kernel"
+KERNEL_MODULE = "ipykernel_launcher"  # also how the host recognises a live kernel process
+KERNEL_LOG = "/tmp/.sandcell-kernel.log"
+FONT_CACHE = "/opt/mplcache"
+# The kernel's own connection file and sockets, reached by the relay only: on a small tmpfs
+# of their own when the host mounts one (a full /tmp cannot stop a restart), else in /tmp.
+KERNEL_DIR = "/run/kernel"
+KERNEL_DIR_FALLBACK = "/tmp/.sandcell-kernel"
+
+# -- the connection folder: host-owned, bind-mounted, sealed once the kernel is up ----------
+CONNECTION_DIR = "/run/sandcell"
+CONNECTION_FILE = "kernel.json"  # written by the host
+SOCKET_BASE = "kernel"  # the relay binds ipc sockets <SOCKET_BASE>-<port> in the folder
+CHANNELS = {"shell": 1, "iopub": 2, "stdin": 3, "control": 4, "hb": 5}  # name -> ipc "port"
+
+
+def socket_name(port: int) -> str:
+    return f"{SOCKET_BASE}-{port}"
+
+
+# -- signals the supervisor (PID 1) obeys when the host sends them --------------------------
+RESTART = signal.SIGUSR1  # kill everything but PID 1, start a fresh kernel and relay
+SWEEP = signal.SIGUSR2  # kill everything but PID 1, the kernel and the relay
+STOP = signal.SIGTERM  # kill everything and exit
+
+# -- container labels ---------------------------------------------------------------------------
+LABEL = "sandcell"  # every sandbox container carries it
+OWNER_LABEL = "sandcell.owner"  # "<hostname>:<pid>" of the process that started it
+SESSION_LABEL = "sandcell.session"
+HOST_DIR_LABEL = "sandcell.conn"  # the host folder to delete with an orphan
+
+# -- environment the host sets for the container ----------------------------------------------
+OUTPUT_CHARS_ENV = "SANDCELL_OUTPUT_CHARS"  # stdout/stderr a cell may write before the cut
+MAX_MESSAGE_ENV = "SANDCELL_MAX_MESSAGE_BYTES"  # the relay drops kernel messages over this
+MAX_MESSAGE_BYTES = 16 << 20
+
+# -- metadata keys of a displayed result ---------------------------------------------------------
+PATH_KEY = "sandcell/path"  # workspace path where an image was saved
+ERROR_KEY = "sandcell/error"  # why it was not saved
+
+# -- markers -----------------------------------------------------------------------------------
+# Output cut inside the container is replaced by a marker in the stream itself, so it stays in
+# order with the text around it. `source` says who cut it: a stream name, or "relay".
+_DROPPED = "\n\x1b[sandcell-dropped {source} {count}]\n"
+_DROPPED_RE = re.compile(r"\n\x1b\[sandcell-dropped (\w+) (\d+)\]\n")
+
+
+def dropped_marker(source: str, count: int) -> str:
+    return _DROPPED.format(source=source, count=count)
+
+
+def parse_dropped(text: str, shown: str = "") -> tuple[str, int]:
+    """Replace each dropped marker in text by `shown`; returns (text, characters dropped)."""
+    total = 0
+
+    def replace(match: re.Match) -> str:
+        nonlocal total
+        total += int(match.group(2))
+        return shown
+
+    return _DROPPED_RE.sub(replace, text), total
