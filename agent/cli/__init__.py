@@ -8,9 +8,9 @@ import click
 
 COMMANDS = {  # name -> "module:attribute"
     "exec": "agent.cli.exec:exec_cmd",
-    "gc": "agent.cli.exec:gc_cmd",
+    "gc": "agent.cli.gc:gc_cmd",
     "tool": "agent.cli.tool:tool",
-    "replay": "agent.replay:replay_cmd",
+    "replay": "agent.cli.replay:replay_cmd",
     "run": "agent.cli.run:run_cmd",
     "batch": "agent.cli.batch:batch_cmd",
     "chat": "agent.cli.chat:chat_cmd",

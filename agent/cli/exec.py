@@ -1,4 +1,4 @@
-"""`sandcell exec` and `sandcell gc`: run code in a fresh sandbox; remove orphans."""
+"""`sandcell exec`: run code in a fresh sandbox and print the observation."""
 
 import json
 import sys
@@ -7,8 +7,7 @@ from dataclasses import replace
 import click
 
 from agent.cli.exits import EXIT_UNAVAILABLE, input_option
-from sandbox import DockerSandbox, Execution, Limits, SandboxError, SandboxUnavailable, render
-from sandbox.container import engine, reap_orphans
+from sandbox import DockerSandbox, Execution, Limits, SandboxError, render
 
 EXIT_OK, EXIT_RAISED, EXIT_TIMEOUT, EXIT_DIED = 0, 1, 124, 137
 
@@ -49,17 +48,3 @@ def exec_cmd(inputs, timeout, memory, as_json, code, file):
         json.dumps(ex.to_dict(), indent=1) if as_json else render(ex, limits.observation_chars)
     )
     sys.exit(exit_status(ex))
-
-
-@click.command("gc")
-def gc_cmd():
-    """Remove sandbox containers whose owner process is gone."""
-    try:
-        removed = reap_orphans(engine())
-    except SandboxUnavailable as error:
-        click.echo(f"sandcell: {error}", err=True)
-        sys.exit(EXIT_UNAVAILABLE)
-    click.echo(
-        f"removed {len(removed)} orphaned sandbox container(s)"
-        + (": " + " ".join(removed) if removed else "")
-    )
