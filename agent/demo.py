@@ -8,13 +8,12 @@ import os
 import sys
 from pathlib import Path
 
+from agent.cli import exits
 from agent.cli.console import EventPrinter
 from agent.jobfiles import write_answer
 from agent.models import OpenAIModel
 from agent.scripted import ScriptedModel
-from agent.seams import ModelError
 from agent.session import Agent
-from sandbox import SandboxError
 
 DEMO = Path(__file__).parent / "demo"
 TASK = (
@@ -25,6 +24,7 @@ TASK = (
 )
 
 
+@exits.reported()
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--output", type=Path, default=Path("sandcell-out/demo"))
@@ -39,18 +39,14 @@ def main() -> int:
             "the sandbox is real"
         )
     agent = Agent(model, on_event=EventPrinter(stream_tokens=False))
-    try:
-        result = agent.run(TASK, inputs=[DEMO / "messy_sales.csv"], output_dir=args.output)
-    except (ModelError, SandboxError) as error:
-        print(f"sandcell: {error}", file=sys.stderr)
-        return 3
+    result = agent.run(TASK, inputs=[DEMO / "messy_sales.csv"], output_dir=args.output)
     write_answer(result, args.output)
     print(f"\nstop reason: {result.stop_reason}; {result.steps} steps, {result.duration_s:.1f} s")
     for path in [args.output / n for n in ("answer.md", "trace.jsonl", "notebook.ipynb")]:
         print(f"  {path}")
     for path in result.files:
         print(f"  {path}")
-    return 0 if result.answered else 1
+    return exits.for_result(result)
 
 
 if __name__ == "__main__":

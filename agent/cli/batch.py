@@ -6,10 +6,9 @@ from pathlib import Path
 import click
 
 from agent.batch import Batch, JobsError, load_jobs
-from agent.cli.exits import EXIT_MODEL, EXIT_STOPPED
+from agent.cli import exits
 from agent.cli.options import agent_options, build_limits, build_model, build_rules
 from agent.scripted import ScriptedModel
-from agent.seams import ModelError
 
 
 @click.command("batch")
@@ -29,6 +28,7 @@ from agent.seams import ModelError
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs, CI).")
 @agent_options
+@exits.reported()
 def batch_cmd(jobs_file, output, workers, no_progress, opts):
     """Run every job of JOBS_FILE (one JSON object a line: {"id", "task", "inputs"}).
 
@@ -48,11 +48,7 @@ def batch_cmd(jobs_file, output, workers, no_progress, opts):
         return shared
 
     if not any(job.replay for job in jobs):
-        try:
-            make_model(jobs[0])  # a bad endpoint or key fails now, not once per job
-        except ModelError as error:
-            click.echo(f"sandcell: {error}", err=True)
-            sys.exit(EXIT_MODEL)
+        make_model(jobs[0])  # a bad endpoint or key fails now (exit 4), not once per job
     batch = Batch(
         jobs,
         output,
@@ -73,4 +69,4 @@ def batch_cmd(jobs_file, output, workers, no_progress, opts):
     )
     for record in failed:
         click.echo(f"  {record['id']}: {record['error']}", err=True)
-    sys.exit(EXIT_STOPPED if failed or unanswered else 0)
+    sys.exit(exits.STOPPED if failed or unanswered else exits.OK)

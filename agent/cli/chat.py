@@ -5,7 +5,6 @@ works interrupts the running cell; a second Ctrl-C (or one at the prompt) ends t
 cleanly, leaving trace.jsonl, notebook.ipynb and the workspace in the session folder."""
 
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -13,9 +12,9 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from agent.cli import exits
 from agent.cli.console import EventPrinter
-from agent.cli.exits import EXIT_MODEL, EXIT_UNAVAILABLE, input_option
-from agent.cli.options import agent_options, build_agent
+from agent.cli.options import agent_options, build_agent, input_option
 from agent.seams import ModelError
 from agent.session import Session
 from sandbox import SandboxError
@@ -110,6 +109,7 @@ def slash(command: str, session: Session, console: Console) -> bool:
     help="Session folder [default: sandcell-out/chat-<time>].",
 )
 @agent_options
+@exits.reported()
 def chat_cmd(inputs, output, opts):
     """Talk with the agent about your files."""
     # Ctrl-C is how the user stops a cell, so it must raise KeyboardInterrupt even when the
@@ -117,14 +117,7 @@ def chat_cmd(inputs, output, opts):
     signal.signal(signal.SIGINT, signal.default_int_handler)
     console = Console(highlight=False)
     folder = output or Path("sandcell-out") / time.strftime("chat-%Y%m%d-%H%M%S")
-    try:
-        session = build_agent(opts, EventPrinter(console)).session(list(inputs), folder)
-    except ModelError as error:
-        console.print(f"sandcell: {error}")
-        sys.exit(EXIT_MODEL)
-    except SandboxError as error:
-        console.print(f"sandcell: {error}")
-        sys.exit(EXIT_UNAVAILABLE)
+    session = build_agent(opts, EventPrinter(console)).session(list(inputs), folder)
     names = ", ".join(f"/data/{p.name}" for p in inputs) or "no input files"
     console.print(f"sandcell chat: {names}. /help for commands, Ctrl-D to leave.")
     try:

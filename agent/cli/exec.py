@@ -6,18 +6,9 @@ from dataclasses import replace
 
 import click
 
-from agent.cli.exits import EXIT_UNAVAILABLE, input_option
-from sandbox import DockerSandbox, Execution, Limits, SandboxError, render
-
-EXIT_OK, EXIT_RAISED, EXIT_TIMEOUT, EXIT_DIED = 0, 1, 124, 137
-
-
-def exit_status(ex: Execution) -> int:
-    if ex.timed_out:
-        return EXIT_TIMEOUT
-    if ex.restarted:
-        return EXIT_DIED
-    return EXIT_RAISED if ex.error else EXIT_OK
+from agent.cli import exits
+from agent.cli.options import input_option
+from sandbox import DockerSandbox, Limits, render
 
 
 @click.command("exec")
@@ -27,6 +18,7 @@ def exit_status(ex: Execution) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print the Execution as JSON.")
 @click.option("-c", "code", default=None, help="The code to run.")
 @click.argument("file", required=False, type=click.File("r"))
+@exits.reported()
 def exec_cmd(inputs, timeout, memory, as_json, code, file):
     """Run Python in a fresh sandbox and print the observation.
 
@@ -38,13 +30,9 @@ def exec_cmd(inputs, timeout, memory, as_json, code, file):
     source = code if code is not None else file.read()
     overrides = {k: v for k, v in (("timeout_s", timeout), ("memory_mb", memory)) if v}
     limits = replace(Limits(), **overrides)
-    try:
-        with DockerSandbox(limits=limits, inputs=list(inputs)) as sandbox:
-            ex = sandbox.run(source)
-    except SandboxError as error:  # no engine, no image, or the container would not start
-        click.echo(f"sandcell: {error}", err=True)
-        sys.exit(EXIT_UNAVAILABLE)
+    with DockerSandbox(limits=limits, inputs=list(inputs)) as sandbox:
+        ex = sandbox.run(source)
     click.echo(
         json.dumps(ex.to_dict(), indent=1) if as_json else render(ex, limits.observation_chars)
     )
-    sys.exit(exit_status(ex))
+    sys.exit(exits.for_execution(ex))

@@ -1,17 +1,34 @@
-"""Options shared by `run`, `batch` and `chat`: the model endpoint and the limits."""
+"""Options the commands share: --input, and for `run`, `batch` and `chat` the model endpoint
+and the limits. The model client and the agent load only when a command builds them, so
+`exec` can take --input from here and still start without them."""
+
+from __future__ import annotations
 
 import functools
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from agent.models import OpenAIModel
-from agent.scripted import ScriptedModel
-from agent.seams import Model
-from agent.session import Agent
 from agent.stops import Rules
-from sandbox import Limits
+from sandbox.limits import Limits
+
+if TYPE_CHECKING:
+    from agent.seams import Model
+    from agent.session import Agent
+
+
+def input_option(help_text: str):
+    """The repeatable --input PATH option: an existing file, mounted read-only."""
+    return click.option(
+        "--input",
+        "inputs",
+        multiple=True,
+        help=help_text,
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    )
+
 
 _OPTIONS = [
     click.option(
@@ -103,6 +120,9 @@ def agent_options(command):
 
 
 def build_model(opts: dict) -> Model:
+    from agent.models import OpenAIModel
+    from agent.scripted import ScriptedModel
+
     if opts["replay"]:
         return ScriptedModel(opts["replay"])
     return OpenAIModel(
@@ -115,6 +135,8 @@ def build_model(opts: dict) -> Model:
 
 
 def build_agent(opts: dict, on_event=None) -> Agent:
+    from agent.session import Agent
+
     return Agent(
         build_model(opts),
         limits=build_limits(opts),

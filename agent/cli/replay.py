@@ -7,9 +7,8 @@ from pathlib import Path
 
 import click
 
-from agent.cli.exits import EXIT_UNAVAILABLE
+from agent.cli import exits
 from agent.replay import ReplayError, replay
-from sandbox import SandboxError
 
 SHOWN_DIFF_LINES = 40
 
@@ -21,6 +20,7 @@ SHOWN_DIFF_LINES = 40
     help="An input file that moved since the run (matched by name; repeatable).",
 )  # fmt: skip
 @click.option("--image", default=None, help="Sandbox image (default: the one recorded).")
+@exits.reported()
 def replay_cmd(trace: Path, inputs: tuple[Path, ...], image: str | None) -> None:
     """Re-run the code recorded in TRACE (a trace.jsonl) in a fresh sandbox, without a model,
     and report every cell whose output differs. Exit status: 0 all cells match, 1 some differ,
@@ -29,9 +29,6 @@ def replay_cmd(trace: Path, inputs: tuple[Path, ...], image: str | None) -> None
         cells = replay(trace, list(inputs), image)
     except ReplayError as exc:
         raise click.UsageError(str(exc)) from None
-    except SandboxError as exc:
-        click.echo(f"sandcell: {exc}", err=True)
-        sys.exit(EXIT_UNAVAILABLE)
     if not cells:
         click.echo(f"{trace}: no python cells recorded; nothing to replay")
         return
@@ -52,4 +49,4 @@ def replay_cmd(trace: Path, inputs: tuple[Path, ...], image: str | None) -> None
     click.echo(
         f"{len(cells)} cells replayed, {len(cells) - len(differ)} same, {len(differ)} differ"
     )
-    sys.exit(1 if differ else 0)
+    sys.exit(exits.STOPPED if differ else exits.OK)

@@ -6,12 +6,9 @@ from pathlib import Path
 
 import click
 
-from agent import stops
-from agent.cli.exits import EXIT_MODEL, EXIT_STOPPED, EXIT_UNAVAILABLE, input_option
-from agent.cli.options import agent_options, build_agent
+from agent.cli import exits
+from agent.cli.options import agent_options, build_agent, input_option
 from agent.jobfiles import write_answer
-from agent.seams import ModelError
-from sandbox import SandboxError
 
 
 @click.command("run")
@@ -24,17 +21,11 @@ from sandbox import SandboxError
     help="Folder for answer.md, trace.jsonl, notebook.ipynb and output/.",
 )
 @agent_options
+@exits.reported()
 def run_cmd(task, inputs, output, opts):
     """Run one task to its end (exit 0 when answered, else non-zero with the stop reason)."""
     output.mkdir(parents=True, exist_ok=True)
-    try:
-        result = build_agent(opts).run(task, inputs=list(inputs), output_dir=output)
-    except ModelError as error:
-        click.echo(f"sandcell: {error}", err=True)
-        sys.exit(EXIT_MODEL)
-    except SandboxError as error:
-        click.echo(f"sandcell: {error}", err=True)
-        sys.exit(EXIT_UNAVAILABLE)
+    result = build_agent(opts).run(task, inputs=list(inputs), output_dir=output)
     write_answer(result, output)
     for warning in result.warnings:
         click.echo(f"sandcell: warning: {warning}", err=True)
@@ -49,4 +40,4 @@ def run_cmd(task, inputs, output, opts):
         + (f" ({result.detail})" if result.detail else ""),
         err=True,
     )
-    sys.exit(EXIT_MODEL if result.stop_reason == stops.MODEL_ERROR else EXIT_STOPPED)
+    sys.exit(exits.for_result(result))

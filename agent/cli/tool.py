@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from agent.cli import exits
 from tools import Registry, calculator_tool, file_metadata_tool
 
 
@@ -21,6 +22,7 @@ from tools import Registry, calculator_tool, file_metadata_tool
     type=click.Path(exists=True, path_type=Path),
     help="An input file, seen by file_metadata as /data/<file name>. Repeatable.",
 )
+@exits.reported()
 def tool(name: str, args: str, inputs: tuple[Path, ...]) -> None:
     """Run tool NAME with ARGS (a JSON object, e.g. '{"expression": "2^10"}')."""
     try:
@@ -32,4 +34,4 @@ def tool(name: str, args: str, inputs: tuple[Path, ...]) -> None:
         click.echo(obs.text)
         return
     click.echo(f"error: {obs.text}", err=True)
-    sys.exit(1)
+    sys.exit(exits.STOPPED)
