@@ -7,6 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from click.testing import CliRunner
+
+from agent.cli import main
 
 SANDCELL = [sys.executable, "-m", "agent.cli"]
 
@@ -18,16 +21,20 @@ def sandcell(*args, stdin=None, env=None):
 
 
 def test_usage_error_exits_2():
-    result = sandcell("exec")
-    assert result.returncode == 2
-    assert "-c CODE" in result.stderr
+    result = CliRunner().invoke(main, ["exec"], prog_name="sandcell")  # in-process: no sandbox
+    assert result.exit_code == 2
+    assert result.stderr.startswith("Usage: sandcell exec [OPTIONS] [FILE]")
+    assert "Error: give the code either with -c CODE or as FILE (- for stdin)" in result.stderr
 
 
-def test_missing_image_exits_3_and_says_what_to_run(monkeypatch):
+def test_missing_image_exits_3_and_says_what_to_run():
+    """A subprocess, because SANDCELL_IMAGE is read when the sandbox package loads."""
     env = dict(os.environ, SANDCELL_IMAGE="sandcell-no-such-image:0")
     result = sandcell("exec", "-c", "1", env=env)
     assert result.returncode == 3
+    assert result.stderr.startswith("sandcell: ")
     assert "make image" in result.stderr or "make engine" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.docker
@@ -72,9 +79,6 @@ def test_gc_removes_an_orphan_and_names_it():
     """Every sandbox start reaps orphans too, so another test worker may remove ours first;
     then try again with a new one. gc must name the orphan it removed at least once."""
     import docker
-    from click.testing import CliRunner
-
-    from agent.cli import main
 
     client = docker.from_env()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -5,24 +5,35 @@ import os
 import stat
 import subprocess
 import sys
+from importlib import metadata
 
 import docker
 import pytest
+from click.testing import CliRunner
 from jupyter_client import BlockingKernelClient
 
+from agent.cli import main
 from sandbox.container import remove_host_dirs
 from sandbox.kernel import make_connection_dir, seal
 
 
 def test_cli_version_and_help():
-    out = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "--version"], capture_output=True, text=True, check=True
-    ).stdout
-    assert out.startswith("sandcell, version ")
-    out = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "--help"], capture_output=True, text=True, check=True
-    ).stdout
-    assert "Usage:" in out
+    runner = CliRunner()
+    version = runner.invoke(main, ["--version"], prog_name="sandcell")
+    assert version.exit_code == 0
+    assert version.stdout == f"sandcell, version {metadata.version('sandcell')}\n"
+    helped = runner.invoke(main, ["--help"], prog_name="sandcell")
+    assert helped.exit_code == 0
+    assert helped.stdout.startswith("Usage: sandcell [OPTIONS] COMMAND [ARGS]...")
+    assert "sandbox" in helped.stdout and "Commands:" in helped.stdout
+
+
+def test_python_dash_m_agent_cli_is_the_sandcell_command():
+    done = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Usage: sandcell [OPTIONS] COMMAND [ARGS]...")
 
 
 @pytest.mark.docker

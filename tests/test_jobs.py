@@ -10,7 +10,9 @@ import time
 
 import pandas as pd
 import pytest
+from click.testing import CliRunner
 
+from agent.cli import main
 from tests.containers import container_labels, owner_label
 from tests.realdata import CSVS
 
@@ -185,14 +187,11 @@ def test_run_writes_answer_trace_notebook_and_outputs(tmp_path):
 def test_bad_jobs_file_is_a_usage_error_naming_the_line(tmp_path):
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text('{"id": "a", "task": "x"}\nnot json\n')
-    proc = subprocess.run(
-        [*SANDCELL, "batch", str(jobs), "--output", str(tmp_path / "o")],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = CliRunner().invoke(main, ["batch", str(jobs), "--output", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert f"Error: {jobs}:2: not JSON (Expecting value); each line is one job object" in (
+        result.stderr
     )
-    assert proc.returncode == 2
-    assert "jobs.jsonl:2" in proc.stderr
 
 
 @pytest.mark.docker

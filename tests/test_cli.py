@@ -1,0 +1,268 @@
+"""The `sandcell` command in-process with click's CliRunner: usage errors, help, and the one
+error -> exit status map (agent/cli/exits.py). Nothing here starts a container; the tests
+that need one run the real command in a subprocess (test_cli_exec.py, test_jobs.py)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from agent.cli import COMMANDS, exits, main
+from agent.seams import ModelError, Result, ToolsUnsupported
+from sandbox.errors import SandboxError, SandboxUnavailable
+from sandbox.execution import Error, Execution
+
+NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/sandcell-test-docker.sock"}
+NO_MODEL = {"OPENAI_API_KEY": None, "OPENAI_BASE_URL": None, "SANDCELL_MODEL": None}
+MODEL_OPTIONS = ["--model", "--base-url", "--api-key", "--replay", "--protocol", "--max-steps"]
+LIMIT_OPTIONS = ["--wall", "--timeout", "--memory", "--cpus"]
+
+
+def sandcell(*args: str, env: dict | None = None, stdin: str | None = None):
+    return CliRunner().invoke(main, list(args), env=env, input=stdin, prog_name="sandcell")
+
+
+# -- the group -----------------------------------------------------------------------------------
+
+
+def test_help_lists_every_command():
+    helped = sandcell("--help")
+    assert helped.exit_code == 0 and "Usage:" in helped.stdout
+    assert sorted(COMMANDS) == ["batch", "chat", "exec", "gc", "replay", "run", "tool"]
+    for name in COMMANDS:
+        assert f"  {name} " in helped.stdout
+
+
+HELP = {
+    "exec": ["--input", "--timeout", "--memory", "--json", "-c", "[FILE]", "124 timed out"],
+    "gc": ["Remove sandbox containers whose owner process is gone."],
+    "tool": ["NAME [ARGS]", "--input"],
+    "replay": ["TRACE", "--input", "--image", "1 some differ"],
+    "run": ["--task", "--input", "--output", *MODEL_OPTIONS, *LIMIT_OPTIONS],
+    "batch": ["JOBS_FILE", "--output", "--workers", "--no-progress", *MODEL_OPTIONS],
+    "chat": ["--input", "--output", *MODEL_OPTIONS, *LIMIT_OPTIONS],
+}
+
+
+@pytest.mark.parametrize("name", sorted(HELP))
+def test_help_of_each_command_lists_its_options(name):
+    result = sandcell(name, "--help")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"Usage: sandcell {name} [OPTIONS]")
+    for text in HELP[name]:
+        assert text in result.stdout, f"{name} --help lacks {text}"
+
+
+def test_help_and_version_load_no_model_client():
+    """Subcommands load on use: `exec`, `gc` and `tool` never import openai (a fresh
+    interpreter, since this test process has imported everything already)."""
+    code = (
+        "import sys\nfrom agent.cli import main\n"
+        "for args in (['--version'], ['exec', '--help'], ['gc', '--help'], ['tool', '--help']):\n"
+        "    try:\n        main(args)\n    except SystemExit as done:\n"
+        "        assert done.code == 0, (args, done.code)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'openai'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_an_unknown_command_or_flag_is_a_usage_error():
+    unknown = sandcell("nope")
+    assert unknown.exit_code == exits.USAGE == 2
+    assert "No such command 'nope'" in unknown.stderr
+    flag = sandcell("exec", "--bogus")
+    assert flag.exit_code == 2 and "No such option '--bogus'" in flag.stderr
+    bad_value = sandcell("batch", "x.jsonl", "--output", "o", "--workers", "0")
+    assert bad_value.exit_code == 2 and "Invalid value" in bad_value.stderr
+
+
+# -- usage errors of each command -----------------------------------------------------------------
+
+
+def test_exec_takes_code_from_exactly_one_place(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("print(1)\n")
+    both = sandcell("exec", "-c", "1", str(script))
+    assert both.exit_code == 2
+    assert "give the code either with -c CODE or as FILE (- for stdin)" in both.stderr
+    missing = sandcell("exec", "--input", str(tmp_path / "gone.csv"), "-c", "1")
+    assert missing.exit_code == 2 and "does not exist" in missing.stderr
+
+
+def test_batch_with_a_malformed_jobs_file_names_the_line(tmp_path):
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"id": "a", "task": "x"}\n\n{"id": "a", "task": "y"}\n')
+    twice = sandcell("batch", str(jobs), "--output", str(tmp_path / "o"))
+    assert twice.exit_code == 2
+    assert f"{jobs}:3: id 'a' is used twice" in twice.stderr
+    jobs.write_text('{"id": "b", "task": "x", "inputs": ["nowhere.csv"]}\n')
+    gone = sandcell("batch", str(jobs), "--output", str(tmp_path / "o"))
+    assert gone.exit_code == 2 and f"{jobs}:1: input " in gone.stderr
+    assert not (tmp_path / "o").exists()  # nothing ran
+
+
+def test_batch_of_a_missing_jobs_file_is_a_usage_error(tmp_path):
+    result = sandcell("batch", str(tmp_path / "none.jsonl"), "--output", str(tmp_path / "o"))
+    assert result.exit_code == 2
+    assert "does not exist" in result.stderr
+
+
+def test_replay_of_a_missing_file_is_a_usage_error(tmp_path):
+    result = sandcell("replay", str(tmp_path / "trace.jsonl"))
+    assert result.exit_code == 2
+    assert "does not exist" in result.stderr
+
+
+def test_replay_of_what_is_not_a_trace_is_a_usage_error(tmp_path):
+    text = tmp_path / "notes.jsonl"
+    text.write_text('{"type": "session"}\nnot json\n')
+    result = sandcell("replay", str(text))
+    assert result.exit_code == 2
+    assert f"{text}:2 is not a JSON trace event" in result.stderr
+    binary = tmp_path / "image.png"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    result = sandcell("replay", str(binary))
+    assert result.exit_code == 2 and "is not a trace: it is not UTF-8 text" in result.stderr
+
+
+def test_replay_names_missing_inputs_and_how_to_pass_them(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    session = {"type": "session", "inputs": [str(tmp_path / "moved" / "sales.csv")]}
+    trace.write_text(json.dumps(session) + "\n")
+    result = sandcell("replay", str(trace))
+    assert result.exit_code == 2
+    assert f"input file(s) of the recorded run not found: {tmp_path}/moved/sales.csv" in (
+        result.stderr
+    )
+    assert "--input PATH (matched by file name)" in result.stderr
+
+
+def test_replay_of_a_trace_without_code_needs_no_sandbox(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"type": "session", "inputs": []}\n{"type": "question", "task": "hi"}\n')
+    result = sandcell("replay", str(trace), env=NO_ENGINE)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{trace}: no python cells recorded; nothing to replay\n"
+
+
+def test_tool_with_two_inputs_of_one_name_is_a_usage_error(tmp_path):
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "sales.csv").write_text("n\n1\n")
+    args = ["--input", str(tmp_path / "a" / "sales.csv"), "--input", str(tmp_path / "b/sales.csv")]
+    result = sandcell("tool", "file_metadata", '{"path": "/data/sales.csv"}', *args)
+    assert result.exit_code == 2
+    assert "Error: two inputs are named sales.csv" in result.stderr
+
+
+# -- errors mapped by exits.reported(): one line on stderr, the status, no traceback --------------
+
+
+@pytest.mark.parametrize("args", [["gc"], ["exec", "-c", "1"]])
+def test_no_docker_engine_exits_3_with_what_to_do(args):
+    result = sandcell(*args, env=NO_ENGINE)
+    assert result.exit_code == exits.UNAVAILABLE == 3
+    assert result.stderr.startswith("sandcell: no Docker engine answers")
+    assert "make engine" in result.stderr and "Traceback" not in result.output
+    assert result.stdout == ""
+
+
+def test_batch_without_a_usable_model_exits_4_before_any_job(tmp_path):
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"id": "a", "task": "count the rows"}\n')
+    out = tmp_path / "o"
+    result = sandcell("batch", str(jobs), "--output", str(out), env=NO_MODEL)
+    assert result.exit_code == exits.MODEL == 4
+    assert result.stderr.startswith("sandcell: no API key for https://api.openai.com/v1")
+    assert "Traceback" not in result.output and not (out / "results.jsonl").exists()
+
+
+def test_run_without_a_usable_model_exits_4(tmp_path):
+    result = sandcell("run", "--task", "x", "--output", str(tmp_path / "o"), env=NO_MODEL)
+    assert result.exit_code == 4
+    assert result.stderr == (
+        "sandcell: no API key for https://api.openai.com/v1: set OPENAI_API_KEY (or pass "
+        "--api-key), or point OPENAI_BASE_URL at a local server (vLLM, Ollama, llama.cpp)\n"
+    )
+
+
+def test_demo_exits_4_for_a_model_error_as_the_readme_says(monkeypatch, capsys, tmp_path):
+    from agent import demo
+
+    monkeypatch.setenv("OPENAI_BASE_URL", "https://api.openai.com/v1")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setattr(sys, "argv", ["demo", "--output", str(tmp_path / "demo")])
+    with pytest.raises(SystemExit) as done:
+        demo.main()
+    assert done.value.code == exits.MODEL
+    assert capsys.readouterr().err.startswith("sandcell: no API key for https://api.openai")
+
+
+# -- the map itself -------------------------------------------------------------------------------
+
+
+def test_statuses_are_the_documented_numbers():
+    assert (exits.OK, exits.STOPPED, exits.USAGE, exits.UNAVAILABLE, exits.MODEL) == (0, 1, 2, 3, 4)
+    assert (exits.TIMEOUT, exits.DIED, exits.INTERRUPTED, exits.TERMINATED) == (124, 137, 130, 143)
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (ModelError("endpoint down"), 4),
+        (ToolsUnsupported("no tools here"), 4),
+        (SandboxError("container would not start"), 3),
+        (SandboxUnavailable("no image"), 3),
+        (KeyboardInterrupt(), 130),
+        (ValueError("a bug"), 1),
+    ],
+)
+def test_for_error(error, status):
+    assert exits.for_error(error) == status
+
+
+@pytest.mark.parametrize(
+    ("result", "status"),
+    [
+        (Result("42 rows", "answered"), 0),
+        (Result(None, "model_error", error="endpoint down"), 4),
+        (Result(None, "sandbox_error", error="container died"), 3),
+        (Result(None, "max_steps"), 1),
+        (Result(None, "repeated_action"), 1),
+        (Result("a forced answer", "wall_time"), 1),  # an answer, but the run was stopped
+    ],
+)
+def test_for_result(result, status):
+    assert exits.for_result(result) == status
+
+
+@pytest.mark.parametrize(
+    ("execution", "status"),
+    [
+        (Execution(code="1 + 1"), 0),
+        (Execution(code="1/0", error=Error("ZeroDivisionError", "division by zero", [])), 1),
+        (Execution(code="while True: pass", timed_out=True, interrupted=True), 124),
+        (Execution(code="loop", timed_out=True, restarted="timeout"), 124),
+        (Execution(code="os.kill(...)", restarted="died"), 137),
+    ],
+)
+def test_for_execution(execution, status):
+    assert exits.for_execution(execution) == status
+
+
+def test_reported_words_known_errors_and_lets_bugs_through(capsys):
+    with pytest.raises(SystemExit) as done, exits.reported():
+        raise SandboxUnavailable("the sandbox image x is missing: run `make image`")
+    assert done.value.code == 3
+    assert capsys.readouterr().err == "sandcell: the sandbox image x is missing: run `make image`\n"
+    with pytest.raises(SystemExit) as done, exits.reported():
+        raise KeyboardInterrupt
+    assert done.value.code == 130 and capsys.readouterr().err == "sandcell: interrupted\n"
+    with pytest.raises(ZeroDivisionError), exits.reported():
+        1 / 0  # noqa: B018  a bug keeps its traceback
+    assert capsys.readouterr().err == ""
