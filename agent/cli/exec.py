@@ -8,7 +8,8 @@ import click
 
 from agent.cli import exits
 from agent.cli.options import input_option
-from sandbox import DockerSandbox, Limits, render
+from sandbox import DockerSandbox, Limits
+from sandbox.render import render
 
 
 @click.command("exec")
