@@ -57,6 +57,19 @@ def recorded_cells(events: list[dict]) -> list[Cell]:
     return cells
 
 
+def recorded_inputs(session: dict) -> dict[str, Path]:
+    """/data name -> host path of each input of the recorded run. A trace lists an input as
+    its path (named by its base name) or as {"name": ..., "path": ..., ...}."""
+    named = {}
+    for item in session.get("inputs", []):
+        if isinstance(item, dict):
+            path = Path(item["path"])
+            named[item.get("name") or path.name] = path
+        else:
+            named[Path(item).name] = Path(item)
+    return named
+
+
 def replay(trace: Path, inputs: list[Path] = (), image: str | None = None) -> list[Cell]:
     """Every recorded python cell of TRACE, re-run in order in one fresh sandbox with the
     recorded limits and inputs (`inputs` overrides those by file name). Raises ReplayError
@@ -69,7 +82,7 @@ def replay(trace: Path, inputs: list[Path] = (), image: str | None = None) -> li
     except ValueError as exc:  # a line that is not JSON
         raise ReplayError(str(exc)) from None
     session = next((e for e in events if e.get("type") == "session"), {})
-    by_name = {p.name: p for p in map(Path, session.get("inputs", []))}
+    by_name = recorded_inputs(session)
     by_name.update({Path(p).name: Path(p) for p in inputs})
     missing = [str(p) for p in by_name.values() if not p.is_file()]
     if missing:
@@ -82,7 +95,7 @@ def replay(trace: Path, inputs: list[Path] = (), image: str | None = None) -> li
     cells = recorded_cells(events)
     if not cells:
         return cells  # no sandbox needed
-    with DockerSandbox(limits, list(by_name.values()), image or session.get("image")) as sandbox:
+    with DockerSandbox(limits, by_name, image or session.get("image")) as sandbox:
         for cell in cells:
             cell.replayed = signature(sandbox.run(cell.code))
     return cells

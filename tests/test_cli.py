@@ -130,9 +130,13 @@ def test_replay_of_what_is_not_a_trace_is_a_usage_error(tmp_path):
     assert result.exit_code == 2 and "is not a trace: it is not UTF-8 text" in result.stderr
 
 
-def test_replay_names_missing_inputs_and_how_to_pass_them(tmp_path):
+@pytest.mark.parametrize("as_dict", [False, True], ids=["path", "record"])
+def test_replay_names_missing_inputs_and_how_to_pass_them(tmp_path, as_dict):
     trace = tmp_path / "trace.jsonl"
-    session = {"type": "session", "inputs": [str(tmp_path / "moved" / "sales.csv")]}
+    recorded = str(tmp_path / "moved" / "sales.csv")
+    if as_dict:  # newer traces record each input as {"name", "path", "size", "sha256"}
+        recorded = {"name": "sales.csv", "path": recorded, "size": 12, "sha256": "0" * 64}
+    session = {"type": "session", "inputs": [recorded]}
     trace.write_text(json.dumps(session) + "\n")
     result = sandcell("replay", str(trace))
     assert result.exit_code == 2
