@@ -1,6 +1,6 @@
 """Shows a run as it happens in the terminal: the model's words as they stream, the code it
 runs (syntax-highlighted), observations, chart paths and the answer. One `on_event` handler
-serves `chat`, `run --verbose` and the demo."""
+serves `chat` and the demo."""
 
 import json
 
