@@ -4,6 +4,7 @@ Each job runs in its own sandbox from a warm pool; results land in DIR/<id>/ and
 DIR/results.jsonl per job, appended and flushed as each job ends. A rerun skips the ids
 already in results.jsonl and redoes the rest, so a batch killed half-way loses nothing."""
 
+import functools
 import json
 import os
 import re
@@ -21,7 +22,7 @@ from agent.jobfiles import write_answer
 from agent.seams import Model
 from agent.session import Agent
 from agent.stops import Rules
-from sandbox import Limits, SandboxPool
+from sandbox import InputError, Inputs, Limits, SandboxPool
 
 RESULTS = "results.jsonl"
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -35,7 +36,7 @@ class JobsError(ValueError):
 class Job:
     id: str
     task: str
-    inputs: list[Path] = field(default_factory=list)
+    inputs: Inputs = field(default_factory=Inputs)
     replay: Path | None = None  # a script of replies for this job (demos and tests)
 
 
@@ -60,10 +61,10 @@ def load_jobs(path: Path) -> list[Job]:
         if job_id in seen:
             raise JobsError(f"{where}: id {job_id!r} is used twice; ids must be unique")
         seen.add(job_id)
-        inputs = [(base / p).resolve() for p in raw.get("inputs", [])]
-        for p in inputs:
-            if not p.is_file():
-                raise JobsError(f"{where}: input {p} does not exist")
+        try:
+            inputs = Inputs.from_paths([base / p for p in raw.get("inputs", [])])
+        except InputError as error:
+            raise JobsError(f"{where}: {error}") from None
         replay = (base / raw["replay"]).resolve() if raw.get("replay") else None
         jobs.append(Job(job_id, raw["task"], inputs, replay))
     if not jobs:
@@ -155,18 +156,13 @@ class Batch:
         started = time.monotonic()
         record = {"id": job.id, "task": job.task}
         try:
-            sandbox = pool.acquire(inputs=job.inputs)
-            try:
-                agent = Agent(
-                    self.make_model(job),
-                    limits=self.limits,
-                    rules=self.rules,
-                    protocol=self.protocol,
-                )
-                with agent.session(job.inputs, folder, sandbox) as session:
-                    result = session.ask(job.task)
-            finally:
-                sandbox.close()
+            agent = Agent(
+                self.make_model(job), limits=self.limits, rules=self.rules, protocol=self.protocol
+            )
+            # taken from the pool beside the job's first model request; the session closes it
+            acquire = functools.partial(pool.acquire, inputs=job.inputs)
+            with agent.session(job.inputs, folder, acquire) as session:
+                result = session.ask(job.task)
             write_answer(result, folder)
             record.update(
                 status="answered" if result.answered else "stopped",

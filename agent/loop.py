@@ -57,6 +57,11 @@ class Loop:
         self.questions = 0
         self.usage = Usage()
 
+    def reset(self) -> None:
+        """An empty history: only the system prompt stays, and earlier answers are forgotten."""
+        del self.messages[1:]
+        self.answers.clear()
+
     def ask(self, question: str) -> Result:
         self.questions += 1
         started, watch = time.monotonic(), Watch(self.rules)

@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from agent.trace import read_trace
+from agent.trace import read_trace, recorded_inputs
 
 
 def trace_to_notebook(events: list[dict]) -> nbformat.NotebookNode:
@@ -24,7 +24,7 @@ def trace_to_notebook(events: list[dict]) -> nbformat.NotebookNode:
     for event in events:
         kind = event.get("type")
         if kind == "session":
-            inputs = ", ".join(f"`/data/{Path(p).name}`" for p in event.get("inputs", [])) or "none"
+            inputs = ", ".join(f"`/data/{i['name']}`" for i in recorded_inputs(event)) or "none"
             nb.cells.append(
                 new_markdown_cell(
                     f"# sandcell session\n\nModel `{event.get('model')}`, protocol `{event.get('protocol')}`; "
@@ -37,6 +37,8 @@ def trace_to_notebook(events: list[dict]) -> nbformat.NotebookNode:
             )
         elif kind == "step":
             nb.cells.extend(_step_cells(event))
+        elif kind == "reset":
+            nb.cells.append(new_markdown_cell("*The kernel was reset here: a fresh kernel.*"))
         elif kind == "final":
             answer = event.get("answer")
             text = f"**Answer:** {answer}" if answer else "**No answer.**"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 
+from sandbox.inputs import Inputs
 from tools.file_metadata import profile_inputs
 
 SYSTEM = """You are sandcell, a careful data analyst. Answer questions about the user's files by \
@@ -37,9 +37,10 @@ def system_prompt(inputs_profile: str, protocol_block: str, today: dt.date | Non
     ).strip()
 
 
-def inputs_profile(paths: list[Path]) -> str:
-    """Compact profiles of the input files, each naming the path the code sees (/data/NAME)."""
-    return profile_inputs([Path(p) for p in paths]) if paths else ""
+def inputs_profile(inputs: Inputs) -> str:
+    """Compact profiles of the input files, each naming the path the code sees (/data/NAME);
+    the file-metadata tool answers from the same profiles."""
+    return profile_inputs(inputs) if inputs else ""
 
 
 def nudged_for_label(messages: list[dict]) -> bool:

@@ -1,12 +1,13 @@
 """The Python API: `Agent(model=..., limits=...).run(task, inputs=[...]) -> Result`, and
 `agent.session(inputs=[...])` for several questions sharing one sandbox (kernel state, files,
 history). Each question leaves trace.jsonl and notebook.ipynb up to date in the session folder,
-and the files the code wrote under /workspace/output copied to <folder>/output."""
+and the files the code wrote under /workspace/output copied to <folder>/output. A session's
+sandbox starts in the background as the session is created."""
 
 from __future__ import annotations
 
 import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
@@ -16,20 +17,17 @@ from agent.prompts import inputs_profile
 from agent.seams import Model, Result
 from agent.stops import Rules
 from agent.trace import TraceWriter
-from sandbox import DockerSandbox, Limits, SandboxError
+from sandbox import BackgroundSandbox, DockerSandbox, Inputs, Limits, Sandbox, SandboxError
+from sandbox.boundary import OUTPUT
+from sandbox.container import DEFAULT_IMAGE
 from tools import Registry, Tool, calculator_tool
 from tools.file_metadata import file_metadata_tool
 from tools.python import python_tool
 
 OUTPUT_DIR = "output"  # /workspace/output: what a job hands back
-PREPARE = "import os as _os; _os.makedirs('/workspace/output', exist_ok=True); del _os"
-
-
-def prepare(sandbox: DockerSandbox) -> None:
-    """What every session's kernel starts with (replays too): the output folder exists."""
-    execution = sandbox.run(PREPARE)
-    if not execution.ok:
-        raise SandboxError(f"preparing the sandbox failed: {execution.error}")
+FIGURES_DIR = "figures"  # /workspace/figures: every chart a cell showed
+BACKGROUND, ON_DEMAND = "background", "on_demand"  # when a session's own sandbox starts
+InputPaths = Inputs | list[str | Path]
 
 
 class Agent:
@@ -43,13 +41,17 @@ class Agent:
         image: str | None = None,
         extra_tools: list[Tool] | None = None,
         on_event: OnEvent | None = None,
+        sandbox_start: str = BACKGROUND,
     ):
         self.model, self.limits, self.rules = model, limits or Limits(), rules or Rules()
         self.protocol, self.image, self.on_event = protocol, image, on_event
         self.extra_tools = list(extra_tools or [])
+        if sandbox_start not in (BACKGROUND, ON_DEMAND):
+            raise ValueError(f"sandbox_start is {BACKGROUND!r} or {ON_DEMAND!r}")
+        self.sandbox_start = sandbox_start
 
     def run(
-        self, task: str, inputs: list[str | Path] = (), output_dir: str | Path | None = None
+        self, task: str, inputs: InputPaths = (), output_dir: str | Path | None = None
     ) -> Result:
         """Answer one task in a fresh sandbox, then close it."""
         with self.session(inputs, output_dir) as session:
@@ -57,83 +59,87 @@ class Agent:
 
     def session(
         self,
-        inputs: list[str | Path] = (),
+        inputs: InputPaths = (),
         output_dir: str | Path | None = None,
-        sandbox: DockerSandbox | None = None,
+        sandbox: Sandbox | Callable[[], Sandbox] | None = None,
     ) -> Session:
-        """A conversation in one sandbox. Pass `sandbox` (e.g. from a SandboxPool, with its
-        inputs added) to use it; the session then leaves closing it to the caller."""
-        return Session(self, list(inputs), output_dir, sandbox)
+        """A conversation in one sandbox: by default a new DockerSandbox, started in the
+        background. Pass a Sandbox to use it, or a function that makes one (e.g. a pool's
+        acquire) to have it called in the background; the session closes its sandbox."""
+        return Session(self, Inputs.from_paths(inputs), output_dir, sandbox)
 
 
 class Session:
     def __init__(
         self,
         agent: Agent,
-        inputs: list[str | Path],
+        inputs: Inputs,
         output_dir: str | Path | None,
-        sandbox: DockerSandbox | None,
+        sandbox: Sandbox | Callable[[], Sandbox] | None,
     ):
-        self.agent, self.inputs = agent, [Path(p) for p in inputs]
+        self.agent, self.inputs = agent, inputs
         self.folder = Path(output_dir or tempfile.mkdtemp(prefix="sandcell-session-"))
         self.folder.mkdir(parents=True, exist_ok=True)
         self.trace_path = self.folder / "trace.jsonl"
         self.notebook_path = self.folder / "notebook.ipynb"
-        self._owns_sandbox = sandbox is None
-        started = time.monotonic()
-        self.sandbox = sandbox or DockerSandbox(agent.limits, self.inputs, agent.image)
-        self.sandbox_start_s = time.monotonic() - started
-        try:
-            prepare(self.sandbox)
-            self.registry = Registry(
-                [
-                    python_tool(self.sandbox),
-                    calculator_tool,
-                    file_metadata_tool(self.inputs, self.sandbox),
-                    *agent.extra_tools,
-                ]
-            )
-            self.trace = TraceWriter(self.trace_path)
-            self.loop = Loop(
-                agent.model,
-                self.registry,
-                self.trace,
-                protocol=agent.protocol,
-                rules=agent.rules,
-                inputs_profile=inputs_profile(self.inputs),
-                on_event=agent.on_event,
-            )
-        except BaseException:  # re-raised: only the container must not outlive the failure
-            if self._owns_sandbox:
-                self.sandbox.close()
-            raise
+        self.trace = TraceWriter(self.trace_path)
         self.trace.write(
             "session",
             model=getattr(agent.model, "name", type(agent.model).__name__),
             protocol=agent.protocol,
-            inputs=[str(p) for p in self.inputs],
-            image=getattr(self.sandbox, "image", None),
+            inputs=inputs.to_trace(),
+            image=agent.image or DEFAULT_IMAGE,
             limits=agent.limits.to_dict(),
             rules=vars(agent.rules),
-            sandbox_start_s=round(self.sandbox_start_s, 3),
+            sandbox_start="given" if isinstance(sandbox, Sandbox) else agent.sandbox_start,
+        )
+        if isinstance(sandbox, Sandbox):
+            self.sandbox = sandbox
+        else:  # starts now, beside the first model request; the first Python action waits
+            self.sandbox = BackgroundSandbox(
+                sandbox or (lambda: DockerSandbox(agent.limits, inputs, agent.image)),
+                agent.limits,
+                inputs,
+                background=agent.sandbox_start == BACKGROUND,
+                on_ready=lambda timing: self.trace.write("sandbox", **timing),
+            )
+        self.registry = Registry(
+            [
+                python_tool(self.sandbox),
+                calculator_tool,
+                file_metadata_tool(inputs, self.sandbox),
+                *agent.extra_tools,
+            ]
+        )
+        self.loop = Loop(
+            agent.model,
+            self.registry,
+            self.trace,
+            protocol=agent.protocol,
+            rules=agent.rules,
+            inputs_profile=inputs_profile(inputs),
+            on_event=agent.on_event,
         )
 
     def ask(self, question: str) -> Result:
         result = self.loop.ask(question)
         result.trace_path = self.trace_path
         result.notebook_path = export_notebook(self.trace_path, self.notebook_path)
+        if not self._sandbox_used():
+            return result  # no code ran: nothing to copy, and no container to wait for
         try:
             result.files = self.export(self.folder / OUTPUT_DIR)
         except SandboxError as exc:  # a dead container must not hide the answer
             self.trace.write("export_failed", error=str(exc))
-            result.warnings.append(
-                f"the files under /workspace/{OUTPUT_DIR} were not copied: {exc}"
-            )
+            result.warnings.append(f"the files under {OUTPUT} were not copied: {exc}")
         return result
 
-    def export(self, host_dir: str | Path) -> list[str]:
-        """Copy what the code wrote under /workspace/output to host_dir; the host paths."""
-        copied = self.sandbox.export(host_dir, OUTPUT_DIR)
+    def _sandbox_used(self) -> bool:
+        return not isinstance(self.sandbox, BackgroundSandbox) or self.sandbox.used
+
+    def export(self, host_dir: str | Path, folder: str = OUTPUT_DIR) -> list[str]:
+        """Copy one folder of /workspace (all of it for "") to host_dir; the host paths."""
+        copied = self.sandbox.export(host_dir, folder)
         return [str(Path(host_dir) / name) for name in copied]
 
     def files(self) -> list[dict]:
@@ -143,13 +149,24 @@ class Session:
         """Interrupt the running cell (the chat's Ctrl-C); the question goes on with the error."""
         self.sandbox.interrupt()
 
+    def reset(self) -> None:
+        """A fresh kernel and an empty history (workspace files are kept); recorded in the
+        trace, so a replay resets at the same point."""
+        if self._sandbox_used():
+            self.sandbox.restart()
+        self.loop.reset()
+        self.trace.write("reset", question=self.loop.questions)
+
     @property
     def messages(self) -> list[dict]:
         return self.loop.messages
 
     def close(self) -> None:
-        self.trace.close()
-        if self._owns_sandbox:
+        try:
+            if isinstance(self.sandbox, BackgroundSandbox) and not self.sandbox.used:
+                self.trace.write("sandbox", **self.sandbox.timing(), used=False)
+        finally:
+            self.trace.close()
             self.sandbox.close()
 
     def __enter__(self) -> Self:

@@ -1,11 +1,12 @@
 """trace.jsonl: one JSON object a line, appended and flushed as each step happens, so a crash
-loses no finished step. Event types: session, question, step, protocol, final."""
+loses no finished step. Event types: session, sandbox, question, step, protocol, reset, final."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import os
+import threading
 from pathlib import Path
 from typing import IO, Any, Self
 
@@ -15,6 +16,7 @@ class TraceWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
+        self._lock = threading.Lock()  # the sandbox's start is reported from its own thread
 
     def write(self, type_: str, **fields: Any) -> None:
         if self._file is None:
@@ -24,9 +26,11 @@ class TraceWriter:
             "time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
         }
         event.update(fields)
-        self._file.write(json.dumps(event, ensure_ascii=False, default=_plain) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())  # a machine crash keeps finished steps too
+        line = json.dumps(event, ensure_ascii=False, default=_plain) + "\n"
+        with self._lock:
+            self._file.write(line)
+            self._file.flush()
+            os.fsync(self._file.fileno())  # a machine crash keeps finished steps too
 
     def close(self) -> None:
         if self._file is not None:
@@ -60,6 +64,19 @@ def read_trace(path: str | Path) -> list[dict]:
                 if line.endswith("\n"):
                     raise ValueError(f"{path}:{n} is not a JSON trace event") from None
     return events
+
+
+def recorded_inputs(session_event: dict) -> list[dict]:
+    """The inputs a session event names: {"name", "path", "size", "sha256"} each. Traces
+    written before inputs were recorded whole hold plain paths; those get name and path."""
+    items = []
+    for entry in session_event.get("inputs", []):
+        if isinstance(entry, str):
+            entry = {"name": Path(entry).name, "path": entry}
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            raise ValueError(f"the session event's inputs are not recorded as paths: {entry!r}")
+        items.append({"name": Path(entry["path"]).name, "size": None, "sha256": None, **entry})
+    return items
 
 
 def _plain(value: object) -> object:

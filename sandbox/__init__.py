@@ -1,21 +1,34 @@
-"""Where code runs: sealed Docker containers hosting a Jupyter kernel."""
+"""Where code runs: sealed Docker containers hosting a Jupyter kernel.
 
-from sandbox.docker_sandbox import DockerSandbox
-from sandbox.errors import SandboxError, SandboxUnavailable
-from sandbox.execution import Error, Execution, Result, StreamChunk
-from sandbox.limits import Limits
-from sandbox.pool import SandboxPool
-from sandbox.render import render
+The names load on first use (PEP 562), so importing a light part (`sandbox.errors`,
+`sandbox.boundary`, `sandbox.inputs`) does not import the Docker client."""
 
-__all__ = [
-    "DockerSandbox",
-    "Error",
-    "Execution",
-    "Limits",
-    "Result",
-    "SandboxError",
-    "SandboxPool",
-    "SandboxUnavailable",
-    "StreamChunk",
-    "render",
-]
+import importlib
+
+# Loaded now, not lazily: the function shares its module's name, and a lazy name would be
+# shadowed by the submodule once anything imports `sandbox.render`.
+from sandbox.render import render as render
+
+_HOMES = {
+    "BackgroundSandbox": "sandbox.background",
+    "DockerSandbox": "sandbox.docker_sandbox",
+    "Error": "sandbox.execution",
+    "Execution": "sandbox.execution",
+    "Input": "sandbox.inputs",
+    "InputError": "sandbox.inputs",
+    "Inputs": "sandbox.inputs",
+    "Limits": "sandbox.limits",
+    "Result": "sandbox.execution",
+    "Sandbox": "sandbox.seams",
+    "SandboxError": "sandbox.errors",
+    "SandboxPool": "sandbox.pool",
+    "SandboxUnavailable": "sandbox.errors",
+    "StreamChunk": "sandbox.execution",
+}
+__all__ = sorted([*_HOMES, "render"])
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'sandbox' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

@@ -9,6 +9,7 @@ records it, so `replay` can tell when an input changed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import stat
@@ -30,11 +31,15 @@ class Input:
     name: str  # the file name under /data
     path: Path  # absolute host path
     size: int | None = None  # None (and no sha256) for what is not a regular file
-    sha256: str | None = None
 
     @property
     def sandbox_path(self) -> str:
         return f"{DATA}/{self.name}"
+
+    @functools.cached_property
+    def sha256(self) -> str | None:
+        """Read on first use (the trace asks for it): checking a jobs file hashes nothing."""
+        return None if self.size is None else sha256_of(self.path)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "path": str(self.path), "size": self.size, "sha256": self.sha256}
@@ -58,7 +63,9 @@ class Inputs:
 
     @classmethod
     def from_paths(
-        cls, paths: Inputs | Mapping[str, str | Path] | Iterable[str | Path], files_only: bool = True
+        cls,
+        paths: Inputs | Mapping[str, str | Path] | Iterable[str | Path],
+        files_only: bool = True,
     ) -> Inputs:
         """Paths (named by their base name) or {name: path}. `files_only=False` is for the
         file-metadata tool used on its own, which also lists folders and refuses special files
@@ -143,4 +150,4 @@ def _describe(name: str, path: Path, files_only: bool, raw: object) -> Input:
         return Input(name, path.resolve())
     if not os.access(path, os.R_OK):
         raise InputError(f"input {raw} cannot be read: permission denied")
-    return Input(name, path.resolve(), st.st_size, sha256_of(path))
+    return Input(name, path.resolve(), st.st_size)

@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 from sandbox.docker_sandbox import DockerSandbox
+from sandbox.inputs import Inputs
 from sandbox.limits import Limits
 
 RETRY_AFTER_S = 5.0  # after a failed background start
@@ -62,7 +63,9 @@ class SandboxPool:
                 return
             self._ready.put(sandbox)
 
-    def acquire(self, inputs: list[str | Path] = (), timeout: float | None = None) -> DockerSandbox:
+    def acquire(
+        self, inputs: Inputs | list[str | Path] = (), timeout: float | None = None
+    ) -> DockerSandbox:
         """A fresh sandbox with `inputs` under /data; starts one now if none is ready."""
         if self._closed.is_set():
             raise RuntimeError("this pool is closed")
@@ -76,7 +79,7 @@ class SandboxPool:
             self._wanted.release()  # refill the slot just taken
         if inputs:
             try:
-                sandbox.add_inputs(list(inputs))
+                sandbox.add_inputs(inputs)
             except BaseException:
                 sandbox.close()
                 raise

@@ -18,7 +18,7 @@ import pytest
 
 from agent import Agent, OpenAIModel, Rules, prompts
 from agent.trace import read_trace
-from tests.scripted_server import ScriptedServer, dead_url
+from tests.scripted_server import ScriptedServer
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
 
@@ -236,41 +236,6 @@ def test_context_compaction_keeps_system_task_and_newest_steps_whole(tmp_path):
     )  # within budget before the reply
 
 
-def test_token_budget_stops_the_run(tmp_path):
-    heavy = {
-        "tool_calls": [call("python", code="1")],
-        "usage": {"prompt_tokens": 500, "completion_tokens": 600},
-    }
-    with ScriptedServer([heavy, "never"]) as server:
-        result = agent(server, Rules(max_tokens=1000), protocol="tools").run("x", [SALES], tmp_path)
-    assert result.stop_reason == "token_budget" and "1100" in result.detail and server.left() == 1
-
-
-# -- the endpoint ------------------------------------------------------------------------------------------------
-
-
-def test_429_then_success(tmp_path):
-    with ScriptedServer(
-        [{"error": 429, "retry_after": 0}, {"error": 500}, "Final Answer: 12 rows."]
-    ) as server:
-        result = agent(server).run("Rows?", [SALES], tmp_path)
-    assert result.answered and result.answer == "12 rows." and len(server.requests) == 3
-
-
-def test_endpoint_down_gives_the_clear_error(tmp_path):
-    url = dead_url()
-    model = OpenAIModel("m", base_url=url, api_key="k", retry_base_s=0.01)
-    result = Agent(model).run("Rows?", [SALES], tmp_path)
-    assert result.stop_reason == "model_error" and result.answer is None
-    assert (
-        url in result.error
-        and "OPENAI_BASE_URL" in result.error
-        and "Traceback" not in result.error
-    )
-    final = read_trace(result.trace_path)[-1]
-    assert final["type"] == "final" and final["error"] == result.error
-
-
 # -- traces, notebooks, sessions, replay ---------------------------------------------------------------------
 
 
@@ -353,7 +318,9 @@ def test_trace_of_a_run_killed_mid_way_holds_every_finished_step(tmp_path):
         _reap()
     events = read_trace(trace)
     steps = [e for e in events if e["type"] == "step"]
-    assert [e["type"] for e in events] == ["session", "question", "step", "step"]
+    # the sandbox event: the first python action waited for the container started beside it
+    assert [e["type"] for e in events] == ["session", "question", "sandbox", "step", "step"]
+    assert events[2]["start_s"] > 0 and events[2]["waited_s"] >= 0
     assert steps[0]["observations"][0]["text"].strip() == "12"
     assert steps[0]["observations"][0]["execution"]["code"].endswith("print(len(df))")
     assert steps[1]["observations"][0]["text"].strip() == "24"
@@ -365,3 +332,34 @@ def _reap():
     from sandbox.container import engine, reap_orphans
 
     reap_orphans(engine())
+
+
+# -- the sandbox starts beside the first model request ----------------------------------------
+
+
+def test_sandbox_starts_in_the_background_and_the_first_action_waits_for_it(tmp_path):
+    script = [
+        {"delay": 1.5, "tool_calls": [call("python", code="print(6 * 7)")]},
+        lambda body: "Final Answer: " + last_observation(body).strip(),
+    ]
+    with ScriptedServer(script) as server:
+        result = agent(server, protocol="tools").run("6 x 7?", [SALES], tmp_path)
+    assert result.answer == "42"
+    events = read_trace(result.trace_path)
+    kinds = [e["type"] for e in events]
+    assert kinds[:4] == ["session", "question", "sandbox", "step"]
+    question, sandbox = events[1], events[2]
+    assert sandbox["started_at"] <= question["time"]  # begun before the model was asked
+    # the model took 1.5 s; the container started meanwhile, so the action waited less
+    assert sandbox["waited_s"] < sandbox["start_s"]
+
+
+def test_a_session_closed_while_its_sandbox_starts_leaves_no_container(tmp_path):
+    from tests.containers import container_labels, owner_label
+
+    with ScriptedServer([]) as server:
+        session = agent(server).session([SALES], tmp_path)
+        session.close()  # at once: the container is still starting
+    assert container_labels(owner_label(os.getpid())) == []
+    sandbox = [e for e in read_trace(tmp_path / "trace.jsonl") if e["type"] == "sandbox"]
+    assert sandbox[0]["used"] is False and sandbox[0]["started_at"]

@@ -102,7 +102,11 @@ def test_chat_two_questions_share_state_and_ctrl_c_interrupts_the_cell(tmp_path)
     owner = owner_label(child.pid)
     try:
         child.expect("you> ")
-        assert len(container_labels(owner, running_only=True)) == 1  # the session's sandbox
+        # the session's sandbox starts in the background while the prompt is already shown
+        deadline = time.monotonic() + 60
+        while not container_labels(owner, running_only=True) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(container_labels(owner, running_only=True)) == 1
         child.sendline("What is the total of n?")
         child.expect("total 6")
         child.expect("the total is 6")

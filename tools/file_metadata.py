@@ -103,7 +103,13 @@ class FileMetadata:
             return os.fdopen(os.dup(fd), "rb")
 
         return build_profile(
-            shown, st.st_size, st.st_mtime, data, complete=complete, caps=self.caps, open_file=reopen
+            shown,
+            st.st_size,
+            st.st_mtime,
+            data,
+            complete=complete,
+            caps=self.caps,
+            open_file=reopen,
         )
 
     def listing(self) -> str:

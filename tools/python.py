@@ -3,9 +3,9 @@ sandbox's capped rendering, and the Execution itself rides along for traces and 
 
 from __future__ import annotations
 
-from typing import Any
-
-from sandbox import render
+from sandbox.errors import SandboxError
+from sandbox.render import render
+from sandbox.seams import Sandbox
 from tools.registry import Observation, Tool
 
 DESCRIPTION = (
@@ -15,7 +15,7 @@ DESCRIPTION = (
 )
 
 
-def python_tool(sandbox: Any, budget: int | None = None) -> Tool:
+def python_tool(sandbox: Sandbox, budget: int | None = None) -> Tool:
     """A Tool running code with `sandbox.run`. `budget` caps the observation in characters
     (default: the sandbox's Limits.observation_chars)."""
     limits = sandbox.limits
@@ -37,4 +37,7 @@ def python_tool(sandbox: Any, budget: int | None = None) -> Tool:
         function=run_python,
         # the sandbox enforces the cell deadline (interrupt, then restart); this is a backstop
         timeout_s=limits.timeout_s + limits.interrupt_grace_s + 60,
+        raises=(
+            SandboxError,
+        ),  # no sandbox (none could start, or it is gone): not the code's fault
     )

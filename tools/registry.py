@@ -59,6 +59,8 @@ class Tool:
     function: Callable[..., str | Observation]  # called with **args
     timeout_s: float = 30.0
     cacheable: bool = False  # deterministic: cache results by (name, args)
+    # errors that end the question instead of becoming an observation (no sandbox at all)
+    raises: tuple[type[Exception], ...] = ()
 
 
 class ToolError(Exception):
@@ -282,6 +284,8 @@ def _run_with_timeout(tool: Tool, args: dict) -> Observation:
         )
     if "error" in box:
         exc = box["error"]
+        if isinstance(exc, tool.raises):
+            raise exc
         if isinstance(exc, ToolError):
             return Observation(False, str(exc), data=exc)
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not ours to swallow

@@ -1,0 +1,146 @@
+"""A sandbox that starts in a background thread and is waited for only when first used.
+
+A session creates one as it starts, so the container start (about a second) overlaps the first
+model request; a question answered without code never waits for it, and a session that ends
+before anything used it never keeps a container (or, started on demand, never starts one)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sandbox.errors import SandboxError
+from sandbox.execution import Execution
+from sandbox.inputs import Inputs
+from sandbox.limits import Limits
+from sandbox.seams import Sandbox
+
+OnReady = Callable[[dict], None]
+
+
+class BackgroundSandbox:
+    """The Sandbox made by `start()`, begun at once (`background=True`) or on first use."""
+
+    def __init__(
+        self,
+        start: Callable[[], Sandbox],
+        limits: Limits,
+        inputs: Inputs,
+        *,
+        background: bool = True,
+        on_ready: OnReady | None = None,
+    ):
+        self.limits, self.inputs = limits, inputs
+        self._start, self._on_ready = start, on_ready
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._sandbox: Sandbox | None = None
+        self._error: BaseException | None = None
+        self._closed = False
+        self._used = False
+        self.started_at: str | None = None  # when the start began (UTC, ISO 8601)
+        self.start_s: float | None = None  # how long the start took
+        self.waited_s: float | None = None  # how long the first use waited for it
+        if background:
+            self.begin()
+
+    def begin(self) -> None:
+        """Start the sandbox in the background, once."""
+        with self._lock:
+            if self._thread is not None or self._closed:
+                return
+            self.started_at = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+            self._thread = threading.Thread(target=self._run_start, daemon=True, name="sandbox")
+            self._thread.start()
+
+    def _run_start(self) -> None:
+        began = time.monotonic()
+        try:
+            sandbox = self._start()
+        except BaseException as error:  # kept and raised to the first caller, never lost
+            self._error = error
+            return
+        finally:
+            self.start_s = time.monotonic() - began
+        with self._lock:
+            if self._closed:  # closed while starting: nothing may outlive the session
+                sandbox.close()
+                return
+            self._sandbox = sandbox
+
+    @property
+    def used(self) -> bool:
+        """Whether anything has asked for the sandbox yet."""
+        return self._used
+
+    def ready(self) -> Sandbox:
+        """The running sandbox; waits for (or begins) its start the first time."""
+        sandbox = self._sandbox
+        if self._used and sandbox is not None:
+            return sandbox
+        if self._closed:
+            raise SandboxError("this sandbox is closed; start a new one")
+        self.begin()
+        waiting = time.monotonic()
+        assert self._thread is not None
+        self._thread.join()
+        with self._lock:
+            first, self._used = not self._used, True
+        if first:
+            self.waited_s = time.monotonic() - waiting
+        if self._error is not None:
+            raise self._error
+        if self._sandbox is None:
+            raise SandboxError("this sandbox is closed; start a new one")
+        if first and self._on_ready is not None:
+            self._on_ready(self.timing())
+        return self._sandbox
+
+    def timing(self) -> dict:
+        """For the trace: when the start began, how long it took, how long a caller waited."""
+        return {
+            "started_at": self.started_at,
+            "start_s": None if self.start_s is None else round(self.start_s, 3),
+            "waited_s": None if self.waited_s is None else round(self.waited_s, 3),
+        }
+
+    # -- the Sandbox seam: each call waits for the start ------------------------------------
+    def run(self, code: str, timeout: float | None = None) -> Execution:
+        return self.ready().run(code, timeout)
+
+    def interrupt(self) -> None:
+        if self._sandbox is not None:  # nothing runs before the start finished
+            self._sandbox.interrupt()
+
+    def restart(self) -> None:
+        self.ready().restart()
+
+    def stat(self, path: str) -> dict:
+        return self.ready().stat(path)
+
+    def read(self, path: str, max_bytes: int | None = None) -> bytes:
+        return self.ready().read(path, max_bytes)
+
+    def write(self, path: str, data: bytes) -> None:
+        self.ready().write(path, data)
+
+    def files(self) -> list[dict]:
+        return self.ready().files()
+
+    def export(self, host_dir: str | Path, subdir: str = "") -> list[str]:
+        return self.ready().export(host_dir, subdir)
+
+    def close(self) -> None:
+        """Close the sandbox; one still starting is waited for, then closed, so nothing
+        outlives the session."""
+        with self._lock:
+            self._closed = True
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            sandbox, self._sandbox = self._sandbox, None
+        if sandbox is not None:
+            sandbox.close()

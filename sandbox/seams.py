@@ -1,0 +1,36 @@
+"""The Sandbox seam: what `tools.python`, `Session`, the pool and the front ends use to run
+code and move files. `DockerSandbox` is the sandbox; `BackgroundSandbox` is one that is still
+starting. Nothing here imports Docker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from sandbox.execution import Execution
+from sandbox.inputs import Inputs
+from sandbox.limits import Limits
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    limits: Limits
+    inputs: Inputs  # mounted read-only under /data
+
+    def run(self, code: str, timeout: float | None = None) -> Execution: ...
+
+    def interrupt(self) -> None: ...  # KeyboardInterrupt in the running cell; state kept
+
+    def restart(self) -> None: ...  # a fresh kernel; workspace files kept
+
+    def stat(self, path: str) -> dict: ...  # {"path", "kind", "size", "mtime"}
+
+    def read(self, path: str, max_bytes: int | None = None) -> bytes: ...
+
+    def write(self, path: str, data: bytes) -> None: ...
+
+    def files(self) -> list[dict]: ...  # the workspace's files: path, size, mtime
+
+    def export(self, host_dir: str | Path, subdir: str = "") -> list[str]: ...
+
+    def close(self) -> None: ...

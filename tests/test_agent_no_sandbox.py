@@ -1,0 +1,173 @@
+"""The loop where no code runs: token budget, retries, a dead endpoint, format errors, and the
+inputs' profiles. The real `openai` client over HTTP to the scripted server; the sessions'
+sandboxes start on demand and nothing asks for one, so these need no Docker at all (each test
+checks that no sandbox was started)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent import Agent, OpenAIModel, Rules, prompts
+from agent.trace import read_trace
+from tests.scripted_server import ScriptedServer, dead_url
+from tools import profile as profile_module
+
+pytestmark = pytest.mark.timeout(60)
+
+SALES = Path(__file__).parent / "data" / "agent" / "sales.csv"
+
+
+def agent(url: str, rules: Rules | None = None, **kw) -> Agent:
+    model = OpenAIModel("scripted", base_url=url, api_key="k", retry_base_s=0.01)
+    return Agent(model, rules=rules or Rules(), sandbox_start="on_demand", **kw)
+
+
+def call(name, **args):
+    return {"name": name, "arguments": args}
+
+
+def no_sandbox_started(trace: Path) -> bool:
+    events = read_trace(trace)
+    sandbox = [e for e in events if e["type"] == "sandbox"]
+    return len(sandbox) == 1 and sandbox[0]["used"] is False and sandbox[0]["start_s"] is None
+
+
+def test_token_budget_stops_the_run(tmp_path):
+    heavy = {
+        "tool_calls": [call("calculator", expression="1 + 1")],
+        "usage": {"prompt_tokens": 500, "completion_tokens": 600},
+    }
+    with ScriptedServer([heavy, "never"]) as server:
+        result = agent(server.url, Rules(max_tokens=1000), protocol="tools").run(
+            "x", [SALES], tmp_path
+        )
+    assert result.stop_reason == "token_budget" and "1100" in result.detail and server.left() == 1
+    assert no_sandbox_started(result.trace_path)
+
+
+def test_429_then_500_then_success(tmp_path):
+    with ScriptedServer(
+        [{"error": 429, "retry_after": 0}, {"error": 500}, "Final Answer: 12 rows."]
+    ) as server:
+        result = agent(server.url).run("Rows?", [SALES], tmp_path)
+    assert result.answered and result.answer == "12 rows." and len(server.requests) == 3
+    assert no_sandbox_started(result.trace_path)
+
+
+def test_endpoint_down_gives_the_clear_error(tmp_path):
+    url = dead_url()
+    result = agent(url).run("Rows?", [SALES], tmp_path)
+    assert result.stop_reason == "model_error" and result.answer is None
+    assert (
+        url in result.error
+        and "OPENAI_BASE_URL" in result.error
+        and "Traceback" not in result.error
+    )
+    final = next(e for e in read_trace(result.trace_path) if e["type"] == "final")
+    assert final["error"] == result.error
+    assert no_sandbox_started(result.trace_path)
+
+
+def test_format_errors_are_recovered_without_running_code(tmp_path):
+    script = [
+        "The data probably has 12 rows.",  # prose without a label
+        "",  # empty
+        'Thought: search\nAction: web_search\nAction Input: {"query": "sales"}',  # unknown tool
+        'Thought: calc\nAction: calculator\nAction Input: {"expression": "3 * 4",}',  # repaired
+        {
+            "content": "Thought: long\nAction: calculator\nAction Input: {",
+            "finish_reason": "length",
+        },
+        "Thought: try calc\nAction: calculator\nAction Input: {{{",  # unrepairable
+        "Thought: done\nFinal Answer: There are 12 rows.",
+    ]
+    with ScriptedServer(script) as server:
+        result = agent(server.url, protocol="react").run("How many rows?", [SALES], tmp_path)
+    assert result.answered and result.answer == "There are 12 rows.", result
+    feedback = [r["messages"][-1]["content"] for r in server.requests[1:]]
+    assert feedback[0].endswith(prompts.UNLABELLED)
+    assert "empty" in feedback[1]
+    assert "unknown tool `web_search`" in feedback[2] and "python" in feedback[2]
+    assert feedback[3] == "Observation: 12"
+    assert feedback[4] == prompts.LENGTH_NUDGE
+    assert "{{{" in feedback[5]
+    assert no_sandbox_started(result.trace_path)
+
+
+def test_each_input_is_profiled_once_per_session(tmp_path, monkeypatch):
+    """The prompt's profile and every file_metadata answer about an unchanged input come from
+    one profile build; a changed file is profiled again."""
+    builds = []
+    real = profile_module.build_profile
+
+    def counting(name, *args, **kwargs):
+        builds.append(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr("tools.file_metadata.build_profile", counting)
+    data = tmp_path / "sales.csv"
+    data.write_bytes(SALES.read_bytes())
+    script = [
+        {"tool_calls": [call("file_metadata", path="/data/sales.csv")]},
+        {"tool_calls": [call("file_metadata", path="sales.csv")]},
+        "Final Answer: 12 rows.",
+        {"tool_calls": [call("file_metadata", path="/data/sales.csv")]},
+        "Final Answer: 13 rows.",
+    ]
+    with (
+        ScriptedServer(script) as server,
+        agent(server.url, protocol="tools").session([data], tmp_path / "s") as session,
+    ):
+        first = session.ask("Rows?")
+        assert builds == ["/data/sales.csv"]  # the prompt's profile, reused twice by the tool
+        system = server.requests[0]["messages"][0]["content"]
+        tool_answer = server.requests[1]["messages"][-1]["content"]
+        assert "unit_price" in system and "unit_price" in tool_answer
+        with data.open("a") as f:
+            f.write("2024-02-01,East,widget,1,2.5\n")
+        second = session.ask("Rows now?")
+    assert first.answered and second.answered
+    assert builds == ["/data/sales.csv", "/data/sales.csv"]  # changed, so profiled once more
+    assert "13 rows" in server.requests[4]["messages"][-1]["content"]
+    session_event = read_trace(first.trace_path)[0]
+    recorded = session_event["inputs"][0]
+    assert recorded["path"] == str(data.resolve()) and recorded["name"] == "sales.csv"
+    assert len(recorded["sha256"]) == 64 and recorded["size"] == SALES.stat().st_size
+
+
+@pytest.mark.parametrize(
+    "inputs,words",
+    [
+        (lambda d: [d / "a" / "x.csv", d / "b" / "x.csv"], "two inputs are named x.csv"),
+        (lambda d: ["/dev/null"], "is not a regular file"),
+        (lambda d: [d / "a"], "is not a regular file"),
+        (lambda d: [d / "missing.csv"], "does not exist"),
+    ],
+)
+def test_bad_inputs_are_refused_before_anything_starts(tmp_path, inputs, words):
+    from sandbox import InputError
+
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "x.csv").write_text("a\n1\n")
+    with pytest.raises(InputError, match=words):
+        agent(dead_url()).session(inputs(tmp_path), tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # refused before the session folder was made
+
+
+def test_reset_forgets_history_and_answers_and_is_traced(tmp_path):
+    script = ["Final Answer: 12 rows.", "Final Answer: 12 rows."]
+    with (
+        ScriptedServer(script) as server,
+        agent(server.url, protocol="react").session([SALES], tmp_path) as session,
+    ):
+        assert session.ask("Rows?").answered
+        session.reset()
+        again = session.ask("Rows?")
+    # the same answer again is no "repeated answer" after a reset: the earlier one is forgotten
+    assert again.answered and not again.warnings
+    assert [m["role"] for m in server.requests[1]["messages"]] == ["system", "user"]
+    kinds = [e["type"] for e in read_trace(again.trace_path)]
+    assert kinds.count("reset") == 1 and kinds.index("reset") < len(kinds) - 3
+    assert json.dumps(server.requests[1]).count("Rows?") == 1
