@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.trace import read_trace
-from sandbox import DockerSandbox, Execution, Limits
+from agent.trace import read_trace, recorded_inputs
+from sandbox import DockerSandbox, Execution, InputError, Inputs, Limits
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 
@@ -24,6 +24,7 @@ class Cell:
     code: str
     recorded: str  # normalised output as recorded
     replayed: str = ""
+    reset_before: bool = False  # the session's kernel was reset (chat's /reset) before it
 
     @property
     def same(self) -> bool:
@@ -44,58 +45,67 @@ def signature(execution: Execution) -> str:
 
 
 def recorded_cells(events: list[dict]) -> list[Cell]:
-    cells = []
+    """The python cells of a trace in order; a cell after a chat's /reset says so."""
+    cells, reset = [], False
     for event in events:
+        if event.get("type") == "reset":
+            reset = True
         if event.get("type") != "step":
             continue
         for obs in event.get("observations", []):
             if obs.get("tool") == "python" and obs.get("execution"):
                 ex = Execution.from_dict(obs["execution"])
-                cells.append(
-                    Cell(event.get("question", 0), event.get("step", 0), ex.code, signature(ex))
-                )
+                question, step = event.get("question", 0), event.get("step", 0)
+                cells.append(Cell(question, step, ex.code, signature(ex), reset_before=reset))
+                reset = False
     return cells
 
 
-def recorded_inputs(session: dict) -> dict[str, Path]:
-    """/data name -> host path of each input of the recorded run. A trace lists an input as
-    its path (named by its base name) or as {"name": ..., "path": ..., ...}."""
-    named = {}
-    for item in session.get("inputs", []):
-        if isinstance(item, dict):
-            path = Path(item["path"])
-            named[item.get("name") or path.name] = path
-        else:
-            named[Path(item).name] = Path(item)
-    return named
+@dataclass
+class Replayed:
+    cells: list[Cell]
+    changed: list[str]  # inputs whose content differs from the recorded run's (sha256)
 
 
-def replay(trace: Path, inputs: list[Path] = (), image: str | None = None) -> list[Cell]:
+def replay(trace: Path, inputs: list[Path] = (), image: str | None = None) -> Replayed:
     """Every recorded python cell of TRACE, re-run in order in one fresh sandbox with the
-    recorded limits and inputs (`inputs` overrides those by file name). Raises ReplayError
-    for a file that is not a trace or inputs that are missing, SandboxError when no sandbox
-    starts."""
+    recorded limits and inputs (`inputs` overrides those by file name), resetting the kernel
+    where the session did. Raises ReplayError for a file that is not a trace or inputs that
+    are missing, SandboxError when no sandbox starts."""
     try:
         events = read_trace(trace)
+        session = next((e for e in events if e.get("type") == "session"), {})
+        recorded = recorded_inputs(session)
     except UnicodeDecodeError:
         raise ReplayError(f"{trace} is not a trace: it is not UTF-8 text") from None
-    except ValueError as exc:  # a line that is not JSON
-        raise ReplayError(str(exc)) from None
-    session = next((e for e in events if e.get("type") == "session"), {})
-    by_name = recorded_inputs(session)
-    by_name.update({Path(p).name: Path(p) for p in inputs})
-    missing = [str(p) for p in by_name.values() if not p.is_file()]
+    except ValueError as exc:  # a line that is not JSON, inputs that are not paths
+        raise ReplayError(f"{trace} is not a trace: {exc}") from None
+    if not session and events:
+        raise ReplayError(f"{trace} is not a trace: it has no session event")
+    paths = {item["name"]: Path(item["path"]) for item in recorded}
+    paths.update({Path(p).name: Path(p) for p in inputs})
+    missing = [str(p) for p in paths.values() if not p.is_file()]
     if missing:
         raise ReplayError(
             f"input file(s) of the recorded run not found: {', '.join(missing)}. Pass their new "
             "location with --input PATH (matched by file name)."
         )
+    try:
+        now = Inputs.from_paths(paths)
+    except InputError as exc:
+        raise ReplayError(str(exc)) from None
+    changed = [
+        f"{item['name']} ({now.get(item['name']).path})"
+        for item in recorded
+        if item.get("sha256") and item["sha256"] != now.get(item["name"]).sha256
+    ]
     known = set(Limits.__dataclass_fields__)
     limits = Limits(**{k: v for k, v in session.get("limits", {}).items() if k in known})
     cells = recorded_cells(events)
-    if not cells:
-        return cells  # no sandbox needed
-    with DockerSandbox(limits, by_name, image or session.get("image")) as sandbox:
-        for cell in cells:
-            cell.replayed = signature(sandbox.run(cell.code))
-    return cells
+    if cells:  # no sandbox needed otherwise
+        with DockerSandbox(limits, now, image or session.get("image")) as sandbox:
+            for cell in cells:
+                if cell.reset_before:
+                    sandbox.restart()
+                cell.replayed = signature(sandbox.run(cell.code))
+    return Replayed(cells, changed)

@@ -20,6 +20,7 @@ from agent.trace import TraceWriter
 from sandbox import BackgroundSandbox, DockerSandbox, Inputs, Limits, Sandbox, SandboxError
 from sandbox.boundary import OUTPUT
 from sandbox.container import DEFAULT_IMAGE
+from sandbox.pool import warmed
 from tools import Registry, Tool, calculator_tool
 from tools.file_metadata import file_metadata_tool
 from tools.python import python_tool
@@ -97,7 +98,7 @@ class Session:
             self.sandbox = sandbox
         else:  # starts now, beside the first model request; the first Python action waits
             self.sandbox = BackgroundSandbox(
-                sandbox or (lambda: DockerSandbox(agent.limits, inputs, agent.image)),
+                sandbox or (lambda: warmed(DockerSandbox(agent.limits, inputs, agent.image))),
                 agent.limits,
                 inputs,
                 background=agent.sandbox_start == BACKGROUND,
@@ -125,7 +126,7 @@ class Session:
         result = self.loop.ask(question)
         result.trace_path = self.trace_path
         result.notebook_path = export_notebook(self.trace_path, self.notebook_path)
-        if not self._sandbox_used():
+        if not self.sandbox_used:
             return result  # no code ran: nothing to copy, and no container to wait for
         try:
             result.files = self.export(self.folder / OUTPUT_DIR)
@@ -134,7 +135,9 @@ class Session:
             result.warnings.append(f"the files under {OUTPUT} were not copied: {exc}")
         return result
 
-    def _sandbox_used(self) -> bool:
+    @property
+    def sandbox_used(self) -> bool:
+        """Whether anything ran in the sandbox (a question answered without code: no)."""
         return not isinstance(self.sandbox, BackgroundSandbox) or self.sandbox.used
 
     def export(self, host_dir: str | Path, folder: str = OUTPUT_DIR) -> list[str]:
@@ -152,7 +155,7 @@ class Session:
     def reset(self) -> None:
         """A fresh kernel and an empty history (workspace files are kept); recorded in the
         trace, so a replay resets at the same point."""
-        if self._sandbox_used():
+        if self.sandbox_used:
             self.sandbox.restart()
         self.loop.reset()
         self.trace.write("reset", question=self.loop.questions)

@@ -40,6 +40,21 @@ def engine() -> docker.DockerClient:
     return client
 
 
+def check_image(client: docker.DockerClient, image: str) -> None:
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        raise SandboxUnavailable(
+            f"the sandbox image {image} is missing. Build it with `make image`."
+        ) from None
+
+
+def preflight(image: str | None = None) -> None:
+    """Raise SandboxUnavailable now if no sandbox could start (no engine, no image): a front
+    end says so before it asks a model anything, though the container starts later."""
+    check_image(engine(), image or DEFAULT_IMAGE)
+
+
 def owner(pid: int | None = None) -> str:
     """The owner label's value for a process on this host (by default this one)."""
     return f"{socket.gethostname()}:{pid or os.getpid()}"
@@ -56,12 +71,7 @@ def start(
     staging_dir: Path | None = None,
 ):
     """Start a sealed container whose PID 1 (the supervisor) starts the kernel."""
-    try:
-        client.images.get(image)
-    except docker.errors.ImageNotFound:
-        raise SandboxUnavailable(
-            f"the sandbox image {image} is missing. Build it with `make image`."
-        ) from None
+    check_image(client, image)
     volumes = {conn_dir: {"bind": boundary.CONNECTION_DIR, "mode": "rw"}}
     for name, path in inputs.items():  # one file at a time, read-only: never a whole folder
         volumes[str(path)] = {"bind": f"{boundary.DATA}/{name}", "mode": "ro"}

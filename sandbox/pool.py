@@ -16,6 +16,17 @@ RETRY_AFTER_S = 5.0  # after a failed background start
 WARMUP = "__import__('pandas'); __import__('numpy'); __import__('matplotlib.pyplot')"
 
 
+def warmed(sandbox: DockerSandbox, code: str | None = WARMUP) -> DockerSandbox:
+    """The sandbox after its warm-up cell (a failed warm-up only costs time later)."""
+    if code:
+        try:
+            sandbox.run(code)
+        except BaseException:  # re-raised: a sandbox that failed here must not be left running
+            sandbox.close()
+            raise
+    return sandbox
+
+
 class SandboxPool:
     def __init__(
         self,
@@ -41,10 +52,9 @@ class SandboxPool:
             worker.start()
 
     def _new(self) -> DockerSandbox:
-        sandbox = DockerSandbox(limits=self.limits, image=self.image, staging=True)
-        if self.warmup:
-            sandbox.run(self.warmup)
-        return sandbox
+        return warmed(
+            DockerSandbox(limits=self.limits, image=self.image, staging=True), self.warmup
+        )
 
     def _fill(self) -> None:
         while True:

@@ -29,7 +29,10 @@ def test_smoke_bench_writes_every_section(tmp_path):
     assert run.returncode == 0, run.stderr[-4000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["smoke"] is True
-    assert {"machine", "sandbox", "agent", "batch", "seconds"} <= set(results)
+    assert {"machine", "sandbox", "agent", "batch", "session", "seconds"} <= set(results)
+    session = results["session"]
+    assert len(session["background_s"]) == len(session["sandbox_first_s"]) == 2
+    assert all(s > session["model_delay_s"] for s in session["background_s"])
     assert {"cold_start_s", "pool_acquire_s", "cell_round_trip_s", "concurrent", "flood"} <= set(
         results["sandbox"]
     )
@@ -49,6 +52,7 @@ def test_smoke_bench_writes_every_section(tmp_path):
         "characters sent per task, sandcell `auto`",
         "batch jobs per minute",
         "batch throughput, 2 workers vs 1",
+        "session creation to first observation",
         "### Characters sent to the model, per task",
     ):
         assert row in report, row

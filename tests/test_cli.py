@@ -154,14 +154,42 @@ def test_replay_of_a_trace_without_code_needs_no_sandbox(tmp_path):
     assert result.stdout == f"{trace}: no python cells recorded; nothing to replay\n"
 
 
-def test_tool_with_two_inputs_of_one_name_is_a_usage_error(tmp_path):
+BAD_INPUTS = {
+    "two inputs of one name": (
+        lambda d: [d / "a" / "sales.csv", d / "b" / "sales.csv"],
+        "sandcell: two inputs are named sales.csv",
+    ),
+    "a device": (lambda d: ["/dev/null"], "sandcell: input /dev/null is not a regular file"),
+}
+COMMANDS_WITH_INPUTS = {
+    "tool": ["tool", "file_metadata", '{"path": "/data/sales.csv"}'],
+    "exec": ["exec", "-c", "1"],
+    "run": ["run", "--task", "x", "--output", "{out}", "--replay", "{script}"],
+    "chat": ["chat", "--output", "{out}", "--replay", "{script}"],
+}
+
+
+@pytest.mark.parametrize("bad", BAD_INPUTS)
+@pytest.mark.parametrize("command", COMMANDS_WITH_INPUTS)
+def test_bad_inputs_are_one_usage_error_in_every_command(tmp_path, bad, command):
+    """One check (sandbox.inputs) and one message, exit 2, before any sandbox or folder."""
     for folder in ("a", "b"):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "sales.csv").write_text("n\n1\n")
-    args = ["--input", str(tmp_path / "a" / "sales.csv"), "--input", str(tmp_path / "b/sales.csv")]
-    result = sandcell("tool", "file_metadata", '{"path": "/data/sales.csv"}', *args)
-    assert result.exit_code == 2
-    assert "Error: two inputs are named sales.csv" in result.stderr
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(["Final Answer: 1"]))
+    out = tmp_path / "out"
+    paths, message = BAD_INPUTS[bad]
+    args = [
+        a.replace("{out}", str(out)).replace("{script}", str(script))
+        for a in COMMANDS_WITH_INPUTS[command]
+    ]
+    for path in paths(tmp_path):
+        args += ["--input", str(path)]
+    result = sandcell(*args, stdin="")
+    assert result.exit_code == exits.USAGE == 2, result.output
+    assert result.stderr.startswith(message) and "Traceback" not in result.output
+    assert not out.exists()
 
 
 # -- errors mapped by exits.reported(): one line on stderr, the status, no traceback --------------

@@ -9,6 +9,7 @@ from agent.batch import Batch, JobsError, load_jobs
 from agent.cli import exits
 from agent.cli.options import agent_options, build_limits, build_model, build_rules
 from agent.scripted import ScriptedModel
+from sandbox.container import preflight
 
 
 @click.command("batch")
@@ -49,6 +50,7 @@ def batch_cmd(jobs_file, output, workers, no_progress, opts):
 
     if not any(job.replay for job in jobs):
         make_model(jobs[0])  # a bad endpoint or key fails now (exit 4), not once per job
+    preflight()  # so does a missing engine or image (exit 3)
     batch = Batch(
         jobs,
         output,

@@ -16,7 +16,7 @@ from agent.cli import exits
 from agent.cli.console import EventPrinter
 from agent.cli.options import agent_options, build_agent, input_option
 from agent.seams import ModelError
-from agent.session import Session
+from agent.session import FIGURES_DIR, Session
 from sandbox import SandboxError
 
 HELP = """commands:
@@ -62,14 +62,16 @@ def ask_interruptibly(session: Session, question: str, console: Console) -> bool
 
 def show_new_charts(session: Session, host_dir: Path, console: Console) -> None:
     """Copy the charts the code drew to the session folder and print where they are."""
-    before = {p.name for p in host_dir.glob("*.png")} if host_dir.exists() else set()
+    if not session.sandbox_used:
+        return  # no code ran: no charts
+    before = set(host_dir.glob("*.png")) if host_dir.exists() else set()
     try:
-        copied = session.sandbox.export(host_dir, "figures")
+        copied = session.export(host_dir, FIGURES_DIR)
     except SandboxError as error:
         console.print(f"[red]could not copy the charts: {error}[/red]")
         return
-    for name in sorted(set(copied) - before):
-        console.print(f"[bold]chart:[/bold] {host_dir / name}")
+    for path in sorted(set(map(Path, copied)) - before):
+        console.print(f"[bold]chart:[/bold] {path}")
 
 
 def slash(command: str, session: Session, console: Console) -> bool:
@@ -87,11 +89,10 @@ def slash(command: str, session: Session, console: Console) -> bool:
         if not arg.strip():
             console.print("usage: /export DIR")
         else:
-            copied = session.sandbox.export(Path(arg.strip()).expanduser())
+            copied = session.export(Path(arg.strip()).expanduser(), "")
             console.print(f"copied {len(copied)} files to {arg.strip()}")
     elif name == "/reset":
-        session.sandbox.restart()
-        del session.messages[1:]
+        session.reset()
         console.print("fresh kernel, empty history; workspace files kept")
     elif name == "/help":
         console.print(HELP)
@@ -118,7 +119,7 @@ def chat_cmd(inputs, output, opts):
     console = Console(highlight=False)
     folder = output or Path("sandcell-out") / time.strftime("chat-%Y%m%d-%H%M%S")
     session = build_agent(opts, EventPrinter(console)).session(list(inputs), folder)
-    names = ", ".join(f"/data/{p.name}" for p in inputs) or "no input files"
+    names = ", ".join(item.sandbox_path for item in session.inputs) or "no input files"
     console.print(f"sandcell chat: {names}. /help for commands, Ctrl-D to leave.")
     try:
         while True:
@@ -138,7 +139,7 @@ def chat_cmd(inputs, output, opts):
             show_new_charts(session, folder / "figures", console)
     finally:
         try:
-            copied = len(session.sandbox.export(folder / "workspace"))
+            copied = len(session.export(folder / "workspace", "")) if session.sandbox_used else 0
         except SandboxError as error:  # the answer and trace matter more than the files
             console.print(f"[red]could not copy the workspace: {error}[/red]")
             copied = 0

@@ -2,7 +2,8 @@
 
     0   OK           answered (run, batch), ran (exec), every cell the same (replay)
     1   STOPPED      stopped without an answer, the code raised, a tool failed, cells differ
-    2   USAGE        a usage error (click's UsageError: bad flag, bad jobs file, bad trace)
+    2   USAGE        a usage error (click's UsageError: bad flag, bad jobs file, bad trace;
+                     an InputError: an input missing, not a regular file, a name taken twice)
     3   UNAVAILABLE  the sandbox is unavailable: no engine, no image, the container failed
     4   MODEL        the model endpoint is unusable: unreachable, key rejected, no such model
     124 TIMEOUT      exec: the cell passed its deadline (the status `timeout(1)` uses)
@@ -35,6 +36,10 @@ def _known(exc: BaseException) -> int | None:
     """The status of an error sandcell expects and words for the user; None for any other."""
     if isinstance(exc, KeyboardInterrupt):
         return INTERRUPTED
+    from sandbox.inputs import InputError  # light: stdlib only
+
+    if isinstance(exc, InputError):
+        return USAGE
     from agent.seams import ModelError  # light: json_repair only
 
     if isinstance(exc, ModelError):
@@ -47,7 +52,8 @@ def _known(exc: BaseException) -> int | None:
 
 
 def for_error(exc: BaseException) -> int:
-    """ModelError 4, SandboxError (and SandboxUnavailable) 3, KeyboardInterrupt 130; any other
+    """InputError 2, ModelError 4, SandboxError (and SandboxUnavailable) 3, KeyboardInterrupt
+    130; any other
     exception 1, as Python exits with for an uncaught one."""
     status = _known(exc)
     return STOPPED if status is None else status

@@ -135,10 +135,15 @@ def build_model(opts: dict) -> Model:
 
 
 def build_agent(opts: dict, on_event=None) -> Agent:
+    """The agent of `run` and `chat`. A missing engine or image is said now (exit 3), before
+    any question; the sandbox itself starts in the background with the session."""
     from agent.session import Agent
+    from sandbox.container import preflight
 
+    model = build_model(opts)
+    preflight()
     return Agent(
-        build_model(opts),
+        model,
         limits=build_limits(opts),
         rules=build_rules(opts),
         protocol=opts["protocol"],

@@ -26,9 +26,12 @@ def replay_cmd(trace: Path, inputs: tuple[Path, ...], image: str | None) -> None
     and report every cell whose output differs. Exit status: 0 all cells match, 1 some differ,
     2 TRACE is not a trace or its inputs are missing, 3 the sandbox is unavailable."""
     try:
-        cells = replay(trace, list(inputs), image)
+        replayed = replay(trace, list(inputs), image)
     except ReplayError as exc:
         raise click.UsageError(str(exc)) from None
+    for name in replayed.changed:
+        click.echo(f"sandcell: warning: input {name} changed since the recorded run", err=True)
+    cells = replayed.cells
     if not cells:
         click.echo(f"{trace}: no python cells recorded; nothing to replay")
         return

@@ -9,6 +9,7 @@ import click
 from agent.cli import exits
 from agent.cli.options import agent_options, build_agent, input_option
 from agent.jobfiles import write_answer
+from sandbox.inputs import Inputs
 
 
 @click.command("run")
@@ -24,8 +25,9 @@ from agent.jobfiles import write_answer
 @exits.reported()
 def run_cmd(task, inputs, output, opts):
     """Run one task to its end (exit 0 when answered, else non-zero with the stop reason)."""
+    checked = Inputs.from_paths(inputs)  # a bad input is refused before anything is made
     output.mkdir(parents=True, exist_ok=True)
-    result = build_agent(opts).run(task, inputs=list(inputs), output_dir=output)
+    result = build_agent(opts).run(task, inputs=checked, output_dir=output)
     write_answer(result, output)
     for warning in result.warnings:
         click.echo(f"sandcell: warning: {warning}", err=True)

@@ -9,26 +9,19 @@ from pathlib import Path
 import click
 
 from agent.cli import exits
+from agent.cli.options import input_option
+from sandbox.inputs import Inputs
 from tools import Registry, calculator_tool, file_metadata_tool
 
 
 @click.command("tool")
 @click.argument("name")
 @click.argument("args", required=False, default="{}")
-@click.option(
-    "--input",
-    "inputs",
-    multiple=True,
-    type=click.Path(exists=True, path_type=Path),
-    help="An input file, seen by file_metadata as /data/<file name>. Repeatable.",
-)
+@input_option("An input file, seen by file_metadata as /data/<file name> (repeatable).")
 @exits.reported()
 def tool(name: str, args: str, inputs: tuple[Path, ...]) -> None:
     """Run tool NAME with ARGS (a JSON object, e.g. '{"expression": "2^10"}')."""
-    try:
-        registry = Registry([calculator_tool, file_metadata_tool(inputs)])
-    except ValueError as exc:  # e.g. two inputs with the same file name
-        raise click.UsageError(str(exc)) from None
+    registry = Registry([calculator_tool, file_metadata_tool(Inputs.from_paths(inputs))])
     obs = registry.call(name, args)
     if obs.ok:
         click.echo(obs.text)
