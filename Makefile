@@ -32,8 +32,8 @@ demo: install engine image
 	$(PY) -m agent.demo $(DEMO_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check sandbox agent tools tests bench
-	$(VENV)/bin/ruff format --check sandbox agent tools tests bench
+	$(VENV)/bin/ruff check sandbox agent tools tests bench images
+	$(VENV)/bin/ruff format --check sandbox agent tools tests bench images
 
 clean:
 	rm -rf $(VENV) images/.wheels

@@ -20,24 +20,10 @@ import tarfile
 
 import boundary
 
-KINDS = [
-    (stat.S_ISREG, "file"),
-    (stat.S_ISDIR, "dir"),
-    (stat.S_ISLNK, "symlink"),
-    (stat.S_ISFIFO, "fifo"),
-    (stat.S_ISCHR, "char"),
-    (stat.S_ISBLK, "block"),
-    (stat.S_ISSOCK, "socket"),
-]
-
 
 def fail(name: str, message: str) -> None:
     sys.stderr.write(f"{name}: {message}")
     sys.exit(2)
-
-
-def kind_of(mode: int) -> str:
-    return next((kind for test, kind in KINDS if test(mode)), "other")
 
 
 def do_stat(path: str) -> None:
@@ -46,7 +32,12 @@ def do_stat(path: str) -> None:
     except FileNotFoundError:
         print(json.dumps({"path": path, "kind": "missing"}))
         return
-    info = {"path": path, "size": st.st_size, "mtime": st.st_mtime, "kind": kind_of(st.st_mode)}
+    info = {
+        "path": path,
+        "size": st.st_size,
+        "mtime": st.st_mtime,
+        "kind": boundary.kind_of(st.st_mode),
+    }
     print(json.dumps(info))
 
 

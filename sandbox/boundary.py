@@ -9,6 +9,7 @@ the one function that writes it and the one that parses it.
 
 import re
 import signal
+import stat
 
 # -- paths inside the container -------------------------------------------------------------
 WORKSPACE = "/workspace"  # tmpfs; kept across kernel restarts
@@ -44,6 +45,22 @@ def socket_name(port: int) -> str:
 RESTART = signal.SIGUSR1  # kill everything but PID 1, start a fresh kernel and relay
 SWEEP = signal.SIGUSR2  # kill everything but PID 1, the kernel and the relay
 STOP = signal.SIGTERM  # kill everything and exit
+
+# -- kinds of file, as a file's stat names them on both sides ---------------------------------
+FILE_KINDS = [
+    (stat.S_ISREG, "file"),
+    (stat.S_ISDIR, "dir"),
+    (stat.S_ISLNK, "symlink"),
+    (stat.S_ISFIFO, "fifo"),
+    (stat.S_ISCHR, "char"),
+    (stat.S_ISBLK, "block"),
+    (stat.S_ISSOCK, "socket"),
+]
+
+
+def kind_of(mode: int) -> str:
+    return next((kind for test, kind in FILE_KINDS if test(mode)), "other")
+
 
 # -- container labels ---------------------------------------------------------------------------
 LABEL = "sandcell"  # every sandbox container carries it

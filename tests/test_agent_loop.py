@@ -281,6 +281,38 @@ def test_session_shares_kernel_state_exports_notebook_files_and_replays(tmp_path
     assert "+{'East': 105.5, 'North': 141.9, 'South': 151.95}" in done.stdout
 
 
+def test_replay_resets_where_the_session_did_and_warns_of_a_changed_input(tmp_path):
+    data = tmp_path / "sales.csv"
+    data.write_bytes(SALES.read_bytes())
+    script = [
+        {"tool_calls": [call("python", code="x = 41\nprint(x + 1)")]},
+        "Final Answer: 42",
+        {"tool_calls": [call("python", code="print('x' in dir())")]},
+        "Final Answer: x is gone",
+    ]
+    with ScriptedServer(script) as server, agent(server).session([data], tmp_path / "s") as s:
+        s.ask("Set x")
+        s.reset()  # what chat's /reset does
+        assert s.ask("Is x there?").answered
+    trace = tmp_path / "s" / "trace.jsonl"
+    recorded = [
+        o["text"].strip()
+        for e in read_trace(trace)
+        if e["type"] == "step"
+        for o in e.get("observations", [])
+    ]
+    assert recorded == ["42", "False"]  # the kernel was fresh after the reset
+    replay = [sys.executable, "-m", "agent.cli", "replay", str(trace)]
+    done = subprocess.run(replay, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr  # replayed with the reset: same
+    assert "2 cells replayed, 2 same, 0 differ" in done.stdout and "warning" not in done.stderr
+    with data.open("a") as f:
+        f.write("2024-02-01,East,widget,1,2.5\n")
+    done = subprocess.run(replay, capture_output=True, text=True, timeout=120, check=False)
+    assert f"warning: input sales.csv ({data.resolve()}) changed" in done.stderr
+    assert done.returncode == 0  # the cells do not read it: their outputs still match
+
+
 KILLED_RUN = textwrap.dedent(
     """
     from tests.scripted_server import ScriptedServer

@@ -23,21 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from sandbox.boundary import kind_of
 from tools.registry import ToolError
 
 INPUT_ROOT = "data"
 WORKSPACE_ROOT = "workspace"
 MAX_PATH_CHARS = 4096
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-KINDS = [
-    (stat.S_ISREG, "file"),
-    (stat.S_ISDIR, "dir"),
-    (stat.S_ISLNK, "symlink"),
-    (stat.S_ISFIFO, "fifo"),
-    (stat.S_ISCHR, "char"),
-    (stat.S_ISBLK, "block"),
-    (stat.S_ISSOCK, "socket"),
-]
 _KIND_WORDS = {
     "fifo": "a FIFO (named pipe)",
     "char": "a character device",
@@ -73,10 +65,6 @@ class Target:
     @property
     def shown(self) -> str:
         return "/" + "/".join((self.area, *self.parts))
-
-
-def kind_of(mode: int) -> str:
-    return next((k for test, k in KINDS if test(mode)), "other")
 
 
 def refuse_kind(shown: str, kind: str) -> Refused:
