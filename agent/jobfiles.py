@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from agent import stops
 from agent.seams import Result
 
 
@@ -9,6 +10,12 @@ def write_answer(result: Result, folder: Path) -> Path:
     path = folder / "answer.md"
     if result.answer is not None:
         text = result.answer.rstrip() + "\n"
+    elif result.stop_reason in (stops.INTERRUPTED, stops.TERMINATED):
+        text = (
+            f"No answer: the run was {result.detail or result.stop_reason} after {result.steps} "
+            "steps. The trace, the notebook of the finished cells and the files so far are "
+            "kept beside this file.\n"
+        )
     else:
         text = f"No answer: the run stopped ({result.stop_reason}). {result.detail}\n"
     path.write_text(text, encoding="utf-8")

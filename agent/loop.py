@@ -20,6 +20,7 @@ from agent.seams import (
     Reply,
     Result,
     Submitted,
+    Terminated,
     ToolsUnsupported,
     Usage,
 )
@@ -56,6 +57,12 @@ class Loop:
         self.answers: list[str] = []
         self.questions = 0
         self.usage = Usage()
+        self.cancelled: str | None = None  # a stop reason set from another thread
+
+    def cancel(self, reason: str = stops.INTERRUPTED) -> None:
+        """End the running question before its next model call (batch shutdown, a front end's
+        stop button); the running cell itself is interrupted by the caller."""
+        self.cancelled = reason
 
     def reset(self) -> None:
         """An empty history: only the system prompt stays, and earlier answers are forgotten."""
@@ -81,6 +88,11 @@ class Loop:
         except (ModelError, SandboxError) as exc:
             reason = stops.MODEL_ERROR if isinstance(exc, ModelError) else stops.SANDBOX_ERROR
             error = detail = str(exc)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM raised as it: keep what was done
+            reason = stops.TERMINATED if isinstance(exc, Terminated) else stops.INTERRUPTED
+            detail = str(exc) or "interrupted (Ctrl-C)"
+            self._answer_open_calls()
+        self.cancelled = None
         if answer is not None:
             self.answers.append(answer)
         elapsed = time.monotonic() - started
@@ -99,6 +111,8 @@ class Loop:
         return Result(usage=self.usage, duration_s=elapsed, warnings=warnings, **final)
 
     def _step(self, watch: Watch, question: str) -> list[str]:
+        if self.cancelled:
+            raise LimitReached(self.cancelled, "the question was stopped from outside")
         watch.before_call()
         compacted = context.fit(self.messages, self.rules.context_chars, self.rules.keep_recent)
         reply = self._complete(watch)
@@ -154,6 +168,16 @@ class Loop:
         failed = [o for o in observations if not o["ok"]]
         watch.failed(failed[-1]["text"][:200]) if failed else watch.succeeded()
         return warnings
+
+    def _answer_open_calls(self) -> None:
+        """Tool calls cut short by an interrupt still get an answer: the history stays valid
+        for the next question."""
+        last = self.messages[-1]
+        calls = last.get("tool_calls") if last.get("role") == "assistant" else None
+        for call in calls or []:
+            self.messages.append(
+                {"role": "tool", "tool_call_id": call["id"], "content": "not run: interrupted"}
+            )
 
     def _answer(self, watch: Watch, question: str, answer: str, record: dict) -> list[str]:
         nudge = watch.check_answer(answer, question, self.answers)

@@ -142,6 +142,14 @@ class LimitReached(Exception):
         self.force_answer = force_answer
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, `timeout`, systemd, Kubernetes), raised in the main thread as
+    Ctrl-C is, so whatever cleans up after Ctrl-C cleans up after it too."""
+
+    def __init__(self) -> None:
+        super().__init__("terminated (SIGTERM)")
+
+
 class ModelError(Exception):
     """The model endpoint cannot be used (unreachable, key rejected, no such model, retries used
     up). The message names the URL and what to check; callers print it, never a traceback."""

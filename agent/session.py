@@ -6,11 +6,14 @@ sandbox starts in the background as the session is created."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
+from agent import stops
 from agent.loop import Loop, OnEvent
 from agent.notebook import export_notebook
 from agent.prompts import inputs_profile
@@ -18,7 +21,7 @@ from agent.seams import Model, Result
 from agent.stops import Rules
 from agent.trace import TraceWriter
 from sandbox import BackgroundSandbox, DockerSandbox, Inputs, Limits, Sandbox, SandboxError
-from sandbox.boundary import OUTPUT
+from sandbox.boundary import WORKSPACE
 from sandbox.container import DEFAULT_IMAGE
 from sandbox.pool import warmed
 from tools import Registry, Tool, calculator_tool
@@ -27,6 +30,7 @@ from tools.python import python_tool
 
 OUTPUT_DIR = "output"  # /workspace/output: what a job hands back
 FIGURES_DIR = "figures"  # /workspace/figures: every chart a cell showed
+WORKSPACE_DIR = "workspace"  # every other file the code wrote under /workspace
 BACKGROUND, ON_DEMAND = "background", "on_demand"  # when a session's own sandbox starts
 InputPaths = Inputs | list[str | Path]
 
@@ -123,17 +127,46 @@ class Session:
         )
 
     def ask(self, question: str) -> Result:
+        """Answer one question. Ctrl-C (or SIGTERM) ends it with what was done kept: the trace,
+        the notebook of the finished cells, the files; the result says it was interrupted."""
         result = self.loop.ask(question)
+        if result.stop_reason in (stops.INTERRUPTED, stops.TERMINATED):
+            self.sandbox.interrupt()  # the cell it cut short
         result.trace_path = self.trace_path
         result.notebook_path = export_notebook(self.trace_path, self.notebook_path)
         if not self.sandbox_used:
             return result  # no code ran: nothing to copy, and no container to wait for
         try:
-            result.files = self.export(self.folder / OUTPUT_DIR)
+            result.files = self.collect()
         except SandboxError as exc:  # a dead container must not hide the answer
             self.trace.write("export_failed", error=str(exc))
-            result.warnings.append(f"the files under {OUTPUT} were not copied: {exc}")
+            result.warnings.append(f"the files under {WORKSPACE} were not copied: {exc}")
         return result
+
+    def collect(self) -> list[str]:
+        """Bring back what the code made: /workspace/output to <folder>/output, the charts to
+        <folder>/figures, every other file it wrote to <folder>/workspace/; the host paths."""
+        staging = Path(tempfile.mkdtemp(prefix=".collect-", dir=self.folder))
+        try:
+            copied = []
+            for name in self.sandbox.export(staging):
+                top, _, rest = name.partition("/")
+                if top in (OUTPUT_DIR, FIGURES_DIR) and rest:
+                    target = self.folder / name
+                else:
+                    target = self.folder / WORKSPACE_DIR / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(staging / name, target)
+                copied.append(str(target))
+            return copied
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def cancel(self, reason: str = stops.INTERRUPTED) -> None:
+        """Stop the running question from another thread: its cell is interrupted and it ends
+        before the next model call (a batch shutting down, a front end's stop button)."""
+        self.loop.cancel(reason)
+        self.sandbox.interrupt()
 
     @property
     def sandbox_used(self) -> bool:

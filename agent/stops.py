@@ -21,6 +21,8 @@ WALL_TIME = "wall_time"
 TOKENS = "token_budget"
 MODEL_ERROR = "model_error"
 SANDBOX_ERROR = "sandbox_error"
+INTERRUPTED = "interrupted"  # Ctrl-C, or a front end cancelled the question
+TERMINATED = "terminated"  # SIGTERM
 
 
 @dataclass(frozen=True)

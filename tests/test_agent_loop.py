@@ -258,7 +258,9 @@ def test_session_shares_kernel_state_exports_notebook_files_and_replays(tmp_path
         second = s.ask("And the total?")
     df = pd.read_csv(SALES)
     assert second.answer == f"Total revenue: {round((df.units * df.unit_price).sum(), 2)}"
-    assert sorted(Path(f).name for f in second.files) == ["by_region.csv", "revenue.png"]
+    # what the code saved under output/, and the chart it showed, under figures/
+    assert sorted(str(Path(f).relative_to(out)) for f in second.files) == [
+        "figures/figure-1.png", "output/by_region.csv", "output/revenue.png"]  # fmt: skip
     assert (out / "output" / "revenue.png").read_bytes()[:4] == b"\x89PNG"
     nb = nbformat.read(str(second.notebook_path), as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]

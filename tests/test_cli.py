@@ -5,12 +5,13 @@ that need one run the real command in a subprocess (test_cli_exec.py, test_jobs.
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from agent.cli import COMMANDS, exits, main
-from agent.seams import ModelError, Result, ToolsUnsupported
+from agent.seams import ModelError, Result, Terminated, ToolsUnsupported
 from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.execution import Error, Execution
 
@@ -287,7 +288,7 @@ def test_for_execution(execution, status):
     assert exits.for_execution(execution) == status
 
 
-def test_reported_words_known_errors_and_lets_bugs_through(capsys):
+def test_reported_words_known_errors_and_saves_a_bug_s_traceback(capsys, tmp_path):
     with pytest.raises(SystemExit) as done, exits.reported():
         raise SandboxUnavailable("the sandbox image x is missing: run `make image`")
     assert done.value.code == 3
@@ -295,6 +296,47 @@ def test_reported_words_known_errors_and_lets_bugs_through(capsys):
     with pytest.raises(SystemExit) as done, exits.reported():
         raise KeyboardInterrupt
     assert done.value.code == 130 and capsys.readouterr().err == "sandcell: interrupted\n"
-    with pytest.raises(ZeroDivisionError), exits.reported():
-        1 / 0  # noqa: B018  a bug keeps its traceback
-    assert capsys.readouterr().err == ""
+    with pytest.raises(SystemExit) as done, exits.reported():
+        raise Terminated()
+    assert done.value.code == 143 and "terminated (SIGTERM)" in capsys.readouterr().err
+    exits.keep_details_in(tmp_path)
+    with pytest.raises(SystemExit) as done, exits.reported():
+        1 / 0  # noqa: B018  a bug
+    err = capsys.readouterr().err
+    assert done.value.code == exits.INTERNAL == 70
+    assert err.startswith(
+        "sandcell: internal error: ZeroDivisionError: division by zero; details in "
+    )
+    assert err.count("\n") == 1 and "Traceback" not in err
+    details = Path(err.rsplit("details in ", 1)[1].strip())
+    assert details.parent == tmp_path and "1 / 0" in details.read_text()
+    exits.Debug.enabled = True
+    try:
+        with pytest.raises(ZeroDivisionError), exits.reported():
+            1 / 0  # noqa: B018  --debug: the traceback itself
+    finally:
+        exits.Debug.enabled, exits.Debug.details_dir = False, None
+
+
+def test_an_internal_error_in_a_command_is_one_line_and_a_file(tmp_path, monkeypatch):
+    """Through the real CLI: a bug inside `run` (here a profile that cannot be built at all)
+    prints one line naming a file in the output folder that holds the traceback; --debug
+    shows the traceback instead."""
+    import agent.session
+
+    def broken(inputs):
+        raise RuntimeError("profiles are broken")
+
+    monkeypatch.setattr(agent.session, "inputs_profile", broken)
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(["Final Answer: 1"]))
+    data = tmp_path / "a.csv"
+    data.write_text("a\n1\n")
+    args = ["run", "--task", "x", "--input", str(data), "--replay", str(script)]
+    result = sandcell(*args, "--output", str(tmp_path / "o"))
+    assert result.exit_code == 70, result.output
+    assert result.stderr.startswith("sandcell: internal error: RuntimeError: profiles are broken;")
+    details = Path(result.stderr.rsplit("details in ", 1)[1].strip())
+    assert details.parent == tmp_path / "o" and "profiles are broken" in details.read_text()
+    debug = sandcell("--debug", *args, "--output", str(tmp_path / "o2"))
+    assert debug.exit_code == 1 and isinstance(debug.exception, RuntimeError)

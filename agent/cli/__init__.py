@@ -32,5 +32,15 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version("sandcell"), prog_name="sandcell")
-def main() -> None:
+@click.option(
+    "--debug",
+    is_flag=True,
+    envvar="SANDCELL_DEBUG",
+    help="Show the traceback of an internal error instead of saving it to a file.",
+)
+def main(debug: bool) -> None:
     """sandcell: a code-interpreter agent whose Python runs in a sealed Docker sandbox."""
+    from agent.cli import exits
+
+    exits.Debug.enabled, exits.Debug.details_dir = debug, None
+    exits.handle_signals()

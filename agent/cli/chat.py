@@ -11,13 +11,22 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
+from agent import stops
 from agent.cli import exits
 from agent.cli.console import EventPrinter
-from agent.cli.options import agent_options, build_agent, input_option
-from agent.seams import ModelError
+from agent.cli.options import (
+    agent_options,
+    build_agent,
+    input_option,
+    output_folder,
+    overwrite_option,
+)
+from agent.seams import ModelError, Result, Terminated
 from agent.session import FIGURES_DIR, Session
 from sandbox import SandboxError
+from sandbox.inputs import Inputs
 
 HELP = """commands:
   /files        list the files in /workspace
@@ -28,8 +37,10 @@ HELP = """commands:
 Ctrl-C interrupts a running cell; Ctrl-C again ends the session."""
 
 
-def ask_interruptibly(session: Session, question: str, console: Console) -> bool:
-    """Run one question in a worker thread; returns False when the user asked to quit."""
+def ask_interruptibly(session: Session, question: str, console: Console) -> Result | None:
+    """Run one question in a worker thread, so Ctrl-C reaches this one: the first interrupts
+    the running cell, a second ends the session (KeyboardInterrupt), as SIGTERM does at once
+    (Terminated). Returns the result, or None when the question failed."""
     done = threading.Event()
     outcome: list = []
 
@@ -46,36 +57,42 @@ def ask_interruptibly(session: Session, question: str, console: Console) -> bool
     while not done.is_set():
         try:
             done.wait(0.1)
-        except KeyboardInterrupt:
-            if interrupted:
-                console.print("\n[yellow]ending the session...[/yellow]")
-                return False
+        except KeyboardInterrupt as stop:
+            if interrupted or isinstance(stop, Terminated):
+                reason = stops.TERMINATED if isinstance(stop, Terminated) else stops.INTERRUPTED
+                session.cancel(reason)
+                done.wait(10)  # it ends before its next model call: the trace stays whole
+                raise
             interrupted = True
             session.interrupt()
             console.print(
                 "\n[yellow]interrupted the running cell (Ctrl-C again ends the session)[/yellow]"
             )
     if outcome and isinstance(outcome[0], Exception):
-        console.print(f"[red]sandcell: {outcome[0]}[/red]")
-    return True
+        console.print(f"[red]sandcell: {escape(str(outcome[0]))}[/red]")
+        return None
+    return outcome[0] if outcome else None
 
 
-def show_new_charts(session: Session, host_dir: Path, console: Console) -> None:
-    """Copy the charts the code drew to the session folder and print where they are."""
-    if not session.sandbox_used:
-        return  # no code ran: no charts
-    before = set(host_dir.glob("*.png")) if host_dir.exists() else set()
-    try:
-        copied = session.export(host_dir, FIGURES_DIR)
-    except SandboxError as error:
-        console.print(f"[red]could not copy the charts: {error}[/red]")
-        return
-    for path in sorted(set(map(Path, copied)) - before):
-        console.print(f"[bold]chart:[/bold] {path}")
+def show_new_charts(result: Result, folder: Path, shown: set[str], console: Console) -> None:
+    """The charts the question's code drew, by their path on this machine, once each."""
+    for path in result.files:
+        if Path(path).parent == folder / FIGURES_DIR and path not in shown:
+            shown.add(path)
+            console.print(f"[bold]chart:[/bold] {escape(path)}")
 
 
 def slash(command: str, session: Session, console: Console) -> bool:
-    """Handle a /command; False when the session should end."""
+    """Handle a /command; False when the session should end. A command that fails says why
+    and the session goes on."""
+    try:
+        return _slash(command, session, console)
+    except (SandboxError, OSError) as error:
+        console.print(f"[red]{escape(command.split()[0])} failed: {escape(str(error))}[/red]")
+        return True
+
+
+def _slash(command: str, session: Session, console: Console) -> bool:
     name, _, arg = command.partition(" ")
     if name in ("/quit", "/exit"):
         return False
@@ -109,24 +126,34 @@ def slash(command: str, session: Session, console: Console) -> bool:
     default=None,
     help="Session folder [default: sandcell-out/chat-<time>].",
 )
+@overwrite_option
 @agent_options
 @exits.reported()
-def chat_cmd(inputs, output, opts):
+def chat_cmd(inputs, output, overwrite, opts):
     """Talk with the agent about your files."""
     # Ctrl-C is how the user stops a cell, so it must raise KeyboardInterrupt even when the
     # parent started us with SIGINT ignored (any `cmd &` from a script does, and it inherits).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     console = Console(highlight=False)
     folder = output or Path("sandcell-out") / time.strftime("chat-%Y%m%d-%H%M%S")
-    session = build_agent(opts, EventPrinter(console)).session(list(inputs), folder)
+    checked = Inputs.from_paths(inputs)  # a bad input is refused before anything is made
+    output_folder(folder, overwrite)
+    exits.keep_details_in(folder)
+    session = build_agent(opts, EventPrinter(console)).session(checked, folder)
     names = ", ".join(item.sandbox_path for item in session.inputs) or "no input files"
     console.print(f"sandcell chat: {names}. /help for commands, Ctrl-D to leave.")
+    shown: set[str] = set()
     try:
         while True:
             try:
                 question = input("you> ").strip()
-            except (EOFError, KeyboardInterrupt):
+            except EOFError:
                 console.print()
+                break
+            except KeyboardInterrupt as stop:
+                console.print()
+                if isinstance(stop, Terminated):
+                    raise
                 break
             if not question:
                 continue
@@ -134,16 +161,18 @@ def chat_cmd(inputs, output, opts):
                 if not slash(question, session, console):
                     break
                 continue
-            if not ask_interruptibly(session, question, console):
+            try:
+                result = ask_interruptibly(session, question, console)
+            except KeyboardInterrupt as stop:
+                console.print("\n[yellow]ending the session...[/yellow]")
+                if isinstance(stop, Terminated):
+                    raise
                 break
-            show_new_charts(session, folder / "figures", console)
+            if result is not None:
+                show_new_charts(result, folder, shown, console)
     finally:
-        try:
-            copied = len(session.export(folder / "workspace", "")) if session.sandbox_used else 0
-        except SandboxError as error:  # the answer and trace matter more than the files
-            console.print(f"[red]could not copy the workspace: {error}[/red]")
-            copied = 0
         session.close()
         console.print(
-            f"session saved in {folder}: trace.jsonl, notebook.ipynb, workspace/ ({copied} files)"
+            f"session saved in {folder}: trace.jsonl, notebook.ipynb, and what the code made "
+            "(output/, figures/, workspace/)"
         )

@@ -11,9 +11,14 @@ from rich.syntax import Syntax
 
 
 class EventPrinter:
-    def __init__(self, console: Console | None = None, stream_tokens: bool = True):
+    def __init__(
+        self,
+        console: Console | None = None,
+        stream_tokens: bool = True,
+        show_answer: bool = True,  # `run` prints the answer itself, on stdout
+    ):
         self.console = console or Console(highlight=False)
-        self.stream_tokens = stream_tokens
+        self.stream_tokens, self.show_answer = stream_tokens, show_answer
         self._streaming = False  # tokens printed since the last event
 
     def __call__(self, kind: str, data: dict) -> None:
@@ -64,9 +69,6 @@ class EventPrinter:
                 border_style=style,
             )
         )
-        execution = data.get("data")
-        for path in getattr(execution, "images", []) or []:
-            self.console.print(f"[bold]chart saved:[/bold] {escape(path)}")
 
     def _warning(self, data: dict) -> None:
         self.console.print(
@@ -74,6 +76,8 @@ class EventPrinter:
         )
 
     def _answer(self, data: dict) -> None:
+        if not self.show_answer:
+            return
         if data.get("answer") is None:
             reason = data.get("stop_reason")
             self.console.print(

@@ -3,24 +3,31 @@
 import json
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import click
 
 from agent.cli import exits
-from agent.cli.options import input_option
+from agent.cli.options import MEMORY_MB, TIMEOUT_S, input_option
 from sandbox import DockerSandbox, Limits
 from sandbox.render import render
 
 
 @click.command("exec")
 @input_option("A file to mount read-only at /data/<name> (repeatable).")
-@click.option("--timeout", type=float, default=None, help="Cell deadline in seconds.")
-@click.option("--memory", type=int, default=None, help="Memory limit in MB.")
+@click.option("--timeout", type=TIMEOUT_S, default=None, help="Cell deadline in seconds.")
+@click.option("--memory", type=MEMORY_MB, default=None, help="Memory limit in MB.")
+@click.option(
+    "--output",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Copy the workspace (figures, files the code wrote) to this folder.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the Execution as JSON.")
 @click.option("-c", "code", default=None, help="The code to run.")
 @click.argument("file", required=False, type=click.File("r"))
 @exits.reported()
-def exec_cmd(inputs, timeout, memory, as_json, code, file):
+def exec_cmd(inputs, timeout, memory, output, as_json, code, file):
     """Run Python in a fresh sandbox and print the observation.
 
     The code comes from -c CODE, from FILE, or from standard input (FILE = -).
@@ -33,7 +40,12 @@ def exec_cmd(inputs, timeout, memory, as_json, code, file):
     limits = replace(Limits(), **overrides)
     with DockerSandbox(limits=limits, inputs=list(inputs)) as sandbox:
         ex = sandbox.run(source)
+        saved = [output / name for name in sandbox.export(output)] if output else []
     click.echo(
         json.dumps(ex.to_dict(), indent=1) if as_json else render(ex, limits.observation_chars)
     )
+    for path in saved:
+        click.echo(f"saved {path}", err=True)
+    if ex.images and not output:
+        click.echo("sandcell: the sandbox is gone; pass --output DIR to keep its files", err=True)
     sys.exit(exits.for_execution(ex))

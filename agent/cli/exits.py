@@ -8,32 +8,63 @@
     4   MODEL        the model endpoint is unusable: unreachable, key rejected, no such model
     124 TIMEOUT      exec: the cell passed its deadline (the status `timeout(1)` uses)
     137 DIED         exec: the kernel died and was restarted (128 + SIGKILL)
+    70  INTERNAL     a bug: one line says so, the traceback goes to a file (`--debug` shows it)
     130 INTERRUPTED  Ctrl-C (128 + SIGINT)
-    143 TERMINATED   SIGTERM (128 + SIGTERM; sandcell keeps the default action, so the shell
-                     reports this and the next start or `sandcell gc` reaps the containers)
+    143 TERMINATED   SIGTERM (128 + SIGTERM), handled like Ctrl-C: work so far is kept and
+                     every container is removed
 
 Nothing heavy is imported here: the error classes load when an error is mapped, so `exec`,
 `gc` and `tool` still start without the model client."""
 
 from __future__ import annotations
 
+import datetime as dt
+import signal
 import sys
+import tempfile
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import click
+
+from agent.seams import Terminated  # light: json_repair only
 
 if TYPE_CHECKING:
     from agent.seams import Result
     from sandbox.execution import Execution
 
 OK, STOPPED, USAGE, UNAVAILABLE, MODEL = 0, 1, 2, 3, 4
-TIMEOUT, DIED, INTERRUPTED, TERMINATED = 124, 137, 130, 143
+INTERNAL, TIMEOUT, DIED, INTERRUPTED, TERMINATED = 70, 124, 137, 130, 143
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def handle_signals() -> None:
+    """Every command: SIGTERM ends it as Ctrl-C does (containers removed, work kept)."""
+    signal.signal(signal.SIGTERM, _terminate)
+
+
+class Debug:
+    """`sandcell --debug`: unexpected errors show their traceback instead of a file name."""
+
+    enabled = False
+    details_dir: Path | None = None  # where a command keeps its files (else the temp folder)
+
+
+def keep_details_in(folder: Path) -> None:
+    """A command that has a folder of its own keeps an internal error's details there."""
+    Debug.details_dir = folder
 
 
 def _known(exc: BaseException) -> int | None:
     """The status of an error sandcell expects and words for the user; None for any other."""
+    if isinstance(exc, Terminated):
+        return TERMINATED
     if isinstance(exc, KeyboardInterrupt):
         return INTERRUPTED
     from sandbox.inputs import InputError  # light: stdlib only
@@ -60,14 +91,19 @@ def for_error(exc: BaseException) -> int:
 
 
 def for_result(result: Result) -> int:
-    """A run's status: 0 answered, 4 the model failed, 3 the sandbox failed, else 1."""
+    """A run's status: 0 answered, 4 the model failed, 3 the sandbox failed, 130/143 it was
+    interrupted (Ctrl-C, SIGTERM), else 1."""
     from agent import stops
 
     if result.answered:
         return OK
-    return {stops.MODEL_ERROR: MODEL, stops.SANDBOX_ERROR: UNAVAILABLE}.get(
-        result.stop_reason, STOPPED
-    )
+    statuses = {
+        stops.MODEL_ERROR: MODEL,
+        stops.SANDBOX_ERROR: UNAVAILABLE,
+        stops.INTERRUPTED: INTERRUPTED,
+        stops.TERMINATED: TERMINATED,
+    }
+    return statuses.get(result.stop_reason, STOPPED)
 
 
 def for_execution(ex: Execution) -> int:
@@ -87,15 +123,35 @@ def fail(message: str, status: int) -> NoReturn:
 
 @contextmanager
 def reported() -> Iterator[None]:
-    """Every command's body runs in this: a model or sandbox error, or Ctrl-C, ends the command
-    with its one-line message on stderr and its status, without a traceback. Any other
-    exception is a bug and propagates with its traceback."""
+    """Every command's body runs in this: a model or sandbox error, Ctrl-C or SIGTERM ends the
+    command with its one-line message on stderr and its status, without a traceback. Any other
+    exception is a bug: one line names it and the file holding its traceback, exit 70."""
     try:
         yield
-    except click.ClickException:
+    except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
         raise  # click prints it and exits 2 (usage) or 1
     except (Exception, KeyboardInterrupt) as exc:
         status = _known(exc)
-        if status is None:
+        if status is not None:
+            fail(str(exc) or "interrupted", status)
+        if Debug.enabled:
             raise
-        fail(str(exc) or "interrupted", status)
+        fail(
+            f"internal error: {type(exc).__name__}: {exc}; details in {_save_details(exc)}",
+            INTERNAL,
+        )
+
+
+def _save_details(exc: BaseException) -> Path:
+    folder = Debug.details_dir or Path(tempfile.gettempdir())
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"sandcell-error-{stamp}.txt"
+        path.write_text("".join(traceback.format_exception(exc)), encoding="utf-8")
+    except OSError:  # the folder is gone or full: the temp folder then
+        handle, name = tempfile.mkstemp(prefix=f"sandcell-error-{stamp}-", suffix=".txt")
+        with open(handle, "w", encoding="utf-8") as f:
+            f.write("".join(traceback.format_exception(exc)))
+        path = Path(name)
+    return path

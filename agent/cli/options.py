@@ -5,6 +5,8 @@ and the limits. The model client and the agent load only when a command builds t
 from __future__ import annotations
 
 import functools
+import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +30,53 @@ def input_option(help_text: str):
         help=help_text,
         type=click.Path(exists=True, dir_okay=False, path_type=Path),
     )
+
+
+# Ranges the sandbox can honour: below 128 MB the kernel and pandas cannot start, and Docker
+# refuses more CPUs than the machine has.
+TIMEOUT_S = click.FloatRange(0, 24 * 3600, min_open=True)
+MEMORY_MB = click.IntRange(128, 1 << 20)
+CPUS = click.FloatRange(0.01, float(os.cpu_count() or 1))
+
+
+def task_text(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A --task that says something: empty or blank text is a usage error."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("the task is empty; say what to do, e.g. --task 'Clean sales.csv'")
+    return value
+
+
+SANDCELL_FILES = ("answer.md", "trace.jsonl", "notebook.ipynb", "output", "figures", "workspace")
+
+
+def output_folder(folder: Path, overwrite: bool) -> Path:
+    """A folder for one run or chat. One already holding files is refused (old and new
+    results would mix) unless --overwrite, which removes what sandcell wrote there before
+    and nothing else."""
+    if folder.exists() and not folder.is_dir():
+        raise click.UsageError(f"--output {folder} is a file; give a folder")
+    if folder.is_dir() and any(folder.iterdir()):
+        if not overwrite:
+            raise click.UsageError(
+                f"--output {folder} is not empty: its old results would mix with the new. "
+                "Give a new folder, or pass --overwrite to replace sandcell's files there."
+            )
+        for name in SANDCELL_FILES:
+            path = folder / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def overwrite_option(command):
+    return click.option(
+        "--overwrite",
+        is_flag=True,
+        help="Reuse a non-empty --output folder, replacing sandcell's earlier files there.",
+    )(command)
 
 
 _OPTIONS = [
@@ -55,11 +104,19 @@ _OPTIONS = [
         show_default=True,
         help="Native tool calls, text ReAct, or detect.",
     ),
-    click.option("--temperature", type=float, default=0.0, show_default=True),
-    click.option("--max-tokens", type=int, default=None, help="Cap on each reply's tokens."),
+    click.option("--temperature", type=click.FloatRange(0, 2), default=0.0, show_default=True),
+    click.option(
+        "--max-tokens",
+        envvar="SANDCELL_MAX_TOKENS",
+        type=click.IntRange(min=1),
+        default=4096,  # agent.models.DEFAULT_MAX_TOKENS (not imported here: it loads openai)
+        show_default=True,
+        help="Cap on each reply's tokens, so a model that never stops still ends "
+        "[env SANDCELL_MAX_TOKENS].",
+    ),
     click.option(
         "--max-steps",
-        type=int,
+        type=click.IntRange(1, 1000),
         default=Rules.max_steps,
         show_default=True,
         help="Model calls per question before one forced answer.",
@@ -67,7 +124,7 @@ _OPTIONS = [
     click.option(
         "--wall",
         "wall_s",
-        type=float,
+        type=click.FloatRange(1, 7 * 86400),
         default=Rules.wall_s,
         show_default=True,
         help="Seconds per question.",
@@ -75,7 +132,7 @@ _OPTIONS = [
     click.option(
         "--timeout",
         "timeout_s",
-        type=float,
+        type=TIMEOUT_S,
         default=Limits.timeout_s,
         show_default=True,
         help="Seconds per code cell.",
@@ -83,12 +140,12 @@ _OPTIONS = [
     click.option(
         "--memory",
         "memory_mb",
-        type=int,
+        type=MEMORY_MB,
         default=Limits.memory_mb,
         show_default=True,
         help="Sandbox memory in MB.",
     ),
-    click.option("--cpus", type=float, default=Limits.cpus, show_default=True),
+    click.option("--cpus", type=CPUS, default=Limits.cpus, show_default=True),
 ]
 
 

@@ -1,33 +1,55 @@
-"""`sandcell run`: one job, no questions asked. Writes answer.md, trace.jsonl, notebook.ipynb
-and everything the code wrote under /workspace/output to --output."""
+"""`sandcell run`: one job, no questions asked. Writes answer.md, trace.jsonl, notebook.ipynb,
+and what the code made: /workspace/output to output/, charts to figures/, every other file
+it wrote to workspace/. On a terminal the steps show as they happen (--quiet: not)."""
 
 import sys
 from pathlib import Path
 
 import click
 
+from agent import stops
 from agent.cli import exits
-from agent.cli.options import agent_options, build_agent, input_option
+from agent.cli.options import (
+    agent_options,
+    build_agent,
+    input_option,
+    output_folder,
+    overwrite_option,
+    task_text,
+)
 from agent.jobfiles import write_answer
 from sandbox.inputs import Inputs
 
 
 @click.command("run")
-@click.option("--task", required=True, help="What to do, in words.")
+@click.option("--task", required=True, callback=task_text, help="What to do, in words.")
 @input_option("An input file, read-only at /data/<name> (repeatable).")
 @click.option(
     "--output",
     required=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Folder for answer.md, trace.jsonl, notebook.ipynb and output/.",
+    help="Folder for answer.md, trace.jsonl, notebook.ipynb, output/, figures/, workspace/.",
 )
+@overwrite_option
+@click.option("--quiet", is_flag=True, help="Do not show the steps as they happen.")
 @agent_options
 @exits.reported()
-def run_cmd(task, inputs, output, opts):
-    """Run one task to its end (exit 0 when answered, else non-zero with the stop reason)."""
+def run_cmd(task, inputs, output, overwrite, quiet, opts):
+    """Run one task to its end (exit 0 when answered, else non-zero with the stop reason;
+    Ctrl-C or SIGTERM keep what was done and exit 130 or 143)."""
     checked = Inputs.from_paths(inputs)  # a bad input is refused before anything is made
-    output.mkdir(parents=True, exist_ok=True)
-    result = build_agent(opts).run(task, inputs=checked, output_dir=output)
+    output_folder(output, overwrite)
+    exits.keep_details_in(output)
+    on_event = None
+    if not quiet and sys.stderr.isatty():
+        from rich.console import Console
+
+        from agent.cli.console import EventPrinter
+
+        on_event = EventPrinter(
+            Console(stderr=True, highlight=False), stream_tokens=False, show_answer=False
+        )
+    result = build_agent(opts, on_event).run(task, inputs=checked, output_dir=output)
     write_answer(result, output)
     for warning in result.warnings:
         click.echo(f"sandcell: warning: {warning}", err=True)
@@ -37,9 +59,12 @@ def run_cmd(task, inputs, output, opts):
     if result.answered:
         click.echo(result.answer)
         return
-    click.echo(
-        f"sandcell: stopped without an answer: {result.stop_reason}"
-        + (f" ({result.detail})" if result.detail else ""),
-        err=True,
-    )
+    if result.stop_reason in (stops.INTERRUPTED, stops.TERMINATED):
+        click.echo(f"sandcell: {result.detail}; what was done is kept in {output}", err=True)
+    else:
+        click.echo(
+            f"sandcell: stopped without an answer: {result.stop_reason}"
+            + (f" ({result.detail})" if result.detail else ""),
+            err=True,
+        )
     sys.exit(exits.for_result(result))
