@@ -18,8 +18,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from agent import stops
 from agent.jobfiles import write_answer
-from agent.seams import Model
+from agent.seams import Model, Terminated
 from agent.session import Agent
 from agent.stops import Rules
 from sandbox import InputError, Inputs, Limits, SandboxPool
@@ -76,6 +77,18 @@ def _lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
 
 
+# Jobs whose end says nothing about the job itself run again on a rerun: no sandbox or no
+# model (failed, or stopped by an endpoint or sandbox error), or cut short by Ctrl-C/SIGTERM.
+RETRIED_STOPS = {stops.MODEL_ERROR, stops.SANDBOX_ERROR, stops.INTERRUPTED, stops.TERMINATED}
+
+
+def settled(record: dict) -> bool:
+    """Whether a recorded job is finished for good (a rerun skips it)."""
+    if record.get("status") == "answered":
+        return True
+    return record.get("status") == "stopped" and record.get("stop_reason") not in RETRIED_STOPS
+
+
 def finished(output: Path) -> dict[str, dict]:
     """Results already recorded, the last line of an id winning; a torn last line (killed
     mid-write) counts as not done."""
@@ -111,12 +124,18 @@ class Batch:
         self.progress = progress
         self._lock = threading.Lock()
         self.counts = {"done": 0, "failed": 0, "running": 0}
+        self.skipped = 0  # jobs finished by an earlier run
+        self._sessions: set = set()  # the sessions running now, to stop them on Ctrl-C
+        self._stopping: str | None = None  # the stop reason once Ctrl-C or SIGTERM came
 
     def run(self) -> list[dict]:
+        """Every job not finished for good yet. Ctrl-C or SIGTERM stops the running jobs (their
+        cells interrupted, before their next model call), records them as interrupted (a rerun
+        redoes them), starts no more, removes every container, then re-raises."""
         self.output.mkdir(parents=True, exist_ok=True)
-        # Answered or stopped jobs are done; a failed one (endpoint down, no sandbox) is retried.
-        done = {k: r for k, r in finished(self.output).items() if r["status"] != "failed"}
+        done = {k: r for k, r in finished(self.output).items() if settled(r)}
         todo = [job for job in self.jobs if job.id not in done]
+        self.skipped = len(self.jobs) - len(todo)
         self.bar = tqdm(
             total=len(self.jobs),
             initial=len(self.jobs) - len(todo),
@@ -130,9 +149,15 @@ class Batch:
             SandboxPool(size=min(self.workers + 1, len(todo)), limits=self.limits) as pool,
             ThreadPoolExecutor(max_workers=self.workers) as workers,
         ):
-            for record in workers.map(lambda job: self._run_one(job, pool), todo):
-                records.append(record)
-        self.bar.close()
+            try:
+                for record in workers.map(lambda job: self._run_one(job, pool), todo):
+                    records.append(record)
+            except KeyboardInterrupt as stop:
+                self._stop(stops.TERMINATED if isinstance(stop, Terminated) else stops.INTERRUPTED)
+                workers.shutdown(wait=True, cancel_futures=True)
+                raise
+            finally:
+                self.bar.close()
         latest = {**done, **{r["id"]: r for r in records}}
         ordered = [latest[j.id] for j in self.jobs if j.id in latest]
         if len(ordered) < sum(1 for _ in _lines(self.output / RESULTS)):
@@ -147,7 +172,16 @@ class Batch:
             os.fsync(f.fileno())
         os.replace(temporary, self.output / RESULTS)  # atomic: a kill here loses nothing
 
+    def _stop(self, reason: str) -> None:
+        with self._lock:
+            self._stopping = reason
+            running = list(self._sessions)
+        for session in running:
+            session.cancel(reason)
+
     def _run_one(self, job: Job, pool: SandboxPool) -> dict:
+        if self._stopping:  # queued before the stop: not started, and nothing recorded
+            return {"id": job.id, "task": job.task, "status": "interrupted"}
         folder = self.output / job.id
         if folder.exists():  # an unfinished earlier attempt: start clean
             shutil.rmtree(folder)
@@ -162,13 +196,26 @@ class Batch:
             # taken from the pool beside the job's first model request; the session closes it
             acquire = functools.partial(pool.acquire, inputs=job.inputs)
             with agent.session(job.inputs, folder, acquire) as session:
-                result = session.ask(job.task)
+                with self._lock:
+                    self._sessions.add(session)
+                    stopping = self._stopping
+                if stopping:  # the stop came while this session was being made
+                    session.cancel(stopping)
+                try:
+                    result = session.ask(job.task)
+                finally:
+                    with self._lock:
+                        self._sessions.discard(session)
             write_answer(result, folder)
+            interrupted = result.stop_reason in (stops.INTERRUPTED, stops.TERMINATED)
             record.update(
-                status="answered" if result.answered else "stopped",
+                status="answered"
+                if result.answered
+                else ("interrupted" if interrupted else "stopped"),
                 stop_reason=result.stop_reason,
                 answer=result.answer,
                 error=result.error,
+                detail=result.detail,
                 steps=result.steps,
                 files=[os.path.relpath(f, folder) for f in result.files],
                 tokens=result.usage.total,

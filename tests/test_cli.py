@@ -340,3 +340,51 @@ def test_an_internal_error_in_a_command_is_one_line_and_a_file(tmp_path, monkeyp
     assert details.parent == tmp_path / "o" and "profiles are broken" in details.read_text()
     debug = sandcell("--debug", *args, "--output", str(tmp_path / "o2"))
     assert debug.exit_code == 1 and isinstance(debug.exception, RuntimeError)
+
+
+# -- every flag has a range, and bad values are one clear usage error ----------------------------
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["run", "--timeout", "-1"], "--timeout"),
+        (["run", "--timeout", "0"], "--timeout"),
+        (["run", "--memory", "5"], "--memory"),
+        (["run", "--memory", "0"], "--memory"),
+        (["run", "--max-steps", "0"], "--max-steps"),
+        (["run", "--cpus", "999"], "--cpus"),
+        (["run", "--wall", "0"], "--wall"),
+        (["chat", "--temperature", "9"], "--temperature"),
+        (["exec", "-c", "1", "--timeout", "-1"], "--timeout"),
+        (["exec", "-c", "1", "--memory", "5"], "--memory"),
+        (["run", "--task", "  "], "the task is empty"),
+    ],
+)
+def test_bad_numbers_and_an_empty_task_are_usage_errors(tmp_path, args, words):
+    if args[0] == "run" and "--task" not in args:
+        args = [*args, "--task", "x"]
+    if args[0] == "run":
+        args = [*args, "--output", str(tmp_path / "o")]
+    result = sandcell(*args)
+    assert result.exit_code == 2, result.output
+    assert words in result.stderr and "Traceback" not in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_batch_refuses_one_replay_for_all_jobs(tmp_path):
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"id": "a", "task": "x"}\n')
+    script = tmp_path / "s.json"
+    script.write_text("[]")
+    result = sandcell("batch", str(jobs), "--output", str(tmp_path / "o"), "--replay", str(script))
+    assert result.exit_code == 2 and '"replay" field' in result.stderr
+
+
+def test_run_refuses_a_non_empty_output_folder_before_anything_starts(tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    result = sandcell("run", "--task", "x", "--output", str(out))
+    assert result.exit_code == 2 and "is not empty" in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["old.txt"]

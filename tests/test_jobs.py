@@ -206,7 +206,7 @@ def test_a_failed_job_is_retried_on_rerun_and_results_keep_one_line_per_job(tmp_
     args = [*SANDCELL, "batch", str(jobs_file), "--output", str(out), "--no-progress"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
     first = subprocess.run(args, capture_output=True, text=True, timeout=280, env=env)
-    assert first.returncode == 1 and "job-01: ModelError" in first.stderr
+    assert first.returncode == 1 and "job-01: failed: ModelError" in first.stderr
     statuses = {
         json.loads(x)["id"]: json.loads(x)["status"]
         for x in (out / "results.jsonl").read_text().splitlines()

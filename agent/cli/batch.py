@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from agent.batch import Batch, JobsError, load_jobs
+from agent.batch import RESULTS, Batch, JobsError, load_jobs, settled
 from agent.cli import exits
 from agent.cli.options import agent_options, build_limits, build_model, build_rules
 from agent.scripted import ScriptedModel
@@ -34,6 +34,12 @@ def batch_cmd(jobs_file, output, workers, no_progress, opts):
     """Run every job of JOBS_FILE (one JSON object a line: {"id", "task", "inputs"}).
 
     Rerunning the same command skips jobs already in DIR/results.jsonl."""
+    if opts["replay"]:
+        raise click.UsageError(
+            "batch takes no --replay (one script cannot serve every job): give each job its "
+            'own script with the "replay" field of its line, e.g. {"id": "q1", "task": "...", '
+            '"replay": "q1.json"}'
+        )
     try:
         jobs = load_jobs(jobs_file)
     except JobsError as error:
@@ -62,13 +68,22 @@ def batch_cmd(jobs_file, output, workers, no_progress, opts):
         progress=not no_progress,
     )
     records = batch.run()
+    if batch.skipped:
+        click.echo(f"skipped {batch.skipped} finished jobs (in {output / RESULTS} already)")
     failed = [r for r in records if r["status"] == "failed"]
     unanswered = [r for r in records if r["status"] == "stopped"]
     click.echo(
         f"{len(records)} jobs: {len(records) - len(failed) - len(unanswered)} answered, "
         f"{len(unanswered)} stopped without an answer, {len(failed)} failed; "
-        f"results in {output / 'results.jsonl'}"
+        f"results in {output / RESULTS}"
     )
+    for record in unanswered:
+        why = record.get("error") or record.get("detail")
+        reason = record["stop_reason"] + (f" ({why})" if why else "")
+        click.echo(f"  {record['id']}: stopped: {reason}", err=True)
     for record in failed:
-        click.echo(f"  {record['id']}: {record['error']}", err=True)
+        click.echo(f"  {record['id']}: failed: {record['error']}", err=True)
+    retried = [r for r in records if not settled(r)]
+    if retried:
+        click.echo(f"rerun the same command to retry the {len(retried)} unfinished jobs", err=True)
     sys.exit(exits.STOPPED if failed or unanswered else exits.OK)
