@@ -1,5 +1,12 @@
 """OpenAIModel: any OpenAI-compatible chat endpoint (OpenAI, vLLM, Ollama, llama.cpp server)
-through the `openai` client, with retries, streaming, usage and errors a user can act on."""
+through the `openai` client, with retries, streaming, usage and errors a user can act on.
+
+Every reply is streamed, with or without an on_token callback: the read timeout then holds
+between chunks, not for the whole reply, so a slow server that keeps sending never trips it.
+Each reply is capped (max_tokens, 4096 unless --max-tokens or SANDCELL_MAX_TOKENS say), so a
+local model that never stops still ends. 429, 5xx, timeouts and connection errors are retried
+until the first token arrives; a reply that stops mid-way is one clear error, not a retry
+queued behind a server still busy with the first request."""
 
 from __future__ import annotations
 
@@ -27,12 +34,17 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MODEL = "gpt-4o-mini"
+DEFAULT_MAX_TOKENS = 4096  # the CLI's --max-tokens shows the same default
 _TRANSIENT = (openai.RateLimitError, openai.InternalServerError, openai.APIConnectionError)
 _TOOL_WORDS = ("tool", "function")  # in a 400 body: the endpoint refused the tool definitions
 
 
 class _BadBody(Exception):
     """The endpoint answered 200 with something that is not a chat completion."""
+
+
+class _Broken(Exception):
+    """The reply stopped after tokens had arrived; the message says what arrived. Not retried."""
 
 
 class OpenAIModel:
@@ -59,7 +71,10 @@ class OpenAIModel:
                 f"no API key for {self.base_url}: set OPENAI_API_KEY (or pass --api-key), "
                 "or point OPENAI_BASE_URL at a local server (vLLM, Ollama, llama.cpp)"
             )
-        self.temperature, self.max_tokens = temperature, max_tokens
+        self.temperature = temperature
+        self.max_tokens = _max_tokens(max_tokens)
+        self._cap = "max_tokens"  # "max_completion_tokens" once the endpoint asks for it
+        self._usage_option = True  # stream_options.include_usage, until the endpoint refuses it
         self.max_retries, self.retry_base_s, self._sleep = max_retries, retry_base_s, sleep
         # local servers ignore the key, but the client insists on one
         self.client = openai.OpenAI(
@@ -88,12 +103,13 @@ class OpenAIModel:
             request["stop"] = stop[:4]  # the API takes at most four
         if self.temperature is not None:
             request["temperature"] = self.temperature
-        if self.max_tokens:
-            request["max_tokens"] = self.max_tokens
+        request[self._cap] = self.max_tokens
         started = time.monotonic()
         for attempt in range(self.max_retries + 1):
             try:
-                reply = self._stream(request, on_token) if on_token else self._once(request)
+                reply = self._send(request, on_token)
+            except _Broken as exc:
+                raise ModelError(str(exc)) from None
             except (*_TRANSIENT, _BadBody) as exc:
                 if attempt >= self._retries_for(exc):
                     raise ModelError(self._explain(exc, attempt + 1)) from None
@@ -105,6 +121,11 @@ class OpenAIModel:
                 continue
             except openai.APIStatusError as exc:
                 raise self._refused(exc, bool(tools)) from None
+            except openai.APIError as exc:  # an error event in the stream, before any token
+                raise ModelError(
+                    f"the model endpoint {self.base_url} sent an error instead of a reply: "
+                    f"{_short(exc)}"
+                ) from None
             if reply.usage.total == 0:
                 written = len(reply.text) + sum(len(c.arguments) for c in reply.tool_calls)
                 reply.usage = estimated_usage(messages, written)
@@ -114,60 +135,66 @@ class OpenAIModel:
 
     # -- one request -----------------------------------------------------------------------
 
-    def _once(self, request: dict) -> Reply:
-        try:
-            resp = self.client.chat.completions.create(**request)
-        except (json.JSONDecodeError, openai.APIResponseValidationError) as exc:
-            raise _BadBody(f"the body is not chat-completion JSON: {exc}") from exc
-        if isinstance(resp, str) or not getattr(resp, "choices", None):
-            raise _BadBody(f"the body has no choices: {str(resp)[:200]!r}")
-        choice = resp.choices[0]
-        msg = choice.message
-        calls = [
-            ToolCall(c.id or f"call_{i}", c.function.name, c.function.arguments or "")
-            for i, c in enumerate(msg.tool_calls or [])
-        ]
-        usage = Usage()
-        if resp.usage:
-            usage = Usage(resp.usage.prompt_tokens or 0, resp.usage.completion_tokens or 0)
-        return Reply(
-            _with_reasoning(msg, msg.content or ""), calls, choice.finish_reason or "stop", usage
-        )
+    def _send(self, request: dict, on_token: OnToken | None) -> Reply:
+        while True:  # each field below is given up at most once
+            try:
+                return self._stream(request, on_token)
+            except openai.BadRequestError as exc:
+                said = str(exc)
+                if "max_tokens" in request and "max_completion_tokens" in said:
+                    # OpenAI's o-series and gpt-5 models take only max_completion_tokens
+                    log.info("%s takes max_completion_tokens, not max_tokens", self.base_url)
+                    self._cap = "max_completion_tokens"
+                    request["max_completion_tokens"] = request.pop("max_tokens")
+                elif self._usage_option and "stream_options" in said:
+                    # strict servers refuse the field; usage is then estimated
+                    log.info("%s refuses stream_options: %s", self.base_url, _short(exc))
+                    self._usage_option = False
+                else:
+                    raise
 
-    def _stream(self, request: dict, on_token: OnToken) -> Reply:
-        text: list[str] = []
-        calls: dict[int, dict] = {}
-        finish, usage = "stop", Usage()
+    def _stream(self, request: dict, on_token: OnToken | None) -> Reply:
+        started = time.monotonic()
+        got = _Assembly(on_token)
         try:
-            stream = self.client.chat.completions.create(
-                **request, stream=True, stream_options={"include_usage": True}
-            )
-            for chunk in stream:
-                if getattr(chunk, "usage", None):
-                    usage = Usage(
-                        chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0
-                    )
-                if not chunk.choices:
-                    continue
-                choice = chunk.choices[0]
-                delta = choice.delta
-                if delta and delta.content:
-                    text.append(delta.content)
-                    on_token(delta.content)
-                for tc in (delta.tool_calls or []) if delta else []:
-                    slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
-                    slot["id"] = tc.id or slot["id"]
-                    if tc.function:
-                        slot["name"] += tc.function.name or ""
-                        slot["arguments"] += tc.function.arguments or ""
-                finish = choice.finish_reason or finish
+            extra = {"stream_options": {"include_usage": True}} if self._usage_option else {}
+            with self.client.chat.completions.create(**request, stream=True, **extra) as stream:
+                for chunk in stream:
+                    got.add(chunk)
         except (json.JSONDecodeError, openai.APIResponseValidationError) as exc:
+            if got.chunks:
+                raise _Broken(self._cut_short(got, started, f"a chunk was garbled ({exc})"))
             raise _BadBody(f"a streamed chunk is not a chat-completion chunk: {exc}") from exc
-        tool_calls = [
-            ToolCall(s["id"] or f"call_{i}", s["name"], s["arguments"])
-            for i, s in sorted(calls.items())
-        ]
-        return Reply("".join(text), tool_calls, finish, usage)
+        except openai.APIStatusError:
+            raise  # refused before the stream began
+        except openai.APIError as exc:  # timed out, connection lost, an error event
+            if not got.chunks:
+                raise
+            if isinstance(exc, openai.APITimeoutError):
+                why = f"no data for {self.timeout_s:g} s"
+            elif isinstance(exc, openai.APIConnectionError):
+                cause = exc.__cause__ or exc
+                why = f"the connection broke ({type(cause).__name__}: {cause})"
+            else:
+                why = f"it sent an error: {_short(exc)}"
+            raise _Broken(self._cut_short(got, started, why)) from None
+        if not got.seen_choice:
+            raise _BadBody("the stream held no chat-completion chunk")
+        if got.finish is None:  # the connection closed cleanly, but before the reply ended
+            if got.chunks:
+                why = "the stream ended without a finish_reason"
+                raise _Broken(self._cut_short(got, started, why))
+            raise _BadBody("the stream ended before any token or finish_reason")
+        return got.reply()
+
+    def _cut_short(self, got: _Assembly, started: float, why: str) -> str:
+        return (
+            f"the model endpoint {self.base_url} stopped mid-reply after {got.chunks} chunks "
+            f"({got.chars} characters, ending {got.tail()!r}) in "
+            f"{time.monotonic() - started:.1f} s: {why}; not retried, since the server may "
+            "still be busy with this reply. Check that the server is not stuck or overloaded, "
+            f"or lower --max-tokens [env SANDCELL_MAX_TOKENS] (now {self.max_tokens})."
+        )
 
     # -- errors ----------------------------------------------------------------------------
 
@@ -232,13 +259,105 @@ class OpenAIModel:
         return ModelError(f"{where} refused the request (HTTP {status}): {_short(exc)}")
 
 
-def _with_reasoning(msg: object, text: str) -> str:
-    """Servers with a reasoning parser (vLLM, DeepSeek) return the thinking apart; keep it as a
-    <think> block so the trace and the parser see one text."""
-    reasoning = getattr(msg, "reasoning_content", None)
-    return (
-        f"<think>{reasoning}</think>\n{text}" if isinstance(reasoning, str) and reasoning else text
-    )
+class _Assembly:
+    """One streamed reply put together chunk by chunk, as the endpoint would have sent it
+    whole; on_token sees the same text the Reply holds."""
+
+    def __init__(self, on_token: OnToken | None):
+        self.on_token = on_token
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict] = {}
+        self.finish: str | None = None  # every OpenAI-compatible server ends with one
+        self.usage = Usage()
+        self.chunks = 0  # chunks that carried tokens (text, thinking or a tool call)
+        self.chars = 0
+        self.seen_choice = False
+
+    def add(self, chunk: object) -> None:
+        usage = getattr(chunk, "usage", None)
+        if usage:
+            self.usage = Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0)
+        if not getattr(chunk, "choices", None):
+            return
+        self.seen_choice = True
+        choice = chunk.choices[0]
+        self.finish = choice.finish_reason or self.finish
+        delta = choice.delta
+        if not delta:
+            return
+        before = self.chars
+        # servers with a reasoning parser (vLLM, llama.cpp, DeepSeek) send the thinking apart:
+        # it is kept as a <think> block so the trace and the parser see one text
+        thinking = getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
+        if isinstance(thinking, str) and thinking:
+            self._say(("" if self.reasoning else "<think>") + thinking)
+            self.reasoning.append(thinking)
+            self.chars += len(thinking)
+        if delta.content:
+            if self.reasoning and not self.text:
+                self._say("</think>\n")
+            self._say(delta.content)
+            self.text.append(delta.content)
+            self.chars += len(delta.content)
+        for tc in delta.tool_calls or []:
+            slot = self.calls.setdefault(self._index(tc), {"id": "", "name": "", "arguments": ""})
+            slot["id"] = tc.id or slot["id"]
+            if tc.function:
+                name, arguments = tc.function.name or "", tc.function.arguments or ""
+                if name != slot["name"]:  # some servers repeat the whole name in every chunk
+                    slot["name"] += name
+                slot["arguments"] += arguments
+                self.chars += len(name) + len(arguments)
+        self.chunks += self.chars > before or bool(delta.tool_calls)
+
+    def _index(self, tc: object) -> int:
+        if isinstance(tc.index, int):
+            return tc.index
+        last = max(self.calls, default=-1)  # no index: a new id starts the next call
+        if last < 0 or (tc.id and tc.id != self.calls[last]["id"]):
+            return last + 1
+        return last
+
+    def _say(self, text: str) -> None:
+        if self.on_token:
+            self.on_token(text)
+
+    def reply(self) -> Reply:
+        text = "".join(self.text)
+        if self.reasoning:
+            if not self.text:
+                self._say("</think>\n")
+            text = f"<think>{''.join(self.reasoning)}</think>\n{text}"
+        calls = [
+            ToolCall(s["id"] or f"call_{i}", s["name"], s["arguments"])
+            for i, s in sorted(self.calls.items())
+        ]
+        return Reply(text, calls, self.finish or "stop", self.usage)
+
+    def tail(self, n: int = 80) -> str:
+        """The last of what arrived, for an error message."""
+        arrived = "".join(self.reasoning) + "".join(self.text)
+        arrived += "".join(f" {s['name']}({s['arguments']}" for _, s in sorted(self.calls.items()))
+        return arrived if len(arrived) <= n else "..." + arrived[-(n - 3) :]
+
+
+def _max_tokens(given: int | None) -> int:
+    """The cap on each reply: the caller's (the CLI flag), else SANDCELL_MAX_TOKENS, else 4096."""
+    raw = given if given is not None else os.environ.get("SANDCELL_MAX_TOKENS") or None
+    if raw is None:
+        return DEFAULT_MAX_TOKENS
+    try:
+        cap = int(raw)
+    except ValueError:
+        cap = 0
+    if cap < 1:
+        where = "max_tokens" if given is not None else "SANDCELL_MAX_TOKENS"
+        raise ModelError(
+            f"{where}={raw!r} is not a number of tokens: give a whole number of at least 1 "
+            f"(the default is {DEFAULT_MAX_TOKENS})"
+        )
+    return cap
 
 
 def _short(exc: Exception) -> str:

@@ -3,7 +3,10 @@
 The file is JSON (a list) or JSON Lines (one entry a line). An entry is a string (the reply's
 text) or an object {"content": str, "tool_calls": [{"name": str, "arguments": object | str}],
 "finish_reason": str}. In text mode (no tool definitions sent) tool calls are replayed as a
-```json {"tool", "args"} block so the same script works with both protocols."""
+```json {"tool", "args"} block so the same script works with both protocols.
+
+Every entry is checked when the script is loaded: a bad one is a ScriptError (a usage error,
+exit 2) naming the file, the entry (and its line in JSON Lines) and the key at fault."""
 
 from __future__ import annotations
 
@@ -12,6 +15,19 @@ import time
 from pathlib import Path
 
 from agent.seams import ModelError, OnToken, Reply, ToolCall, estimated_usage
+from sandbox.inputs import InputError
+
+_FORMAT = (
+    'an entry is a string (the reply\'s text) or {"content": str, "tool_calls": [{"name": str, '
+    '"arguments": object | str, "id": str}], "finish_reason": str}'
+)
+_KEYS = ("content", "tool_calls", "finish_reason")
+_CALL_KEYS = ("name", "arguments", "id")
+
+
+class ScriptError(InputError):
+    """A script of replies cannot be used (unreadable, not JSON, an entry of the wrong shape):
+    a usage error, as a bad --input is; the message names the file, the entry and the key."""
 
 
 class ScriptedModel:
@@ -19,10 +35,13 @@ class ScriptedModel:
         if isinstance(replies, (str, Path)):
             path = Path(replies)
             self.name = name or f"replay:{path.name}"
-            replies = load_script(path)
+            numbered = load_script(path)
         else:
             self.name = name or "replay"
-        self.replies = [_entry(r) for r in replies]
+            numbered = [(None, r) for r in replies]
+            path = None
+        where = str(path) if path else "the script of replies"
+        self.replies = [_entry(r, where, n, line) for n, (line, r) in enumerate(numbered, 1)]
         self.requests: list[dict] = []  # what the agent sent, for tests and demos
 
     def __repr__(self) -> str:
@@ -70,35 +89,87 @@ class ScriptedModel:
         return Reply(text, calls, finish, usage, time.monotonic() - started)
 
 
-def load_script(path: Path) -> list:
+def load_script(path: Path) -> list[tuple[int | None, object]]:
+    """The entries of a script file, each with its line number (None in a JSON list)."""
     try:
         raw = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ModelError(f"cannot read the script of replies {path}: {exc.strerror}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or "it is not UTF-8 text"
+        raise ScriptError(f"cannot read the script of replies {path}: {why}") from None
     try:
         if raw.lstrip().startswith("["):
-            return json.loads(raw)
-        return [json.loads(line) for line in raw.splitlines() if line.strip()]
+            entries = [(None, e) for e in json.loads(raw)]
+        else:
+            entries = [
+                (number, json.loads(line))
+                for number, line in enumerate(raw.splitlines(), 1)
+                if line.strip()
+            ]
     except json.JSONDecodeError as exc:
-        raise ModelError(
+        raise ScriptError(
             f"{path} is not a script of replies ({exc.msg}, line {exc.lineno}): write a JSON list, "
             "or one JSON string or object per line"
         ) from None
+    if not entries:
+        raise ScriptError(f"{path} holds no replies: {_FORMAT}")
+    return entries
 
 
-def _entry(raw: str | dict) -> dict:
+def _entry(raw: object, where: str, number: int, line: int | None) -> dict:
+    """One entry checked and put in the form complete() replays."""
+    at = f"{where}:{line}: entry {number}" if line else f"{where}: entry {number}"
+
+    def bad(what: str) -> ScriptError:
+        joined = f"{at} {what}" if what.startswith(("is ", "has ")) else f"{at}: {what}"
+        return ScriptError(f"{joined}; {_FORMAT}")
+
     if isinstance(raw, str):
         return {"content": raw, "tool_calls": [], "finish_reason": None}
-    calls = []
-    for c in raw.get("tool_calls") or []:
-        args = c.get("arguments", {})
-        calls.append(
-            ToolCall(
-                c.get("id") or "", c["name"], args if isinstance(args, str) else json.dumps(args)
-            )
+    if not isinstance(raw, dict):
+        raise bad(f"is {_shown(raw)}, not a string or an object")
+    unknown = sorted(set(raw) - set(_KEYS))
+    if unknown:
+        raise bad(f"has an unknown key {unknown[0]!r} (known: {', '.join(_KEYS)})")
+    content = raw.get("content")
+    if content is not None and not isinstance(content, str):
+        raise bad(f'"content" must be a string, not {_shown(content)}')
+    finish = raw.get("finish_reason")
+    if finish is not None and not isinstance(finish, str):
+        raise bad(f'"finish_reason" must be a string, not {_shown(finish)}')
+    raw_calls = raw.get("tool_calls")
+    if raw_calls is None:
+        raw_calls = []
+    if not isinstance(raw_calls, list):
+        raise bad(
+            f'"tool_calls" must be a list of {{"name", "arguments"}} objects, not {_shown(raw_calls)}'
         )
-    return {
-        "content": raw.get("content") or "",
-        "tool_calls": calls,
-        "finish_reason": raw.get("finish_reason"),
-    }
+    calls = []
+    for i, c in enumerate(raw_calls, 1):
+        if not isinstance(c, dict):
+            raise bad(f'tool call {i} is {_shown(c)}, not a {{"name", "arguments"}} object')
+        unknown = sorted(set(c) - set(_CALL_KEYS))
+        if unknown:
+            raise bad(
+                f"tool call {i} has an unknown key {unknown[0]!r} (known: name, arguments, id)"
+            )
+        if "name" not in c:
+            raise bad(f'tool call {i} has no "name"')
+        if not isinstance(c["name"], str) or not c["name"]:
+            raise bad(f'tool call {i}: "name" must be a tool\'s name, not {_shown(c["name"])}')
+        args = c.get("arguments", {})
+        if not isinstance(args, (dict, str)):
+            raise bad(
+                f'tool call {i}: "arguments" must be an object or a JSON string, not {_shown(args)}'
+            )
+        call_id = c.get("id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise bad(f'tool call {i}: "id" must be a string, not {_shown(call_id)}')
+        calls.append(
+            ToolCall(call_id or "", c["name"], args if isinstance(args, str) else json.dumps(args))
+        )
+    return {"content": content or "", "tool_calls": calls, "finish_reason": finish}
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -8,6 +8,13 @@ Script entries, consumed one per chat-completion request:
      "finish_reason": str?, "usage": {"prompt_tokens": int, "completion_tokens": int}?}
     {"error": 429 | 500 | ..., "retry_after": float?, "message": str?}
     {"delay": seconds, ...}                 sleep first (a slow reply), then answer the rest
+    {"chunk_delay": seconds, ...}           a slow but working server: that long between streamed
+                                            chunks (not streamed: that long per chunk, then the body)
+    {"chunk_size": int, ...}                characters of content per streamed chunk (default 7)
+    {"stall_after": n, "stall_s": seconds?} stream n chunks, then send nothing for stall_s (3 s)
+                                            and close the connection without finishing the reply
+    {"stream_error_after": n, "message"?}   stream n chunks, then an SSE error event
+    {"reasoning": str, ...}                 the thinking, apart (`reasoning_content`, as vLLM does)
     {"malformed": true}                     200 with a body that is not JSON (or a broken SSE chunk)
     callable(request_body) -> entry         answer from what the agent sent (e.g. an observation)
 """
@@ -40,6 +47,7 @@ class ScriptedServer:
         api_key: str | None = None,
         reject_tools: bool = False,
         honor_stop: bool = True,
+        reject_params: tuple[str, ...] = (),
         model: str = "scripted-model",
     ):
         self.script: list[Entry] = list(script or [])
@@ -49,6 +57,9 @@ class ScriptedServer:
             honor_stop,
             model,
         )
+        # request fields answered with a 400: "max_tokens" as OpenAI's o-series and gpt-5
+        # models do, "stream_options" as older vLLM and other strict servers do
+        self.reject_params = reject_params
         self.requests: list[dict] = []  # every chat-completion body received, in order
         self.served = 0
         self._lock = threading.Lock()
@@ -130,6 +141,17 @@ def _handler(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
                     _error(f"registry/{server.model} does not support tools", "invalid_request"),
                 )
                 return
+            refused = [p for p in server.reject_params if p in body]
+            if refused:
+                server.requests.append(body)
+                message = f"Unrecognized request argument supplied: {refused[0]}"
+                if refused[0] == "max_tokens":
+                    message = (
+                        "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                        "Use 'max_completion_tokens' instead."
+                    )
+                self._json(400, _error(message, "unsupported_parameter"))
+                return
             entry = server._next(body)
             if entry.get("delay"):
                 time.sleep(entry.pop("delay"))
@@ -151,10 +173,14 @@ def _handler(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
                 self._send(200, b'{"id": "x", "choices": [ this is not json', "application/json")
                 return
             content, calls, finish, usage = _reply(server, body, entry)
+            if entry.get("chunk_delay"):  # generating the whole reply first
+                time.sleep(entry["chunk_delay"] * len(_pieces(entry, content, calls)))
             message: dict = {
                 "role": "assistant",
                 "content": content if content or not calls else None,
             }
+            if entry.get("reasoning"):
+                message["reasoning_content"] = entry["reasoning"]
             if calls:
                 message["tool_calls"] = calls
             self._json(
@@ -197,33 +223,18 @@ def _handler(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
                 self.wfile.flush()
 
             send({"role": "assistant", "content": ""})
-            for i in range(0, len(content or ""), 7):
-                send({"content": content[i : i + 7]})
-            for index, call in enumerate(calls):
-                fn = call["function"]
-                send(
-                    {
-                        "tool_calls": [
-                            {
-                                "index": index,
-                                "id": call["id"],
-                                "type": "function",
-                                "function": {"name": fn["name"], "arguments": ""},
-                            }
-                        ]
-                    }
-                )
-                for i in range(0, len(fn["arguments"]), 11):
-                    send(
-                        {
-                            "tool_calls": [
-                                {
-                                    "index": index,
-                                    "function": {"arguments": fn["arguments"][i : i + 11]},
-                                }
-                            ]
-                        }
-                    )
+            for i, delta in enumerate(_pieces(entry, content, calls)):
+                if i == entry.get("stall_after"):
+                    time.sleep(entry.get("stall_s", 3.0))  # the client gives up meanwhile
+                    return  # then the connection closes with the reply unfinished
+                if i == entry.get("stream_error_after"):
+                    error = _error(entry.get("message") or "scripted stream error", "500")
+                    self.wfile.write(b"data: " + json.dumps(error).encode() + b"\n\n")
+                    self.wfile.flush()
+                    return
+                if i and entry.get("chunk_delay"):
+                    time.sleep(entry["chunk_delay"])
+                send(delta)
             send({}, finish)
             if (body.get("stream_options") or {}).get("include_usage"):
                 chunk = dict(base, choices=[], usage=usage)
@@ -244,6 +255,29 @@ def _handler(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
     return Handler
+
+
+def _pieces(entry: dict, content: str, calls: list[dict]) -> list[dict]:
+    """The deltas a streamed reply is sent in: reasoning, content, then each tool call."""
+    size = int(entry.get("chunk_size") or 7)
+    reasoning = entry.get("reasoning") or ""
+    deltas: list[dict] = [
+        {"reasoning_content": reasoning[i : i + size]} for i in range(0, len(reasoning), size)
+    ]
+    deltas += [{"content": content[i : i + size]} for i in range(0, len(content), size)]
+    for index, call in enumerate(calls):
+        fn = call["function"]
+        first = {"index": index, "id": call["id"], "type": "function"}
+        deltas.append({"tool_calls": [dict(first, function={"name": fn["name"], "arguments": ""})]})
+        deltas += [
+            {
+                "tool_calls": [
+                    {"index": index, "function": {"arguments": fn["arguments"][i : i + 11]}}
+                ]
+            }
+            for i in range(0, len(fn["arguments"]), 11)
+        ]
+    return deltas
 
 
 def _reply(server: ScriptedServer, body: dict, entry: dict) -> tuple[str, list[dict], str, dict]:

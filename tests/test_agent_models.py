@@ -1,12 +1,19 @@
-"""OpenAIModel: the real `openai` client over HTTP against the scripted server: streaming and
-not, tool calls, usage, retries on 429/5xx/timeouts/malformed bodies, and the clear errors."""
+"""OpenAIModel: the real `openai` client over HTTP against the scripted server: every reply
+streamed, tool calls, usage, the reply cap, retries on 429/5xx/timeouts/malformed bodies before
+any token, none once tokens arrived, and the clear errors. ScriptedModel: its script checked
+entry by entry when loaded."""
 
+import json
 import time
 
+import click
 import pytest
+from click.testing import CliRunner
 
-from agent.models import OpenAIModel
-from agent.scripted import ScriptedModel
+from agent.cli import exits, main
+from agent.cli.options import agent_options, build_model
+from agent.models import DEFAULT_MAX_TOKENS, OpenAIModel
+from agent.scripted import ScriptedModel, ScriptError
 from agent.seams import ModelError, ToolsUnsupported
 from tests.scripted_server import ScriptedServer, dead_url
 
@@ -33,6 +40,87 @@ def test_text_reply_usage_and_request_options():
     sent = s.requests[0]
     assert (sent["model"], sent["temperature"], sent["max_tokens"]) == ("test-model", 0.3, 77)
     assert sent["stop"] == ["\nObservation:"] and "tools" not in sent
+    assert sent["stream"] is True  # streamed with no callback too: the timeout is per chunk
+
+
+# -- the reply cap: --max-tokens, SANDCELL_MAX_TOKENS, 4096 ------------------------------------------
+
+
+def test_max_tokens_is_always_sent_4096_unless_the_environment_or_caller_says(monkeypatch):
+    monkeypatch.delenv("SANDCELL_MAX_TOKENS", raising=False)
+    with ScriptedServer(["a", "b", "c"]) as s:
+        assert model(s).max_tokens == DEFAULT_MAX_TOKENS == 4096
+        model(s).complete(USER)
+        monkeypatch.setenv("SANDCELL_MAX_TOKENS", "123")
+        model(s).complete(USER)
+        model(s, max_tokens=77).complete(USER)  # the caller (the CLI flag) wins
+    assert [r["max_tokens"] for r in s.requests] == [4096, 123, 77]
+
+
+@pytest.mark.parametrize("value", ["0", "lots"])
+def test_a_bad_max_tokens_variable_is_a_clear_error(monkeypatch, value):
+    monkeypatch.setenv("SANDCELL_MAX_TOKENS", value)
+    with pytest.raises(ModelError, match=f"SANDCELL_MAX_TOKENS={value!r}"):
+        OpenAIModel("m", base_url="http://127.0.0.1:9/v1")
+
+
+def _probe(args: list[str], env: dict | None = None):
+    """The shared options of run/batch/chat, parsed by click, built into a model."""
+    built = []
+
+    @click.command()
+    @agent_options
+    def probe(opts):
+        built.append(build_model(opts))
+
+    result = CliRunner().invoke(probe, args, env=env)
+    return result, (built[0] if built else None)
+
+
+def test_max_tokens_flag_and_variable_reach_the_request():
+    with ScriptedServer(["a", "b", "c"]) as s:
+        url = ["--base-url", s.url, "--api-key", "k"]
+        for args, env in [
+            ([], {"SANDCELL_MAX_TOKENS": None}),
+            ([], {"SANDCELL_MAX_TOKENS": "321"}),
+            (["--max-tokens", "50"], {"SANDCELL_MAX_TOKENS": "321"}),
+        ]:
+            result, built = _probe(url + args, env)
+            assert result.exit_code == 0, result.output
+            built.complete(USER)
+    assert [r["max_tokens"] for r in s.requests] == [4096, 321, 50]
+    refused = _probe(["--max-tokens", "0"])[0]
+    assert refused.exit_code == 2 and "--max-tokens" in refused.output
+    shown = " ".join(CliRunner().invoke(main, ["run", "--help"]).stdout.split())
+    assert "--max-tokens INTEGER RANGE" in shown and "SANDCELL_MAX_TOKENS" in shown
+    assert "[default: 4096; x>=1]" in shown or "[x>=1; default: 4096]" in shown
+
+
+def test_an_endpoint_refusing_max_tokens_gets_max_completion_tokens():
+    """OpenAI's o-series and gpt-5 models take only max_completion_tokens."""
+    with ScriptedServer(["capped", "again"], reject_params=("max_tokens",)) as s:
+        m = model(s)
+        assert m.complete(USER).text == "capped"
+        assert m.complete(USER).text == "again"  # remembered: no second refusal
+    assert [("max_tokens" in r, r.get("max_completion_tokens")) for r in s.requests] == [
+        (True, None),
+        (False, 4096),
+        (False, 4096),
+    ]
+
+
+def test_an_endpoint_refusing_stream_options_streams_without_them():
+    """Strict servers refuse unknown fields; usage is then estimated."""
+    with ScriptedServer(["no usage", "still none"], reject_params=("stream_options",)) as s:
+        m = model(s)
+        first = m.complete(USER)
+        assert (first.text, first.usage.estimated) == ("no usage", True)
+        assert m.complete(USER).text == "still none"
+    assert ["stream_options" in r for r in s.requests] == [True, False, False]
+    assert all(r["stream"] for r in s.requests)
+
+
+# -- streaming: the read timeout is between chunks; no retry once tokens arrived -----------------
 
 
 def test_streaming_text_and_tool_calls_reach_the_callback_and_are_assembled():
@@ -73,18 +161,112 @@ def test_429_then_success_honours_retry_after():
     assert len(s.requests) == 2
 
 
+@pytest.mark.parametrize("callback", [False, True], ids=["quiet", "on_token"])
+def test_a_reply_streamed_for_longer_than_the_timeout_succeeds(callback):
+    """A slow but working server (a small model on a CPU): 11 chunks 0.2 s apart, over 2 s,
+    with a 0.5 s timeout, which holds between chunks and not for the whole reply."""
+    reply_text = "Thought: a slow server still gets there in the end."  # 8 chunks of 7
+    call = {"name": "calculator", "arguments": {"expression": "1+1"}}  # 3 more chunks
+    tokens: list[str] = []
+    with ScriptedServer([{"content": reply_text, "tool_calls": [call], "chunk_delay": 0.2}]) as s:
+        started = time.monotonic()
+        reply = model(s, timeout_s=0.5).complete(
+            USER, TOOL, on_token=tokens.append if callback else None
+        )
+        took = time.monotonic() - started
+    assert took >= 2.0 and reply.retries == 0 and len(s.requests) == 1
+    assert reply.text == reply_text and reply.finish_reason == "tool_calls"
+    assert [(c.name, c.arguments) for c in reply.tool_calls] == [
+        ("calculator", '{"expression": "1+1"}')
+    ]
+    assert "".join(tokens) == (reply_text if callback else "")
+
+
+@pytest.mark.parametrize("callback", [False, True], ids=["quiet", "on_token"])
+def test_a_stall_after_the_first_tokens_is_one_clear_error_and_no_retry(callback):
+    """The server stops sending mid-reply: it may still be generating, so a second request
+    would only queue behind the first. One error, one request."""
+    tokens: list[str] = []
+    with ScriptedServer(
+        [{"content": "Thought: I will now think for ever and ever", "stall_after": 3}, "never"]
+    ) as s:
+        started = time.monotonic()
+        with pytest.raises(ModelError) as err:
+            model(s, timeout_s=0.5).complete(USER, on_token=tokens.append if callback else None)
+        took = time.monotonic() - started
+        assert len(s.requests) == 1 and s.left() == 1
+    message = str(err.value)
+    assert s.url in message and "3 chunks" in message and "21 characters" in message
+    assert "no data for 0.5 s" in message and "not retried" in message
+    assert "--max-tokens" in message and "SANDCELL_MAX_TOKENS" in message
+    assert "'Thought: I will now t'" in message  # what arrived, so the user sees where it stuck
+    assert err.value.__cause__ is None and "\n" not in message
+    assert took < 2.0
+    assert "".join(tokens) == ("Thought: I will now t" if callback else "")
+
+
+def test_a_stream_closed_mid_reply_is_not_taken_for_the_whole_reply():
+    """The connection closes cleanly after a few chunks, with no finish_reason: half a reply
+    (half a final answer, half a tool call) must not pass for a whole one."""
+    with (
+        ScriptedServer(
+            [
+                {"content": "Final Answer: the total is 12", "stall_after": 2, "stall_s": 0.1},
+                "never",
+            ]
+        ) as s,
+        pytest.raises(ModelError) as err,
+    ):
+        model(s).complete(USER)
+    message = str(err.value)
+    assert "2 chunks" in message and "without a finish_reason" in message
+    assert "'Final Answer: '" in message and len(s.requests) == 1
+
+
+def test_an_error_event_mid_stream_is_one_clear_error_and_no_retry():
+    with (
+        ScriptedServer(
+            [
+                {"content": "Thought: half a reply", "stream_error_after": 2, "message": "KV full"},
+                "never",
+            ]
+        ) as s,
+        pytest.raises(ModelError) as err,
+    ):
+        model(s).complete(USER)
+    message = str(err.value)
+    assert s.url in message and "KV full" in message and "2 chunks" in message
+    assert len(s.requests) == 1
+
+
+@pytest.mark.parametrize("callback", [False, True], ids=["quiet", "on_token"])
+def test_reasoning_sent_apart_is_kept_as_a_think_block(callback):
+    tokens: list[str] = []
+    with ScriptedServer([{"content": "Final Answer: 4", "reasoning": "2 and 2 make 4"}]) as s:
+        reply = model(s).complete(USER, on_token=tokens.append if callback else None)
+    assert reply.text == "<think>2 and 2 make 4</think>\nFinal Answer: 4"
+    assert "".join(tokens) == (reply.text if callback else "")
+
+
 @pytest.mark.parametrize(
     "failure",
-    [{"error": 500}, {"error": 503}, {"malformed": True}, {"delay": 1.5, "content": "too late"}],
-    ids=["500", "503", "malformed", "slow"],
+    [
+        {"error": 500},
+        {"error": 503},
+        {"malformed": True},
+        {"delay": 1.5, "content": "too late"},
+        {"stall_after": 0, "stall_s": 1.5, "content": "no token yet"},
+    ],
+    ids=["500", "503", "malformed", "slow", "stall-before-tokens"],
 )
-@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_transient_failures_are_retried(failure, stream):
+@pytest.mark.parametrize("callback", [False, True], ids=["quiet", "on_token"])
+def test_transient_failures_before_any_token_are_retried(failure, callback):
     with ScriptedServer([dict(failure), "recovered"]) as s:
         reply = model(s, timeout_s=0.7).complete(
-            USER, on_token=(lambda t: None) if stream else None
+            USER, on_token=(lambda t: None) if callback else None
         )
     assert reply.text == "recovered" and reply.retries == 1
+    assert [r["stream"] for r in s.requests] == [True, True]
 
 
 def test_retries_used_up_give_one_clear_error():
@@ -167,5 +349,51 @@ def test_scripted_model_replays_a_jsonl_file(tmp_path):
 def test_scripted_model_bad_file_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
-    with pytest.raises(ModelError, match="bad.jsonl"):
+    with pytest.raises(ScriptError, match="bad.jsonl"):
         ScriptedModel(bad)
+
+
+BAD_ENTRIES = {
+    "no name": ({"tool_calls": [{"arguments": {}}]}, 'tool call 1 has no "name"'),
+    "tool_calls not a list": ({"tool_calls": "x"}, '"tool_calls" must be a list'),
+    "a number": (42, "is 42, not a string or an object"),
+    "content not text": ({"content": 5}, '"content" must be a string, not 5'),
+    "arguments not an object": (
+        {"tool_calls": [{"name": "python", "arguments": 7}]},
+        'tool call 1: "arguments" must be an object or a JSON string, not 7',
+    ),
+    "an unknown key": ({"text": "hi"}, "unknown key 'text'"),
+}
+
+
+@pytest.mark.parametrize("form", ["json", "jsonl"])
+@pytest.mark.parametrize("bad", BAD_ENTRIES)
+def test_scripted_model_names_the_file_entry_and_key_of_a_bad_entry(tmp_path, bad, form):
+    entry, words = BAD_ENTRIES[bad]
+    script = tmp_path / f"replies.{form}"
+    entries = ["Thought: fine", entry]
+    if form == "json":
+        script.write_text(json.dumps(entries, indent=1))
+        where = f"{script}: entry 2"
+    else:  # a blank line: the entry number and the line number differ
+        script.write_text(f"{json.dumps(entries[0])}\n\n{json.dumps(entry)}\n")
+        where = f"{script}:3: entry 2"
+    with pytest.raises(ScriptError) as err:
+        ScriptedModel(script)
+    assert str(err.value).startswith(where) and words in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("bad", BAD_ENTRIES)
+def test_run_with_a_bad_replay_entry_is_one_line_and_exit_2(tmp_path, bad):
+    script = tmp_path / "bad.json"
+    script.write_text(json.dumps(["Thought: fine", BAD_ENTRIES[bad][0]]))
+    out = tmp_path / "o"
+    result = CliRunner().invoke(
+        main, ["run", "--task", "x", "--output", str(out), "--replay", str(script)]
+    )
+    assert result.exit_code == exits.USAGE == 2, result.output
+    assert result.stderr.startswith(f"sandcell: {script}: entry 2")
+    assert BAD_ENTRIES[bad][1] in result.stderr
+    assert result.stderr.count("\n") == 1 and isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output and result.stdout == ""
