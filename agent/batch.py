@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from agent import stops
 from agent.jobfiles import write_answer
+from agent.scripted import ScriptedModel, ScriptError
 from agent.seams import Model, Terminated
 from agent.session import Agent
 from agent.stops import Rules
@@ -67,6 +68,11 @@ def load_jobs(path: Path) -> list[Job]:
         except InputError as error:
             raise JobsError(f"{where}: {error}") from None
         replay = (base / raw["replay"]).resolve() if raw.get("replay") else None
+        if replay is not None:
+            try:
+                ScriptedModel(replay)  # a broken script is found now, not when its job runs
+            except ScriptError as error:
+                raise JobsError(f"{where}: {error}") from None
         jobs.append(Job(job_id, raw["task"], inputs, replay))
     if not jobs:
         raise JobsError(f"{path} holds no jobs")

@@ -127,6 +127,9 @@ def test_chat_two_questions_share_state_and_ctrl_c_interrupts_the_cell(tmp_path)
         child.expect("you> ")
         child.sendline("/files")
         child.expect("you> ")
+        child.sendline("/export /proc/nope")  # a folder that cannot be made: said, not fatal
+        child.expect("/export failed")
+        child.expect("you> ")
         child.sendline("Something slow again.")
         child.expect("slow again")
         time.sleep(2)
@@ -140,6 +143,9 @@ def test_chat_two_questions_share_state_and_ctrl_c_interrupts_the_cell(tmp_path)
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
+    transcript = (tmp_path / "transcript.txt").read_text()
+    assert transcript.count("the total is 6") == 1  # the answer once, not again in a panel
+    assert "/workspace/figures" not in transcript  # charts by their host path only
     left = container_labels(owner)
     assert left == []  # ending mid-cell left no container behind
     trace = (folder / "trace.jsonl").read_text()

@@ -388,3 +388,12 @@ def test_run_refuses_a_non_empty_output_folder_before_anything_starts(tmp_path):
     result = sandcell("run", "--task", "x", "--output", str(out))
     assert result.exit_code == 2 and "is not empty" in result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["old.txt"]
+
+
+def test_batch_with_a_broken_job_script_is_a_usage_error_naming_the_line(tmp_path):
+    (tmp_path / "bad.json").write_text(json.dumps([{"tool_calls": [{"arguments": {}}]}]))
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"id": "a", "task": "x"}\n{"id": "b", "task": "y", "replay": "bad.json"}\n')
+    result = sandcell("batch", str(jobs), "--output", str(tmp_path / "o"))
+    assert result.exit_code == 2 and f"{jobs}:2:" in result.stderr and '"name"' in result.stderr
+    assert not (tmp_path / "o").exists()

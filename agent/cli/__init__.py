@@ -43,4 +43,5 @@ def main(debug: bool) -> None:
     from agent.cli import exits
 
     exits.Debug.enabled, exits.Debug.details_dir = debug, None
+    exits.setup_logging(debug)
     exits.handle_signals()

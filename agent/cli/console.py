@@ -20,12 +20,16 @@ class EventPrinter:
         self.console = console or Console(highlight=False)
         self.stream_tokens, self.show_answer = stream_tokens, show_answer
         self._streaming = False  # tokens printed since the last event
+        self._streamed = ""  # the text of the reply streamed last
 
     def __call__(self, kind: str, data: dict) -> None:
         if kind == "token":
             if self.stream_tokens:
-                self.console.print(escape(str(data.get("text", ""))), end="", style="dim")
-                self._streaming = True
+                if not self._streaming:
+                    self._streamed = ""
+                text = str(data.get("text", ""))
+                self.console.print(escape(text), end="", style="dim")
+                self._streaming, self._streamed = True, self._streamed + text
             return
         if self._streaming:
             self.console.print()
@@ -77,6 +81,10 @@ class EventPrinter:
 
     def _answer(self, data: dict) -> None:
         if not self.show_answer:
+            return
+        answer = data.get("answer")
+        if answer is not None and answer.strip() and answer.strip() in self._streamed:
+            self._streamed = ""  # shown already as it streamed: once is enough
             return
         if data.get("answer") is None:
             reason = data.get("stop_reason")

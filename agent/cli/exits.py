@@ -19,6 +19,7 @@ Nothing heavy is imported here: the error classes load when an error is mapped, 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import signal
 import sys
 import tempfile
@@ -42,6 +43,24 @@ INTERNAL, TIMEOUT, DIED, INTERRUPTED, TERMINATED = 70, 124, 137, 130, 143
 
 def _terminate(signum: int, frame: object) -> None:
     raise Terminated()
+
+
+class OneLine(logging.Formatter):
+    """Library warnings (a retried request, a tool that failed) as one `sandcell:` line: the
+    traceback a log record may carry is for --debug, not for the user's terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"sandcell: {record.getMessage()}"
+
+
+def setup_logging(debug: bool) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter() if debug else OneLine())
+    for name in ("agent", "tools", "sandbox"):  # sandcell's own loggers; the root is left alone
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.propagate = False
+        logger.setLevel(logging.DEBUG if debug else logging.WARNING)
 
 
 def handle_signals() -> None:
