@@ -10,9 +10,14 @@ import palmerpenguins
 import pandas as pd
 import pytest
 import vega_datasets
+from click.testing import CliRunner
 
+import tools.file_metadata
+import tools.profile
+from agent.cli import main
 from tools import Caps, file_metadata_tool, profile_inputs
 from tools.profile import build_profile, render
+from tools.tables import sniff_delimiter
 
 PENGUINS = Path(palmerpenguins.__file__).parent / "data"
 VEGA = Path(vega_datasets.__file__).parent / "_data"
@@ -191,6 +196,53 @@ def test_quoted_fields_with_newlines_count_as_one_row(tmp_path):
     assert p.rows == 3 == len(pd.read_csv(tmp_path / "q.csv")) and '"a, b"' in text
 
 
+LINE_ENDINGS = {
+    "cr": b"a,b\r1,2\r3,4\r",  # old spreadsheet exports (classic Mac OS)
+    "lf": b"a,b\n1,2\n3,4\n",
+    "crlf": b"a,b\r\n1,2\r\n3,4\r\n",
+    "mixed": b"a,b\r\n1,2\r3,4\n",
+    "cr-no-final-newline": b"a,b\r1,2\r3,4",
+}
+
+
+@pytest.mark.parametrize("data", LINE_ENDINGS.values(), ids=LINE_ENDINGS.keys())
+def test_every_line_ending_gives_the_same_profile(tmp_path, data):
+    path = _write(tmp_path, "cr.csv", data)
+    profile, text = _profile_file(path)
+    df = pd.read_csv(path)  # pandas reads all of these
+    assert (len(df), list(df.columns)) == (2, ["a", "b"])
+    assert profile.kind == "csv" and profile.delimiter == "," and profile.header
+    assert profile.rows == 2 and profile.rows_exact and "2 rows x 2 columns" in text
+    assert [c.name for c in profile.columns] == ["a", "b"]
+    assert [c.type for c in profile.columns] == ["int", "int"]
+    assert profile.sample == [["1", "2"], ["3", "4"]]
+
+
+def test_cr_line_endings_inside_quotes_and_over_the_prefix(tmp_path):
+    # a quoted field spanning a bare CR stays one row; a prefix cut of a CR file still parses
+    p, _ = _profile_file(_write(tmp_path, "q.csv", b'id,note\r1,"x\ry"\r2,z\r'))
+    assert p.rows == 2 == len(pd.read_csv(tmp_path / "q.csv"))
+    big = _write(tmp_path, "big.csv", b"a,b\r" + b"1,2\r" * 50_000)
+    p, text = _profile_file(big, Caps(head_bytes=16 << 10, full_bytes=64 << 10))
+    assert p.kind == "csv" and [c.name for c in p.columns] == ["a", "b"]
+    assert not p.rows_exact and abs(p.rows - 50_000) / 50_000 < 0.05 and "(estimated)" in text
+
+
+def test_the_sniffer_takes_text_with_any_line_ending():
+    assert sniff_delimiter("a;b\r1;2\r3;4\r") == (";", 2)
+    assert sniff_delimiter("a\tb\r\n1\t2\r3\t4\n") == ("\t", 2)
+
+
+def test_cr_csv_through_the_cli(tmp_path):
+    path = _write(tmp_path, "cr.csv", LINE_ENDINGS["cr"])
+    result = CliRunner().invoke(
+        main, ["tool", "file_metadata", '{"path": "/data/cr.csv"}', "--input", str(path)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "/data/cr.csv: csv" in result.output and "2 rows x 2 columns" in result.output
+    assert "  a: int" in result.output and "  b: int" in result.output
+
+
 def test_json_and_jsonl(tmp_path):
     p, _ = _profile_file(VEGA / "cars.json")
     df = pd.read_json(VEGA / "cars.json")
@@ -266,3 +318,66 @@ def test_profile_inputs_for_the_system_prompt(tmp_path):
     fifo = tmp_path / "pipe.csv"
     os.mkfifo(fifo)
     assert "FIFO" in profile_inputs([fifo])  # a refusal is reported, not raised
+
+
+def test_an_input_that_cannot_be_profiled_is_one_line_and_the_others_still_are(
+    tmp_path, monkeypatch
+):
+    good = _write(tmp_path, "good.csv", b"a,b\n1,2\n")
+    cr = _write(tmp_path, "cr.csv", LINE_ENDINGS["cr"])
+    broken = _write(tmp_path, "x.csv", b"a,b\n1,2\n")
+    real = tools.file_metadata.build_profile
+
+    def failing(name, *args, **kwargs):
+        if name == "/data/x.csv":
+            raise OSError(5, "Input/output error\nwhile reading")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(tools.file_metadata, "build_profile", failing)
+    text = profile_inputs([good, broken, cr])
+    lines = [ln for ln in text.splitlines() if "/data/x.csv" in ln]
+    assert lines == [
+        "/data/x.csv: could not be profiled (OSError: [Errno 5] Input/output error while reading)"
+    ], text
+    assert "/data/good.csv: csv" in text and "/data/cr.csv: csv" in text
+    assert "1 row x 2 columns" in text and "2 rows x 2 columns" in text
+
+
+def test_a_profiler_failure_is_an_honest_profile_not_a_crash(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the\nprofiler")
+
+    monkeypatch.setattr(tools.profile, "_table", broken)
+    p = build_profile("/data/a.csv", 8, None, b"a,b\n1,2\n", complete=True)
+    text = render(p)
+    assert p.kind == "unknown" and p.error == "RuntimeError: a bug in the profiler"
+    assert "could not be profiled (RuntimeError: a bug in the profiler)" in text
+    # in the prompt: one line for that input, the text file (no table parsing) still profiled
+    text = profile_inputs(
+        [_write(tmp_path, "a.csv", b"a,b\n1,2\n"), _write(tmp_path, "n.txt", b"hello\n")]
+    )
+    assert "/data/a.csv: could not be profiled (RuntimeError: a bug in the profiler)\n" in text
+    assert "/data/n.txt: text" in text and "1 line" in text
+
+
+def test_long_fields_are_read_and_a_quote_left_open_is_named(tmp_path):
+    import csv
+
+    limit = csv.field_size_limit()
+    p, text = _profile_file(
+        _write(tmp_path, "long.csv", b"a,b\n" + b"x" * (1 << 20) + b",1\n2,3\n")
+    )
+    assert p.rows == 2 and [c.type for c in p.columns] == ["string", "int"]  # as pandas reads it
+    assert csv.field_size_limit() == limit  # raised only while a table is parsed
+    data = b'a,b\n1,2\n3,"x\n4,5\n'
+    with pytest.raises(pd.errors.ParserError, match="EOF inside string"):
+        pd.read_csv(_write(tmp_path, "open.csv", data))
+    p, text = _profile_file(tmp_path / "open.csv")
+    assert "the last record (from line 3) has a quoted field that is never closed" in text
+    p, text = _profile_file(_write(tmp_path, "closed.csv", b'a,b\n1,2\n3,"x\n4",5\n'))
+    assert "never closed" not in text and p.rows == 2
+
+
+def test_a_column_of_numbers_then_text_shows_examples_not_a_range(tmp_path):
+    p, text = _profile_file(_write(tmp_path, "s.csv", b"a,b\n1,2\n3,x\n"))
+    assert p.columns[1].type == "string" and "b: string, 0 nulls; e.g. 2 | x" in text

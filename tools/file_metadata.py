@@ -28,7 +28,15 @@ from tools.paths import (
     read_fd,
     refuse_kind,
 )
-from tools.profile import DEFAULT_CAPS, Caps, Profile, build_profile, human_size, render
+from tools.profile import (
+    DEFAULT_CAPS,
+    Caps,
+    Profile,
+    build_profile,
+    error_text,
+    human_size,
+    render,
+)
 from tools.registry import LRU, Observation, Tool, ToolError
 
 _CACHE_SIZE = 128
@@ -201,7 +209,10 @@ def profile_inputs(
     max_chars: int = 8000,
 ) -> str:
     """Compact profiles of the input files, for the agent's system prompt. Given a session's
-    Inputs, the profiles are the ones the tool answers with: each file is read once."""
+    Inputs, the profiles are the ones the tool answers with: each file is read once.
+
+    An input that cannot be profiled, for whatever reason (refused, unreadable, a profiler
+    failure), is one line saying so; the others are profiled all the same."""
     fm = FileMetadata(paths, None, caps)
     if not fm.inputs:
         return "There are no input files."
@@ -210,9 +221,18 @@ def profile_inputs(
     out = ["Input files (read-only, under /data; write outputs to /workspace):"]
     for item in fm.inputs:
         try:
-            out.append(fm.describe(item.sandbox_path).text)
-        except ToolError as exc:
-            out.append(f"{item.sandbox_path}: {exc}")
+            obs = fm.describe(item.sandbox_path)
+        except ToolError as exc:  # a refusal (a FIFO, a link): its message says why
+            out.append(f"{item.sandbox_path}: " + " ".join(str(exc).split()))
+            continue
+        except Exception as exc:  # one input must not take the whole prompt down
+            out.append(f"{item.sandbox_path}: could not be profiled ({error_text(exc)})")
+            continue
+        error = getattr(obs.data, "error", None)
+        if error:  # build_profile's last resort fired: its short form, not a bare header
+            out.append(f"{item.sandbox_path}: could not be profiled ({error})")
+        else:
+            out.append(obs.text)
     text = "\n\n".join(out)
     if len(text) > max_chars:
         text = text[: max_chars - 50].rsplit("\n", 1)[0] + "\n... (profiles cut to fit)"

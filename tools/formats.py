@@ -97,6 +97,8 @@ def parquet_info(f: BinaryIO, size: int, sample_cap: int) -> TableInfo:
 def xlsx_info(f: BinaryIO, deadline: float, max_rows_scanned: int = 5000) -> TableInfo:
     with zipfile.ZipFile(f) as zf:
         for info in zf.infolist():
+            if info.flag_bits & 0x1:  # zipfile would raise RuntimeError reading it
+                raise ValueError(f"{info.filename} is encrypted: a password is needed")
             ratio = info.file_size / max(1, info.compress_size)
             if ratio > MAX_ZIP_RATIO and info.file_size > (1 << 20):
                 raise ValueError(

@@ -12,8 +12,10 @@ import datetime as dt
 import hashlib
 import io
 import json
+import logging
 import time
 import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -21,6 +23,8 @@ from typing import BinaryIO
 
 from tools import formats, tables
 from tools.formats import Column
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class Profile:
     name: str
     size: int
     mtime: float | None
-    kind: str  # csv, tsv, json, jsonl, parquet, xlsx, text, binary, empty
+    kind: str  # csv, tsv, json, jsonl, parquet, xlsx, text, binary, empty, unknown (error)
     sha256: str | None = None
     encoding: str | None = None
     delimiter: str | None = None
@@ -50,9 +54,11 @@ class Profile:
     rows_exact: bool = True
     rows_at_least: bool = False  # text ended early (zero padding): no extrapolation to the size
     columns: list[Column] = field(default_factory=list)
+    column_count: int | None = None  # all the columns, when `columns` lists only the first ones
     sample: list[list[str]] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    error: str | None = None  # "ErrorType: message" when the profiler itself failed
 
 
 DELIMITED_EXTS = (".csv", ".tsv", ".tab", ".psv")
@@ -70,7 +76,43 @@ def build_profile(
     open_file: Callable[[], BinaryIO] | None = None,
 ) -> Profile:
     """`data` is the whole file when `complete`, else a prefix. `open_file` gives a seekable
-    handle for formats whose metadata sits at the end (parquet, xlsx), when one is available."""
+    handle for formats whose metadata sits at the end (parquet, xlsx), when one is available.
+
+    Never raises for any bytes: what a parser cannot read becomes a note. Should the profiler
+    itself fail (a bug), the profile says so, with the error type, and `error` is set: one
+    input must not stop a run before any code runs."""
+    try:
+        return _build(name, size, mtime, data, complete, caps, open_file)
+    except Exception as exc:  # the last resort; the parsers below report what they can't read
+        log.warning("profiling %s failed", name, exc_info=True)
+        return _failed(name, size, mtime, exc)
+
+
+def error_text(exc: BaseException, limit: int = 200) -> str:
+    """`ErrorType: message` on one line, at most `limit` characters."""
+    msg = " ".join(str(exc).split())
+    text = f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _failed(name: str, size: int, mtime: float | None, exc: Exception) -> Profile:
+    p = Profile(name, size, mtime, "unknown", error=error_text(exc))
+    p.notes.append(
+        f"could not be profiled ({p.error}); nothing is known about its content: "
+        "inspect it with the python tool"
+    )
+    return p
+
+
+def _build(
+    name: str,
+    size: int,
+    mtime: float | None,
+    data: bytes,
+    complete: bool,
+    caps: Caps,
+    open_file: Callable[[], BinaryIO] | None,
+) -> Profile:
     deadline = time.monotonic() + caps.time_s
     p = Profile(name, size, mtime, "binary")
     ext = PurePosixPath(name).suffix.lower()
@@ -129,9 +171,8 @@ def _binary_table(
             info = formats.parquet_info(f, p.size, caps.full_bytes)
         else:
             info = formats.xlsx_info(f, deadline)
-    except (ValueError, OSError, zipfile.BadZipFile, KeyError) as exc:
-        # pyarrow's ArrowInvalid is a ValueError; openpyxl raises KeyError on missing parts
-        p.notes.append(f"could not read the {kind} metadata: {type(exc).__name__}: {exc}")
+    except _corrupt_errors(kind) as exc:
+        p.notes.append(f"could not read the {kind} metadata: {error_text(exc)}")
         return
     finally:
         f.close()
@@ -144,6 +185,33 @@ def _binary_table(
     p.header = True
     p.extra += info.extra
     p.notes += info.notes
+
+
+# What the readers of a damaged workbook or parquet file raise (seen fuzzing them): zipfile
+# (BadZipFile, zlib.error, NotImplementedError for an unknown zip version, EOFError), the XML
+# parser (ParseError, a SyntaxError), openpyxl (KeyError for a missing part, TypeError and
+# ValueError for bad attributes, OSError for no workbook part) and pyarrow (ArrowInvalid and
+# the other ArrowExceptions, OSError for undecodable thrift).
+_CORRUPT = (
+    zipfile.BadZipFile,
+    zlib.error,
+    EOFError,
+    NotImplementedError,
+    SyntaxError,
+    KeyError,
+    IndexError,
+    TypeError,
+    ValueError,
+    OSError,
+)
+
+
+def _corrupt_errors(kind: str) -> tuple[type[BaseException], ...]:
+    if kind != "parquet":
+        return _CORRUPT
+    import pyarrow  # loaded already: parquet_info imports it
+
+    return (*_CORRUPT, pyarrow.ArrowException)
 
 
 def _text(p: Profile, data: bytes, complete: bool, caps: Caps, deadline: float) -> None:
@@ -167,8 +235,13 @@ def _text(p: Profile, data: bytes, complete: bool, caps: Caps, deadline: float) 
     try:
         text = tables.decode(data, enc, complete)
     except UnicodeDecodeError as exc:
-        p.notes.append(f"undecodable as {enc.codec} at byte {exc.start}: {exc.reason}")
-        return
+        # e.g. a cp1252 file with a byte cp1252 leaves undefined, or utf-16 of odd length
+        text = tables.decode(data, enc, complete, errors="replace")
+        p.notes.append(
+            f"undecodable as {enc.codec} at byte {exc.start:,} ({exc.reason}); profiled with "
+            f"the bad bytes replaced: read it with encoding='{enc.codec}', "
+            "encoding_errors='replace'"
+        )
     if _control_ratio(text[:65536]) > 0.05:
         p.encoding = None
         p.extra.append("content: binary data (many control characters)")
@@ -203,7 +276,9 @@ def _table(
     t = tables.parse_table(text, delimiter, deadline, complete)
     p.header = t.header
     exact = complete and t.complete and p.rows_exact
-    if exact or p.rows_at_least:
+    if t.stopped and t.rows == 0:
+        pass  # nothing parsed: the row count is unknown, not zero
+    elif exact or p.rows_at_least:
         p.rows = t.rows
     else:
         parsed = len(text[: t.chars_parsed].encode(enc.codec, "replace")) or len(data)
@@ -212,17 +287,26 @@ def _table(
     for c in t.columns:
         detail = (
             f"{_num(c.minimum)}..{_num(c.maximum)}"
-            if c.minimum is not None
+            if c.minimum is not None and c.kind in ("int", "float")
             else "e.g. " + " | ".join(c.examples)
             if c.examples
             else ""
         )
         p.columns.append(Column(c.name, c.kind, c.nulls, note, detail))
+    if t.width > len(t.columns):
+        p.column_count = t.width
+        p.notes.append(f"{t.width:,} columns: only the first {len(t.columns):,} were profiled")
     p.sample = t.sample
     if t.ragged:
         p.notes.append(
             f"ragged: {t.ragged:,} row(s) have a different number of fields "
             f"({t.first_ragged}); pandas may fail: try on_bad_lines='warn'"
+        )
+    if t.unclosed_quote:
+        p.notes.append(
+            f"the last record (from line {t.unclosed_quote:,}) has a quoted field that is never "
+            "closed: csv reads the rest of the file as one field; pd.read_csv fails ('EOF "
+            "inside string')"
         )
     if t.stopped:
         p.notes.append(t.stopped)
@@ -251,11 +335,20 @@ def _json(p: Profile, text: str, ext: str, complete: bool) -> bool:
     except json.JSONDecodeError as exc:
         p.notes.append(f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")
         return True
+    except ValueError as exc:  # e.g. an integer over Python's 4,300-digit conversion limit
+        p.notes.append(f"Python's json cannot load it: {error_text(exc)}")
+        return True
+    except RecursionError:
+        p.notes.append(
+            "nested too deeply for Python's json to load (RecursionError); "
+            "read it with the python tool"
+        )
+        return True
     if isinstance(value, list):
         p.rows = len(value)
         _json_columns(p, value[:1000], True)
     elif isinstance(value, dict):
-        p.extra.append("top level: object with keys " + ", ".join(list(value)[:20]))
+        p.extra.append("top level: object with keys " + ", ".join(k[:40] for k in list(value)[:20]))
     return True
 
 
@@ -263,7 +356,7 @@ def _json_record(line: str) -> dict | list | None:
     """The line's JSON object or array; None for anything else."""
     try:
         value = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, an over-long integer, nested too deep
         return None
     return value if isinstance(value, (dict, list)) else None
 
@@ -291,7 +384,14 @@ def _json_columns(p: Profile, records: list, complete: bool) -> None:
         nulls = sum(1 for r in dicts if r.get(k) is None)
         kind = "float" if kinds == {"int", "float"} else "/".join(sorted(kinds)) or "null"
         p.columns.append(Column(k, kind, nulls, note))
-    p.sample = [[json.dumps(r, ensure_ascii=False)[:200]] for r in records[:3]]
+    p.sample = [[_json_text(r)] for r in records[:3]]
+
+
+def _json_text(value: object) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False)[:200]
+    except (ValueError, RecursionError) as exc:
+        return f"(not shown: {type(exc).__name__})"
 
 
 def _rows(counted: int, exact: bool, bytes_seen: int, size: int) -> tuple[int, bool]:
@@ -302,10 +402,23 @@ def _rows(counted: int, exact: bool, bytes_seen: int, size: int) -> tuple[int, b
 
 def _row_text(row: list[str], delimiter: str) -> str:
     if len(row) == 1:
-        return row[0]
+        return _shown(row[0], 300)
     buf = io.StringIO()  # csv quoting keeps "Adult, 1 Egg Stage" one cell
-    csv.writer(buf, delimiter=delimiter, lineterminator="").writerow([c[:40] for c in row])
+    csv.writer(buf, delimiter=delimiter, lineterminator="").writerow(
+        [_shown(c, 40) for c in row[:100]]
+    )
     return buf.getvalue()
+
+
+# control characters shown escaped: a line break (a quoted multi-line field) or a NUL inside a
+# value must not break the profile's one-line-per-item layout
+_ESCAPES = {i: f"\\x{i:02x}" for i in (*range(32), 0x7F) if i != 9} | {10: "\\n", 13: "\\r"}
+
+
+def _shown(value: str, limit: int) -> str:
+    """`value` for the profile text: on one line, at most `limit` characters of it."""
+    cut = value if len(value) <= limit else value[: limit - 1] + "…"
+    return cut.translate(_ESCAPES)
 
 
 def _control_ratio(text: str) -> float:
@@ -342,6 +455,7 @@ def render(p: Profile, caps: Caps = DEFAULT_CAPS) -> str:
         head += f", sha256 {p.sha256[:16]}…"
     lines = [head]
     shape = []
+    width = p.column_count or len(p.columns)
     if p.encoding:
         shape.append(f"encoding {p.encoding}")
     if p.delimiter:
@@ -359,7 +473,7 @@ def render(p: Profile, caps: Caps = DEFAULT_CAPS) -> str:
             if p.rows_at_least
             else f"~{p.rows:,} (estimated)"
         )
-        shape.append(f"{rows} {unit}" + (f" x {len(p.columns)} columns" if p.columns else ""))
+        shape.append(f"{rows} {unit}" + (f" x {width} columns" if p.columns else ""))
     if shape:
         lines.append(", ".join(shape))
     lines += p.extra
@@ -372,11 +486,10 @@ def render(p: Profile, caps: Caps = DEFAULT_CAPS) -> str:
                 else f"{c.nulls:,} null" + ("" if c.nulls == 1 else "s")
             )
             where = f" {c.nulls_note}" if c.nulls_note and c.nulls is not None else ""
-            lines.append(
-                f"  {c.name}: {c.type}, {nulls}{where}" + (f"; {c.detail}" if c.detail else "")
-            )
-        if len(p.columns) > caps.max_columns:
-            lines.append(f"  ... {len(p.columns) - caps.max_columns} more columns")
+            detail = f"; {_shown(c.detail, 200)}" if c.detail else ""
+            lines.append(f"  {_shown(c.name, 80)}: {_shown(c.type, 80)}, {nulls}{where}{detail}")
+        if width > caps.max_columns:
+            lines.append(f"  ... {width - caps.max_columns} more columns")
     if p.sample:
         lines.append(
             "first rows:" if p.kind in ("csv", "tsv", "parquet", "xlsx") else "first lines:"

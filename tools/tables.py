@@ -8,9 +8,11 @@ what the model is told matches what `pd.read_csv` will give it.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import csv
 import io
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -48,6 +50,8 @@ _BOOL = frozenset({"True", "False", "TRUE", "FALSE", "true", "false"})
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?")
 DELIMITERS = (",", "\t", ";", "|")
+FIELD_LIMIT = 1 << 26  # characters in one field while a table is parsed (csv's own: 131,072)
+MAX_COLUMNS = 2000  # columns given stats; a wider table is counted, its other columns not read
 _WESTERN = ("cp1252", "latin_1", "iso8859_15")
 
 
@@ -113,14 +117,27 @@ def _not_utf8(data: bytes, exc: UnicodeDecodeError) -> Encoding:
     return Encoding("gb18030" if label == "gbk/gb18030" else codec, label)
 
 
-def decode(data: bytes, enc: Encoding, complete: bool) -> str:
-    """Decode a prefix; a prefix loses its last, probably partial, line."""
+def decode(data: bytes, enc: Encoding, complete: bool, errors: str | None = None) -> str:
+    """Decode a prefix; a prefix loses its last, probably partial, line. Line endings come
+    back as LF whatever the file used (CR, LF, CRLF or a mix), as everything after this
+    expects. `errors` overrides the encoding's own ("replace" for a second try)."""
     text = codecs.getincrementaldecoder(enc.codec)(
-        errors="replace" if enc.errors == "replace" else "strict"
+        errors=errors or ("replace" if enc.errors == "replace" else "strict")
     ).decode(data, final=complete)
+    text = normalize_newlines(text)
     if not complete and "\n" in text:
         text = text[: text.rindex("\n") + 1]
-    return text.replace("\r\n", "\n")
+    return text
+
+
+def normalize_newlines(text: str) -> str:
+    """CRLF and bare CR (old spreadsheet exports, classic Mac OS) as LF. The csv module
+    reads lines split at LF only: a CR left in one ends the record in the middle of the
+    line, which is `csv.Error: new-line character seen in unquoted field`. pandas, like
+    this, takes any of the three as a line end (a CR inside a quoted field becomes LF)."""
+    if "\r" not in text:
+        return text
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 @dataclass
@@ -165,7 +182,7 @@ def _widen(kind: str, value: str) -> str:
 class Table:
     delimiter: str
     header: bool
-    columns: list[ColumnStats]
+    columns: list[ColumnStats]  # the first MAX_COLUMNS of them
     rows: int  # data rows parsed (blank lines skipped, like pandas)
     complete: bool  # every row of the file was parsed
     sample: list[list[str]]
@@ -173,16 +190,18 @@ class Table:
     first_ragged: str = ""
     stopped: str = ""  # why parsing stopped early, if it did
     chars_parsed: int = 0
+    unclosed_quote: int = 0  # the line where a quoted field opens and never closes
+    width: int = 0  # fields in the first row: all the columns, even past MAX_COLUMNS
 
 
 def sniff_delimiter(text: str) -> tuple[str, int]:
     """The delimiter that splits the first lines into the most consistent field counts."""
-    lines = text[:65536].split("\n")[:40]
+    lines = normalize_newlines(text[:65536]).split("\n")[:40]
     if len(lines) > 1 and not lines[-1]:
         lines = lines[:-1]
     best, best_score = ",", (0.0, 1)
     for d in DELIMITERS:
-        counts = [len(r) for r in csv.reader(lines, delimiter=d) if r]
+        counts = _field_counts(lines, d)
         if not counts:
             continue
         mode = max(set(counts), key=counts.count)
@@ -192,42 +211,113 @@ def sniff_delimiter(text: str) -> tuple[str, int]:
     return best, best_score[1]
 
 
+def _field_counts(lines: list[str], delimiter: str) -> list[int]:
+    """Fields per record of `lines` (no line ends in them); a record csv cannot read (a field
+    over its size limit) ends the count: the sniffer decides on what came before it."""
+    counts: list[int] = []
+    try:
+        for row in csv.reader(lines, delimiter=delimiter):
+            if row:
+                counts.append(len(row))
+    except csv.Error:
+        pass
+    return counts
+
+
 def _looks_like_header(first: list[str]) -> bool:
     """Names, not data: no numbers, no blanks, no repeats."""
-    if any(_FLOAT.fullmatch(c.strip()) or c.strip() in NA_TOKENS for c in first):
+    if any(_FLOAT.fullmatch(c.strip()) or c.strip() in NA_TOKENS for c in first[:MAX_COLUMNS]):
         return False
     return len(set(first)) == len(first)
 
 
 def parse_table(text: str, delimiter: str, deadline: float, complete: bool) -> Table:
-    reader = csv.reader(io.StringIO(text), delimiter=delimiter)
+    """Column stats of delimited `text` (as `decode` gives it: LF line ends; any others are
+    made LF here too, so `chars_parsed` counts in the normalised text)."""
+    text = normalize_newlines(text)
+    reader = csv.reader(io.StringIO(text, newline="\n"), delimiter=delimiter)
     table = Table(delimiter, True, [], 0, complete, [])
     first: list[str] | None = None
     width = 0
-    try:
-        for lineno, row in enumerate(reader, 1):
-            if not row:
-                continue  # blank line: pandas skips it
-            if first is None:
-                first = row
-                table.header = _looks_like_header(row)
-                width = len(row)
-                names = row if table.header else [f"column_{i + 1}" for i in range(width)]
-                table.columns = [
-                    ColumnStats(n.strip() or f"unnamed_{i}") for i, n in enumerate(names)
-                ]
-                if table.header:
-                    continue
-            _add_row(table, row, width, lineno)
-            if table.rows % 2000 == 0 and time.monotonic() > deadline:
-                table.stopped = f"time cap reached after {table.rows:,} rows"
-                table.complete = False
-                break
-    except csv.Error as exc:  # e.g. a field over csv's size limit, or a stray NUL
-        table.stopped = f"CSV parsing stopped at line {reader.line_num}: {exc}"
-        table.complete = False
+    cells_to_check = 0  # the clock is read every 20,000 fields: wide rows count by their width
+    last_start = last_end = 0  # physical lines before and after the latest record
+    with _wide_fields():
+        try:
+            for lineno, row in enumerate(reader, 1):
+                last_start, last_end = last_end, reader.line_num
+                if not row:
+                    continue  # blank line: pandas skips it
+                if first is None:
+                    first = row
+                    table.header = _looks_like_header(row)
+                    width = table.width = len(row)
+                    shown = min(width, MAX_COLUMNS)
+                    names = (
+                        row[:shown] if table.header else [f"column_{i + 1}" for i in range(shown)]
+                    )
+                    table.columns = [
+                        ColumnStats(n.strip() or f"unnamed_{i}") for i, n in enumerate(names)
+                    ]
+                    if table.header:
+                        continue
+                _add_row(table, row, width, lineno)
+                cells_to_check -= len(row) + 1
+                if cells_to_check <= 0:
+                    cells_to_check = 20_000
+                    if time.monotonic() > deadline:
+                        table.stopped = f"time cap reached after {table.rows:,} rows"
+                        table.complete = False
+                        break
+        except csv.Error as exc:  # a field over FIELD_LIMIT
+            table.stopped = f"CSV parsing stopped at line {reader.line_num:,}: {exc}"
+            table.complete = False
+        if complete and not table.stopped and first is not None:
+            table.unclosed_quote = _unclosed_quote(text, delimiter, last_start, last_end)
     table.chars_parsed = _chars_upto_line(text, reader.line_num) if table.stopped else len(text)
     return table
+
+
+def _unclosed_quote(text: str, delimiter: str, start: int, end: int) -> int:
+    """The line where the last record (physical lines start+1..end) starts, if the file ends
+    inside one of its quoted fields (csv reads that as a field running to the end; pandas
+    fails: "EOF inside string"), else 0. Only that record is read again, in strict mode."""
+    pos = len(text) - 1 if text.endswith("\n") else len(text)
+    for _ in range(end - start):  # back to the line break before the record
+        pos = text.rfind("\n", 0, pos)
+        if pos < 0:
+            break
+    tail = io.StringIO(text[pos + 1 :], newline="\n")
+    try:
+        for _ in csv.reader(tail, delimiter=delimiter, strict=True):
+            pass
+    except csv.Error as exc:
+        return start + 1 if "unexpected end of data" in str(exc) else 0
+    return 0
+
+
+_limit_lock = threading.Lock()
+_limit_users = 0
+_limit_saved = 0
+
+
+@contextlib.contextmanager
+def _wide_fields():
+    """csv's field size limit (process-wide, 131,072 characters by default) raised to
+    FIELD_LIMIT while tables are parsed: one long cell, which pandas reads, is no reason to
+    stop. Parses may overlap in threads; the last one to finish puts the old limit back."""
+    global _limit_users, _limit_saved
+    with _limit_lock:
+        if _limit_users == 0:
+            _limit_saved = csv.field_size_limit()
+            csv.field_size_limit(max(_limit_saved, FIELD_LIMIT))
+        _limit_users += 1
+    try:
+        yield
+    finally:
+        with _limit_lock:
+            _limit_users -= 1
+            if _limit_users == 0:
+                csv.field_size_limit(_limit_saved)
 
 
 def _add_row(table: Table, row: list[str], width: int, lineno: int) -> None:
@@ -237,7 +327,7 @@ def _add_row(table: Table, row: list[str], width: int, lineno: int) -> None:
         if not table.first_ragged:
             table.first_ragged = f"line {lineno} has {len(row)} fields, the header has {width}"
     if len(table.sample) < 3:
-        table.sample.append(row)
+        table.sample.append(row[:MAX_COLUMNS])
     for col, value in zip(table.columns, row, strict=False):  # ragged rows are expected
         col.add(value)
     for col in table.columns[len(row) :]:
