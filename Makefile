@@ -3,6 +3,7 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 BASE    ?=
+EXTRA   ?=
 export SANDCELL_IMAGE ?= sandcell-sandbox:latest
 
 .PHONY: install engine image test unit bench demo lint clean
@@ -16,8 +17,8 @@ $(STAMP): pyproject.toml
 engine:
 	@scripts/ensure-docker.sh
 
-image: engine
-	@BASE=$(BASE) images/build.sh
+image: engine  # EXTRA=path/to/requirements.txt: more packages, downloaded here as wheels
+	@BASE=$(BASE) EXTRA=$(EXTRA) images/build.sh
 
 test: install engine image
 	$(PY) -m pytest -n 4 --dist loadgroup $(PYTEST_ARGS)

@@ -2,10 +2,18 @@
 # Build the sandcell sandbox image with no image registry and no network inside the build.
 #   images/build.sh                      base from debootstrap (made once, cached as an image)
 #   BASE=python:3.12-slim images/build.sh  base from a registry, for users who have one
+#   EXTRA=more.txt images/build.sh       also install the packages more.txt requires
 #   images/build.sh --hash               print the hash of the inputs and exit (no Docker needed)
+#   images/build.sh --repin              re-resolve requirements.in into requirements.txt,
+#                                        keeping today's pins (delete a line to upgrade it)
 # Python wheels are downloaded on the host and installed with --no-index. A second run with
 # nothing changed only compares a hash with the image's label and exits.
 set -euo pipefail
+EXTRA=${EXTRA:-}
+if [ -n "$EXTRA" ]; then  # named from where make ran, before the cd
+    [ -f "$EXTRA" ] || { echo "EXTRA=$EXTRA: no such requirements file" >&2; exit 1; }
+    EXTRA=$(realpath "$EXTRA")
+fi
 cd "$(dirname "$0")"
 
 IMAGE=${SANDCELL_IMAGE:-sandcell-sandbox:latest}
@@ -16,9 +24,31 @@ PYTHON=${PYTHON:-}
 # The host-container contract lives in sandbox/; the image gets a copy next to its programs.
 cp ../sandbox/boundary.py boundary.py
 SOURCES=(Dockerfile .dockerignore requirements.txt build.sh boundary.py supervisor.py sandcell_kernel.py relay.py files.py)
-hash=$( (cat "${SOURCES[@]}"; echo "$BASE") | sha256sum | cut -c1-16)
+hash=$( (cat "${SOURCES[@]}"; echo "$BASE"; if [ -n "$EXTRA" ]; then cat "$EXTRA"; fi) \
+       | sha256sum | cut -c1-16)
 if [ "${1:-}" = "--hash" ]; then
     echo "$hash"
+    exit 0
+fi
+
+# pip download for the image's platform; the arguments say what
+download() {
+    python3 -m pip download -q --no-color --disable-pip-version-check --only-binary=:all: \
+        --python-version "$PYTHON" --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64 \
+        "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }
+}
+
+if [ "${1:-}" = "--repin" ]; then
+    PYTHON=${PYTHON:-3.11}
+    pins=$(mktemp -d)
+    trap 'rm -rf "$pins"' EXIT
+    download -d "$pins" --find-links .wheels -r requirements.in -c requirements.txt
+    { echo "# Pinned closure of requirements.in for Python $PYTHON (the debootstrap base). Regenerate: images/build.sh --repin"
+      ls "$pins" | sed -E 's/^([^-]+)-([^-]+)-.*/\1==\2/' | sort -f; } > requirements.txt.new
+    mv requirements.txt.new requirements.txt
+    echo "requirements.txt: $(grep -vc '^#' requirements.txt) pins"
     exit 0
 fi
 if [ "$(docker image inspect -f '{{ index .Config.Labels "sandcell.hash" }}' "$IMAGE" 2>/dev/null)" = "$hash" ]; then
@@ -51,13 +81,23 @@ stamp="$(sha256sum requirements.txt | cut -c1-16)-py$PYTHON"
 if [ "$(cat .wheels/.stamp 2>/dev/null)" != "$stamp" ]; then
     echo "downloading wheels for Python $PYTHON..."
     rm -rf .wheels && mkdir -p .wheels
-    python3 -m pip download -q --no-color --disable-pip-version-check --only-binary=:all: --no-deps \
-        --python-version "$PYTHON" --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64 \
-        -d .wheels -r requirements.txt 2>&1 | { grep -v "^WARNING: Location" || true; }
+    download --no-deps -d .wheels -r requirements.txt
     cp requirements.txt .wheels/
     echo "$stamp" > .wheels/.stamp
+fi
+# The extra requirements and what they need, kept to today's pins, in a folder of their own
+# so that changing them never downloads the pinned closure again.
+extra_stamp="$(if [ -n "$EXTRA" ]; then sha256sum "$EXTRA" | cut -c1-16; fi)-$stamp"
+if [ "$(cat .wheels/extra/.stamp 2>/dev/null)" != "$extra_stamp" ]; then
+    rm -rf .wheels/extra && mkdir -p .wheels/extra
+    if [ -n "$EXTRA" ]; then
+        echo "downloading the wheels $EXTRA needs..."
+        cp "$EXTRA" .wheels/extra/requirements.txt
+        download -d .wheels/extra --find-links .wheels -r .wheels/extra/requirements.txt \
+            -c requirements.txt
+    fi
+    touch .wheels/extra/requirements.txt
+    echo "$extra_stamp" > .wheels/extra/.stamp
 fi
 
 echo "building $IMAGE from $BASE..."

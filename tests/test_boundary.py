@@ -1,6 +1,7 @@
 """The host-container contract (sandbox/boundary.py): its markers round-trip, the image build
 ships it (its hash changes when the contract does), and the image really carries this copy."""
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -35,23 +36,30 @@ def test_the_host_collector_reads_what_the_container_writes():
     assert execution.stdout == "a\n[... output cut by the sandbox ...]\nb"
 
 
-def _build_hash(tree: Path) -> str:
+def _build_hash(tree: Path, extra: Path | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "EXTRA"}
     done = subprocess.run(
         ["bash", str(tree / "images" / "build.sh"), "--hash"],
         capture_output=True,
         text=True,
         timeout=30,
         check=True,
+        env=env if extra is None else {**env, "EXTRA": str(extra)},
     )
     return done.stdout.strip()
 
 
-def test_image_build_copies_the_contract_and_hashes_it(tmp_path):
+def _build_tree(tmp_path: Path) -> Path:
     """A copy of the build folder and the contract, so the real files are never touched."""
     shutil.copytree(ROOT / "images", tmp_path / "images", ignore=shutil.ignore_patterns(".wheels"))
     (tmp_path / "sandbox").mkdir()
+    shutil.copy(ROOT / "sandbox" / "boundary.py", tmp_path / "sandbox" / "boundary.py")
+    return tmp_path
+
+
+def test_image_build_copies_the_contract_and_hashes_it(tmp_path):
+    _build_tree(tmp_path)
     contract = tmp_path / "sandbox" / "boundary.py"
-    shutil.copy(ROOT / "sandbox" / "boundary.py", contract)
     before = _build_hash(tmp_path)
     assert (tmp_path / "images" / "boundary.py").read_bytes() == contract.read_bytes()
     assert _build_hash(tmp_path) == before  # nothing changed: the same hash
@@ -63,6 +71,24 @@ def test_image_build_copies_the_contract_and_hashes_it(tmp_path):
         line.startswith("COPY ") and "boundary.py" in line and boundary.SCRIPTS in line
         for line in dockerfile.splitlines()
     )
+
+
+def test_extra_requirements_change_the_image_hash(tmp_path):
+    tree = _build_tree(tmp_path / "tree")
+    plain = _build_hash(tree)
+    extra = tmp_path / "extra.txt"
+    extra.write_text("tabulate==0.9.0\n")
+    with_extra = _build_hash(tree, extra)
+    assert with_extra != plain
+    assert _build_hash(tree, extra) == with_extra  # the same extra: the same hash
+    extra.write_text("tabulate==0.9.0\nrich==13.7.1\n")
+    assert _build_hash(tree, extra) not in (plain, with_extra)
+    assert _build_hash(tree) == plain
+    missing = subprocess.run(
+        ["bash", str(tree / "images" / "build.sh"), "--hash"],
+        capture_output=True, text=True, timeout=30, env={**os.environ, "EXTRA": str(tmp_path / "no.txt")},
+    )  # fmt: skip
+    assert missing.returncode != 0 and "no.txt" in missing.stderr
 
 
 def test_image_programs_use_the_contract_not_their_own_literals():

@@ -153,6 +153,20 @@ def test_inputs_are_read_only_at_data(sb, input_file):
 
 @shared
 @pytest.mark.timeout(60)
+def test_polars_and_duckdb_query_a_csv_from_data(sb):
+    ex = sb.run(
+        "import duckdb, polars as pl\n"
+        "df = pl.read_csv('/data/sales.csv')\n"
+        "by = df.group_by('region').agg(pl.col('amount').sum()).sort('region').rows()\n"
+        "sql = \"select region, sum(amount) from '/data/sales.csv' group by region order by 1\"\n"
+        "print(by, duckdb.sql(sql).fetchall())"
+    )
+    assert ex.ok, render(ex)
+    assert ex.stdout == "[('north', 15), ('south', 20)] [('north', 15), ('south', 20)]\n"
+
+
+@shared
+@pytest.mark.timeout(60)
 def test_files_read_write(sb):
     sb.write("notes/in.txt", b"from the host\n")
     ex = sb.run(
