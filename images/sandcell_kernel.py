@@ -1,8 +1,10 @@
 """IPython extension loaded into every sandcell kernel.
 
-- Caps the text a cell writes to stdout/stderr at the source: the first
-  SANDCELL_OUTPUT_CHARS characters pass, then only a short tail per stream is kept
-  and emitted after the cell with a marker the host turns into a "dropped" count.
+- Caps the text a cell writes to stdout/stderr at the source: the first half of
+  SANDCELL_OUTPUT_CHARS passes live, then only a short rolling tail is kept and sent after
+  the cell, behind a marker that counts exactly what was cut in between.
+- Spills the complete output of a cell that prints much to a log under boundary.LOGS (up to
+  SANDCELL_SPILL_BYTES), so nothing the model cannot see is lost.
 - Saves every PNG a cell displays under boundary.FIGURES and names the file in the display
   metadata (boundary.PATH_KEY), and sends the matplotlib figures a cell leaves open or shows
   under any backend (Agg too), once each.
@@ -14,57 +16,180 @@ import functools
 import importlib.machinery
 import os
 import sys
+import threading
 import weakref
+from collections import deque
 
 import boundary
 
 LIMIT = int(os.environ.get(boundary.OUTPUT_CHARS_ENV, str(1 << 20)))
+HEAD = LIMIT // 2  # passes live; the host keeps a head of the same size
 TAIL = max(0, min(16384, LIMIT // 4))
+SPILL_BYTES = int(os.environ.get(boundary.SPILL_BYTES_ENV, str(boundary.SPILL_BYTES)))
 
 
-class _Budget:
-    def __init__(self) -> None:
-        self.reset()
+class _Log:
+    """The complete output of one cell, written once it passes SPILL_AFTER_CHARS."""
 
-    def reset(self, *_args) -> None:
-        self.used = 0
-        self.dropped: dict[str, int] = {}
-        self.tails: dict[str, str] = {}
+    def __init__(self, number: int | None):
+        self.number = number
+        self.pending: list[str] = []
+        self.pending_chars = 0
+        self.file = None
+        self.written = 0
+        self.stopped = number is None  # no cell running (output between cells): no log
+
+    def add(self, text: str) -> str:
+        """Keep text; returns a marker to send when the log opens or stops, else ""."""
+        if self.stopped:
+            return ""
+        if self.file is None:
+            self.pending.append(text)
+            self.pending_chars += len(text)
+            if self.pending_chars <= boundary.SPILL_AFTER_CHARS:
+                return ""
+            text, self.pending = "".join(self.pending), []
+            try:
+                self.file, path = _create_log(self.number)
+            except OSError as error:
+                self.stopped = True
+                return f"\n[sandcell: the complete output is not saved: {error}]\n"
+            return boundary.spill_marker(path) + self._write(text)
+        return self._write(text)
+
+    def _write(self, text: str) -> str:
+        data = text.encode("utf-8", "backslashreplace")
+        room = SPILL_BYTES - self.written
+        try:
+            self.file.write(data[:room])
+        except OSError:  # a full workspace: the log stops where it is
+            room = 0
+        if len(data) <= room:
+            self.written += len(data)
+            return ""
+        self.written += max(0, room)
+        self.close()
+        return boundary.spill_full_marker(self.written)
+
+    def close(self) -> None:
+        self.stopped = True  # a thread may still print after the cell: no second log
+        if self.file is not None:
+            try:
+                self.file.close()
+            except OSError:
+                pass
+            self.file = None
 
 
-def _cap_streams(ip, budget: _Budget) -> None:
+def _create_log(number: int):
+    os.makedirs(boundary.LOGS, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    for attempt in range(1, 1000):  # a restarted kernel counts from 1 again: keep older logs
+        path = f"{boundary.LOGS}/cell-{number}{'' if attempt == 1 else f'-{attempt}'}.txt"
+        try:
+            return os.fdopen(os.open(path, flags, 0o644), "wb"), path
+        except FileExistsError:
+            continue
+    raise OSError(f"too many logs of cell {number} in {boundary.LOGS}")
+
+
+class _Cell:
+    """What one cell wrote: how much passed, the rolling tail, the exact count cut between."""
+
+    def __init__(self, number: int | None = None):
+        self.pid = os.getpid()
+        self.sent = 0
+        self.tail: deque = deque()  # [stream, text], oldest first
+        self.tail_chars = 0
+        self.cut = 0
+        self.cut_stream = None  # the stream where the cut began
+        self.streams: set = set()  # every stream written to, to flush in order at the end
+        self.log = _Log(number)
+
+    def take(self, stream, text: str) -> tuple[str, str]:
+        """(text to pass on now, marker to send first)."""
+        marker = self.log.add(text)
+        self.streams.add(stream)
+        room = max(0, HEAD - self.sent)
+        if len(text) <= room:
+            self.sent += len(text)
+            return text, marker
+        self.sent = HEAD
+        self.cut_stream = self.cut_stream or stream
+        self._to_tail(stream, text[room:])
+        return text[:room], marker
+
+    def _to_tail(self, stream, text: str) -> None:
+        if len(text) >= TAIL:  # this text alone fills the tail: everything before it is cut
+            self.cut += self.tail_chars + len(text) - TAIL
+            self.tail.clear()
+            self.tail_chars = 0
+            text = text[len(text) - TAIL :]
+        if text:
+            self.tail.append([stream, text])
+            self.tail_chars += len(text)
+        # whole chunks only while writing (cheap); finish() trims the first one exactly
+        while self.tail and self.tail_chars - len(self.tail[0][1]) >= TAIL:
+            self.tail_chars -= len(self.tail[0][1])
+            self.cut += len(self.tail.popleft()[1])
+
+    def finish(self) -> list:
+        """The tail to send, trimmed to TAIL exactly; closes the log."""
+        excess = self.tail_chars - TAIL
+        if excess > 0:
+            self.tail[0][1] = self.tail[0][1][excess:]
+            self.cut += excess
+        self.log.close()
+        return list(self.tail)
+
+
+def _cap_streams(ip) -> None:
     from ipykernel.iostream import OutStream
 
     original_write = OutStream.write
+    lock = threading.Lock()  # threads print too; the bookkeeping must stay whole
+    state = {"cell": _Cell()}
 
     def write(self, string):
-        if not isinstance(string, str) or budget.used + len(string) <= LIMIT:
-            if isinstance(string, str):
-                budget.used += len(string)
-            return original_write(self, string)
-        room = max(0, LIMIT - budget.used)
-        if room:
-            original_write(self, string[:room])
-            budget.used = LIMIT
-        rest = string[room:]
-        budget.dropped[self.name] = budget.dropped.get(self.name, 0) + len(rest)
-        budget.tails[self.name] = (budget.tails.get(self.name, "") + rest)[-TAIL:] if TAIL else ""
+        if not isinstance(string, str) or state["cell"].pid != os.getpid():
+            return original_write(self, string)  # a forked child must not touch the log
+        with lock:
+            passed, marker = state["cell"].take(self, string)
+        if marker:
+            original_write(self, marker)
+        if passed:
+            original_write(self, passed)
         return len(string)
 
-    def flush_tails(*_args) -> None:
-        for stream in (sys.stdout, sys.stderr):
-            name = getattr(stream, "name", None)
-            if name not in budget.dropped:
-                continue
-            tail = budget.tails.get(name, "")
-            original_write(stream, boundary.dropped_marker(name, budget.dropped[name] - len(tail)))
-            original_write(stream, tail)
+    def begin(*_args) -> None:
+        # run_cell counts the cell before pre_run_cell: this cell is the one before
+        state["cell"] = _Cell(ip.execution_count - 1)
+
+    def finish(*_args) -> None:
+        with lock:
+            cell, state["cell"] = state["cell"], _Cell()
+            tail = cell.finish()
+        if not tail and not cell.cut:
+            return
+        for stream in cell.streams:  # the head first: stdout and stderr buffer on their own
             stream.flush()
-        budget.reset()
+        runs: list = []  # [stream, texts]: consecutive chunks of one stream go as one write
+        for stream, text in tail:
+            if runs and runs[-1][0] is stream:
+                runs[-1][1].append(text)
+            else:
+                runs.append([stream, [text]])
+        if cell.cut:  # the marker goes right before the tail
+            marker = boundary.dropped_marker(cell.cut_stream.name, cell.cut)
+            runs = runs or [[cell.cut_stream, []]]
+            runs[0][1].insert(0, marker)
+        for stream, texts in runs:
+            original_write(stream, "".join(texts))
+            stream.flush()  # before the other stream's next run: in order across the two
 
     OutStream.write = write
-    ip.events.register("pre_run_cell", budget.reset)
-    ip.events.register("post_run_cell", flush_tails)
+    ip.events.register("pre_run_cell", begin)
+    ip.events.register("post_run_cell", finish)
 
 
 def _save_png(data, metadata):
@@ -215,5 +340,5 @@ def _bounded_pandas(ip) -> None:
 def load_ipython_extension(ip) -> None:
     _save_figures(ip)
     _send_open_figures(ip)  # before the stream cap's end of cell: its notes count as output
-    _cap_streams(ip, _Budget())
+    _cap_streams(ip)
     _bounded_pandas(ip)

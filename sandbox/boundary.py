@@ -17,7 +17,7 @@ DATA = "/data"  # the inputs, each file mounted read-only on its own
 OUTPUT = f"{WORKSPACE}/output"  # what a job hands back; made by the supervisor at each start
 FIGURES = f"{WORKSPACE}/figures"  # every PNG a cell displays is saved here
 INTERNAL = ".sandcell"  # workspace folder for sandcell's own files; never exported or listed
-SAVED_OUTPUTS = f"{INTERNAL}/outputs"  # full text of cells whose output was cut for the model
+LOGS = f"{WORKSPACE}/logs"  # the complete output of each cell that printed much (exported)
 SCRIPTS = "/opt/sandcell"  # this file and the image's programs
 FILES_PROGRAM = f"{SCRIPTS}/files.py"  # file operations the host asks for by `docker exec`
 RELAY_PROGRAM = f"{SCRIPTS}/relay.py"
@@ -70,6 +70,11 @@ HOST_DIR_LABEL = "sandcell.conn"  # the host folder to delete with an orphan
 
 # -- environment the host sets for the container ----------------------------------------------
 OUTPUT_CHARS_ENV = "SANDCELL_OUTPUT_CHARS"  # stdout/stderr a cell may write before the cut
+SPILL_BYTES_ENV = "SANDCELL_SPILL_BYTES"  # the most of one cell's output kept in its log
+SPILL_BYTES = 64 << 20
+# A cell that prints more than this keeps its whole output in a log under LOGS: the model's
+# view of it may be cut (the default observation shows about 2400 characters of output).
+SPILL_AFTER_CHARS = 2000
 MAX_MESSAGE_ENV = "SANDCELL_MAX_MESSAGE_BYTES"  # the relay drops kernel messages over this
 MAX_MESSAGE_BYTES = 16 << 20
 
@@ -78,23 +83,44 @@ PATH_KEY = "sandcell/path"  # workspace path where an image was saved
 ERROR_KEY = "sandcell/error"  # why it was not saved
 
 # -- markers -----------------------------------------------------------------------------------
-# Output cut inside the container is replaced by a marker in the stream itself, so it stays in
-# order with the text around it. `source` says who cut it: a stream name, or "relay".
-_DROPPED = "\n\x1b[sandcell-dropped {source} {count}]\n"
-_DROPPED_RE = re.compile(r"\n\x1b\[sandcell-dropped (\w+) (\d+)\]\n")
+# Markers travel in the stream itself, so a cut stays in order with the text around it.
+#   dropped <source> <count>  output cut here: <count> characters of a stream (source "stdout"
+#                             or "stderr", cut by the kernel), or a message of <count> bytes
+#                             the relay dropped (source "relay")
+#   spill <path>              the cell's complete output is being written to <path>
+#   spill-full <bytes>        ... and stopped at the cap of <bytes>
+RELAY = "relay"
+_MARKER = "\n\x1b[sandcell-{kind} {value}]\n"
+_MARKER_RE = re.compile(r"\n\x1b\[sandcell-(dropped|spill|spill-full) ([^\]\n]+)\]\n")
 
 
 def dropped_marker(source: str, count: int) -> str:
-    return _DROPPED.format(source=source, count=count)
+    return _MARKER.format(kind="dropped", value=f"{source} {count}")
 
 
-def parse_dropped(text: str, shown: str = "") -> tuple[str, int]:
-    """Replace each dropped marker in text by `shown`; returns (text, characters dropped)."""
-    total = 0
+def spill_marker(path: str) -> str:
+    return _MARKER.format(kind="spill", value=path)
 
-    def replace(match: re.Match) -> str:
-        nonlocal total
-        total += int(match.group(2))
-        return shown
 
-    return _DROPPED_RE.sub(replace, text), total
+def spill_full_marker(cap: int) -> str:
+    return _MARKER.format(kind="spill-full", value=cap)
+
+
+def split_markers(text: str) -> list[str | tuple[str, str]]:
+    """text as plain pieces and (kind, value) markers, in order."""
+    pieces: list[str | tuple[str, str]] = []
+    at = 0
+    for match in _MARKER_RE.finditer(text):
+        if match.start() > at:
+            pieces.append(text[at : match.start()])
+        pieces.append((match.group(1), match.group(2)))
+        at = match.end()
+    if at < len(text):
+        pieces.append(text[at:])
+    return pieces
+
+
+def parse_dropped(value: str) -> tuple[str, int]:
+    """A dropped marker's value: (source, count)."""
+    source, _, count = value.partition(" ")
+    return source, int(count)

@@ -158,9 +158,7 @@ class DockerSandbox:
             break
         if ex.error is not None and ex.error.name == "KeyboardInterrupt":
             ex.interrupted = True
-        ex = collector.finish(time.monotonic() - started)
-        self._save_full_output(ex)
-        return ex
+        return collector.finish(time.monotonic() - started)
 
     def _interrupt_within_grace(self, msg_id: str, collector: kernel.Collector) -> bool:
         kernel.interrupt(self._client)
@@ -212,19 +210,6 @@ class DockerSandbox:
         except OSError:
             pass
         return 0
-
-    def _save_full_output(self, ex: Execution) -> None:
-        """When the model will see only part of the output, keep the whole (capped) text
-        in the workspace and say where."""
-        text = "".join(chunk.text for chunk in ex.stream)
-        if len(text) <= self.limits.observation_chars:
-            return
-        path = f"{boundary.SAVED_OUTPUTS}/cell-{ex.execution_count or 0}-{uuid.uuid4().hex[:6]}.txt"
-        try:
-            self.write(path, text.encode())
-            ex.saved_output = f"{boundary.WORKSPACE}/{path}"
-        except SandboxError:
-            pass  # a full workspace: the observation then says the output was cut, no path
 
     # -- files -----------------------------------------------------------------------
     def _files(self, *args: str, stdin: bytes | None = None, max_out: int | None = None) -> bytes:

@@ -4,6 +4,9 @@ from dataclasses import asdict, dataclass, field
 
 from sandbox.boundary import PATH_KEY
 
+# Stands in the stream for the middle of the output the caps cut (see Execution.cut_at).
+CUT_NOTE = "\n[... {n} characters cut by the sandbox ...]\n"
+
 
 @dataclass
 class StreamChunk:
@@ -45,8 +48,13 @@ class Execution:
     restarted: str | None = (
         None  # why a fresh kernel was started: "timeout", "out of memory", "died"
     )
-    dropped_bytes: int = 0  # output cut by the caps (kernel and host)
-    saved_output: str | None = None  # workspace path of the full text when it was cut for the model
+    # output cut by the caps: stream characters (kernel and host), and the bytes of any
+    # message the relay dropped
+    dropped_bytes: int = 0
+    cut_at: int | None = None  # index in `stream` of the CUT_NOTE chunk, when the middle was cut
+    cut_chars: int = 0  # stream characters cut there, exactly
+    saved_output: str | None = None  # workspace path of the cell's complete output (its log)
+    saved_truncated: int | None = None  # bytes where that log stopped (its cap), if it did
 
     @property
     def ok(self) -> bool:

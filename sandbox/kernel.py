@@ -8,13 +8,14 @@ import re
 import secrets
 import tempfile
 import time
+from collections import deque
 from queue import Empty
 
 import zmq
 from jupyter_client import BlockingKernelClient
 
 from sandbox import boundary
-from sandbox.execution import Error, Execution, Result, StreamChunk
+from sandbox.execution import CUT_NOTE, Error, Execution, Result, StreamChunk
 
 MAX_MESSAGE_BYTES = 32 << 20  # a single ZMQ message larger than this is refused
 # Whole messages the host queues per socket before ZMQ stops reading; the kernel side
@@ -153,14 +154,17 @@ def interrupt(client: BlockingKernelClient) -> None:
 
 class Collector:
     """Builds an Execution from iopub messages, keeping at most `cap` characters of
-    stream text: the head, then a rolling tail; the middle is counted as dropped."""
+    stream text: the head, then a rolling tail; the middle between them is one cut whose
+    size is exact (the kernel's count of what it cut, plus the host's own)."""
 
     def __init__(self, code: str, cap: int):
         self.execution = Execution(code=code)
         self.cap = cap
         self.kept = 0
-        self.tail: list[StreamChunk] = []
+        self.in_tail = False  # once anything is cut or the head is full, text joins the tail
+        self.tail: deque[StreamChunk] = deque()
         self.tail_chars = 0
+        self.cut_stream = "stdout"
 
     def add(self, msg: dict) -> bool:
         """Take one iopub message; True when the cell has finished (status idle)."""
@@ -171,7 +175,11 @@ class Collector:
         if kind == "execute_input":
             ex.execution_count = content.get("execution_count")
         elif kind == "stream":
-            self._stream(content["name"], content["text"])
+            for piece in boundary.split_markers(content["text"]):
+                if isinstance(piece, tuple):
+                    self._marker(*piece)
+                else:  # after the markers: an ANSI pattern would eat their escape
+                    self._text(content["name"], ANSI.sub("", piece))
         elif kind in ("execute_result", "display_data"):
             data = {k: v for k, v in content.get("data", {}).items() if isinstance(v, str)}
             ex.results.append(
@@ -189,26 +197,50 @@ class Collector:
             )
         return False
 
-    def _stream(self, name: str, text: str) -> None:
-        text, dropped = boundary.parse_dropped(text, "\n[... output cut by the sandbox ...]\n")
-        self.execution.dropped_bytes += dropped  # the kernel or the relay cut this stream
-        text = ANSI.sub("", text)
-        head_room = self.cap // 2 - self.kept
-        if head_room > 0:
-            self._append(self.execution.stream, name, text[:head_room])
-            self.kept += min(len(text), head_room)
-            text = text[head_room:]
-        if text:
-            self.tail.append(StreamChunk(name, text))
-            self.tail_chars += len(text)
-            while self.tail_chars - len(self.tail[0].text) >= self.cap // 2:
-                dropped = len(self.tail.pop(0).text)
-                self.tail_chars -= dropped
-                self.execution.dropped_bytes += dropped
+    def _marker(self, kind: str, value: str) -> None:
+        ex = self.execution
+        if kind == "spill":
+            ex.saved_output = value
+        elif kind == "spill-full":
+            ex.saved_truncated = int(value)
+        else:
+            source, count = boundary.parse_dropped(value)
+            if source == boundary.RELAY:  # a whole message, in bytes: not part of the stream
+                ex.dropped_bytes += count
+                return
+            # the kernel cut here: what the host kept since its head ends joins the cut
+            self._cut(source, count + self.tail_chars)
+            self.tail.clear()
+            self.tail_chars = 0
 
-    @staticmethod
-    def _append(stream: list[StreamChunk], name: str, text: str) -> None:
-        if stream and stream[-1].name == name:
+    def _text(self, name: str, text: str) -> None:
+        if not self.in_tail:
+            room = self.cap // 2 - self.kept
+            head, text = text[:room], text[room:]
+            if head:
+                self._append(name, head)
+                self.kept += len(head)
+            self.in_tail = bool(text)
+        if not text:
+            return
+        self.tail.append(StreamChunk(name, text))
+        self.tail_chars += len(text)
+        while self.tail_chars - len(self.tail[0].text) >= self.cap // 2:
+            dropped = self.tail.popleft()
+            self.tail_chars -= len(dropped.text)
+            self._cut(dropped.name, len(dropped.text))
+
+    def _cut(self, name: str, count: int) -> None:
+        ex = self.execution
+        if not ex.cut_chars:
+            self.cut_stream = name
+        ex.cut_chars += count
+        ex.dropped_bytes += count
+        self.in_tail = True
+
+    def _append(self, name: str, text: str) -> None:
+        stream = self.execution.stream
+        if stream and stream[-1].name == name and len(stream) - 1 != self.execution.cut_at:
             stream[-1].text += text
         else:
             stream.append(StreamChunk(name, text))
@@ -218,16 +250,14 @@ class Collector:
         excess = self.tail_chars - self.cap // 2
         if excess > 0:  # trim the oldest tail chunk so head + tail stay within the cap
             self.tail[0].text = self.tail[0].text[excess:]
-            ex.dropped_bytes += excess
             self.tail_chars -= excess
-            self._append(
-                ex.stream,
-                self.tail[0].name,
-                f"\n[... {excess} characters cut by the sandbox ...]\n",
-            )
+            self._cut(self.tail[0].name, excess)
+        if ex.cut_chars:
+            ex.cut_at = len(ex.stream)
+            ex.stream.append(StreamChunk(self.cut_stream, CUT_NOTE.format(n=ex.cut_chars)))
         for chunk in self.tail:
-            self._append(ex.stream, chunk.name, chunk.text)
-        self.tail = []
+            self._append(chunk.name, chunk.text)
+        self.tail.clear()
         ex.duration_s = duration
         return ex
 

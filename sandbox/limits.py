@@ -2,6 +2,8 @@
 
 from dataclasses import asdict, dataclass
 
+from sandbox.boundary import SPILL_BYTES
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -12,6 +14,7 @@ class Limits:
     workspace_mb: int = 512  # tmpfs at /workspace, kept across kernel restarts
     tmp_mb: int = 256  # tmpfs at /tmp
     output_bytes: int = 1 << 20  # stdout/stderr kept per cell (inside the kernel and on the host)
+    spill_bytes: int = SPILL_BYTES  # most of one cell's complete output kept in its log file
     observation_chars: int = 4000  # what the model sees of one execution
     open_files: int = 1024
     interrupt_grace_s: float = 3.0  # after an interrupt, how long the kernel has to come back

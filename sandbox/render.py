@@ -9,28 +9,65 @@ IMAGE_TYPES = ("image/png", "image/jpeg", "image/svg+xml")
 def cut(text: str, budget: int, saved: str | None = None) -> str:
     """Head + tail of text within budget, with a marker saying how much was cut and where
     the full text is."""
-    if len(text) <= budget:
-        return text
-    where = f"; full output saved to {saved}" if saved else ""
+    return _head_tail(text, "", 0, budget, _where(saved, None))
+
+
+def _where(saved: str | None, truncated: int | None) -> str:
+    if not saved:
+        return ""
+    if truncated is None:
+        return f"; the whole output is in {saved}"
+    return f"; the first {_size(truncated)} of it are in {saved} (truncated there: the log's cap)"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n} bytes"
+
+
+def _head_tail(head: str, tail: str, gap: int, budget: int, where: str) -> str:
+    """Show a head of `head` and a tail of `tail` within budget; `gap` characters are known
+    to be cut between them already. The marker counts exactly the characters not shown."""
+    if not gap and len(head) + len(tail) <= budget:
+        return head + tail
+    if not gap:  # one text: the cut may fall anywhere in it
+        head, tail = head + tail, ""
+    total = len(head) + gap + len(tail)
     marker = "\n[... {n} characters cut" + where + " ...]\n"
-    room = max(0, budget - len(marker) - 8)
-    head, tail = text[: room * 2 // 3], text[len(text) - room // 3 :] if room // 3 else ""
-    return head + marker.format(n=len(text) - len(head) - len(tail)) + tail
+    room = max(0, budget - len(marker.format(n=total)))
+    if gap:  # neither side can lend text across the gap
+        t = min(len(tail), room - min(len(head), room * 2 // 3))
+        h = min(len(head), room - t)
+        shown_head, shown_tail = head[:h], tail[len(tail) - t :] if t else ""
+    else:
+        shown_head = head[: room * 2 // 3]
+        shown_tail = head[len(head) - room // 3 :] if room // 3 else ""
+    n = total - len(shown_head) - len(shown_tail)
+    return shown_head + marker.format(n=n) + shown_tail
+
+
+def _stream(execution: Execution, budget: int) -> str:
+    chunks, at = execution.stream, execution.cut_at
+    where = _where(execution.saved_output, execution.saved_truncated)
+    if at is None:
+        return _head_tail("".join(c.text for c in chunks), "", 0, budget, where)
+    head = "".join(c.text for c in chunks[:at])
+    tail = "".join(c.text for c in chunks[at + 1 :])
+    return _head_tail(head, tail, execution.cut_chars, budget, where)
 
 
 def render(execution: Execution, budget: int = 4000) -> str:
     parts: list[str] = []
-    stream = "".join(c.text for c in execution.stream)
-    if stream:
-        parts.append(cut(stream, budget * 3 // 5, execution.saved_output))
+    if execution.stream:
+        parts.append(_stream(execution, budget * 3 // 5))
     for result in execution.results:
         parts.append(_result(result, budget // 3))
     if execution.error is not None:
         err = execution.error
         trace = "\n".join(line for line in err.traceback[:-1] if line.strip())
         parts.append(cut(f"{trace}\n{err.name}: {err.value}".strip(), budget // 3))
-    if execution.dropped_bytes and not execution.saved_output:
-        parts.append(f"[{execution.dropped_bytes} bytes of output were dropped by the sandbox]")
+    relay_dropped = execution.dropped_bytes - execution.cut_chars
+    if relay_dropped > 0:
+        parts.append(f"[{relay_dropped} bytes of output were dropped by the sandbox]")
     if execution.restarted:
         parts.append(_restart_note(execution))
     elif execution.timed_out:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import boundary
+from sandbox.execution import CUT_NOTE
 from sandbox.kernel import Collector
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,23 +18,32 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("source,count", [("stdout", 0), ("stderr", 12345), ("relay", 1 << 40)])
 def test_dropped_marker_round_trips(source, count):
     text = "before" + boundary.dropped_marker(source, count) + "after"
-    assert boundary.parse_dropped(text, "|") == ("before|after", count)
+    pieces = boundary.split_markers(text)
+    assert pieces[0] == "before" and pieces[2] == "after"
+    assert pieces[1][0] == "dropped" and boundary.parse_dropped(pieces[1][1]) == (source, count)
 
 
-def test_parse_dropped_sums_several_markers_and_leaves_other_text_alone():
-    text = boundary.dropped_marker("stdout", 5) + "x\n" + boundary.dropped_marker("relay", 7)
-    assert boundary.parse_dropped(text) == ("x\n", 12)
+def test_split_markers_keeps_order_and_leaves_other_text_alone():
+    path = f"{boundary.LOGS}/cell-3.txt"
+    text = (
+        boundary.spill_marker(path) + "x\n" + boundary.dropped_marker("relay", 7)
+        + boundary.spill_full_marker(64 << 20)
+    )  # fmt: skip
+    assert boundary.split_markers(text) == [
+        ("spill", path), "x\n", ("dropped", "relay 7"), ("spill-full", str(64 << 20))
+    ]  # fmt: skip
     plain = "no marker here\n\x1b[31mred\x1b[0m [sandcell-dropped stdout 3]"
-    assert boundary.parse_dropped(plain) == (plain, 0)
+    assert boundary.split_markers(plain) == [plain]
 
 
 def test_the_host_collector_reads_what_the_container_writes():
     collector = Collector("code", cap=1000)
-    msg = {"msg_type": "stream", "content": {"name": "stdout", "text": "a" + boundary.dropped_marker("stdout", 99) + "b"}}  # fmt: skip
-    collector.add(msg)
+    text = "a" + boundary.dropped_marker("stdout", 99) + boundary.spill_marker("/w/l.txt") + "b"
+    collector.add({"msg_type": "stream", "content": {"name": "stdout", "text": text}})
     execution = collector.finish(0.1)
-    assert execution.dropped_bytes == 99
-    assert execution.stdout == "a\n[... output cut by the sandbox ...]\nb"
+    assert execution.dropped_bytes == execution.cut_chars == 99
+    assert execution.stdout == "a" + CUT_NOTE.format(n=99) + "b"
+    assert execution.saved_output == "/w/l.txt" and execution.saved_truncated is None
 
 
 def _build_hash(tree: Path, extra: Path | None = None) -> str:

@@ -13,7 +13,7 @@ import uuid
 import docker
 import pytest
 
-from sandbox import DockerSandbox, Limits, SandboxError, SandboxPool, render
+from sandbox import DockerSandbox, Limits, SandboxError, SandboxPool, boundary, render
 from sandbox import container as ctr
 from tests.containers import container_labels
 
@@ -224,7 +224,7 @@ def test_render_caps_with_head_tail_and_names_saved_output(sb):
     assert "line 00000" in text and "line 02999" in text  # head and tail
     assert "line 01500" not in text
     assert "characters cut" in text and ex.saved_output in text
-    assert ex.saved_output.startswith("/workspace/.sandcell/outputs/")
+    assert ex.saved_output.startswith(f"{boundary.LOGS}/")  # a folder the user gets back
     assert sb.read(ex.saved_output).decode() == full
     assert render(sb.run("print('short')"), 2000) == "short"
 
