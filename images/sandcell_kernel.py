@@ -9,12 +9,14 @@
   metadata (boundary.PATH_KEY), and sends the matplotlib figures a cell leaves open or shows
   under any backend (Agg too), once each.
 - Shows pandas DataFrames and Series as bounded text that always states the shape.
+- Makes a failed `%pip install` / `!pip install` a failed cell: the sandbox is offline.
 """
 
 import base64
 import functools
 import importlib.machinery
 import os
+import re
 import sys
 import threading
 import weakref
@@ -337,8 +339,36 @@ def _bounded_pandas(ip) -> None:
     plain.for_type_by_name("pandas.core.series", "Series", series)
 
 
+class PackageInstallError(RuntimeError):
+    """pip could not install a package: the sandbox has no network."""
+
+
+PIP_INSTALL = re.compile(r"\bpip3?\s+install\b")  # `pip install`, `python -m pip install`
+
+
+def _failing_pip(ip) -> None:
+    """`!cmd` and `%pip` both end in shell.system, which only stores the exit status in
+    `_exit_code`; a pip install that failed must fail the cell instead."""
+    from IPython.utils.process import system
+
+    def system_checked(cmd):
+        if cmd.rstrip().endswith("&"):
+            raise OSError("Background processes not supported.")
+        cmd = ip.var_expand(cmd, depth=1)  # in the caller's frame, as system_piped does
+        status = system(cmd)
+        ip.user_ns["_exit_code"] = status
+        if status != 0 and PIP_INSTALL.search(cmd):
+            raise PackageInstallError(
+                f"pip install failed (exit status {status}): the sandbox has no network, "
+                "so only the packages already in the image can be used"
+            )
+
+    ip.system = system_checked
+
+
 def load_ipython_extension(ip) -> None:
     _save_figures(ip)
     _send_open_figures(ip)  # before the stream cap's end of cell: its notes count as output
     _cap_streams(ip)
     _bounded_pandas(ip)
+    _failing_pip(ip)

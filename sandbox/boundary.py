@@ -19,6 +19,7 @@ FIGURES = f"{WORKSPACE}/figures"  # every PNG a cell displays is saved here
 INTERNAL = ".sandcell"  # workspace folder for sandcell's own files; never exported or listed
 LOGS = f"{WORKSPACE}/logs"  # the complete output of each cell that printed much (exported)
 SCRIPTS = "/opt/sandcell"  # this file and the image's programs
+PACKAGES_FILE = f"{SCRIPTS}/packages.txt"  # `pip freeze` of the image, written at build time
 FILES_PROGRAM = f"{SCRIPTS}/files.py"  # file operations the host asks for by `docker exec`
 RELAY_PROGRAM = f"{SCRIPTS}/relay.py"
 KERNEL_EXTENSION = "sandcell_kernel"

@@ -1,9 +1,25 @@
 """The observation the model sees of one Execution: bounded text, never the raw stream."""
 
-from sandbox.boundary import ERROR_KEY
+import re
+
+from sandbox.boundary import ERROR_KEY, PACKAGES_FILE
 from sandbox.execution import Execution
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/svg+xml")
+# The image's main packages, for the offline note (tests check them against requirements.in).
+MAIN_PACKAGES = ["pandas", "numpy", "scipy", "scikit-learn", "statsmodels", "matplotlib"]
+MAIN_PACKAGES += ["seaborn", "polars", "duckdb", "pyarrow", "openpyxl"]
+# What code that reached for the network or a package download leaves behind.
+OFFLINE = re.compile(
+    r"gaierror|Temporary failure in name resolution|Name or service not known|"
+    r"Network is unreachable|URLError|\bConnectionError|NewConnectionError|MaxRetryError|"
+    r"PackageInstallError|No matching distribution found"
+)
+OFFLINE_NOTE = (
+    "[The sandbox is offline by design: no network, no package downloads. Installed: "
+    f"{', '.join(MAIN_PACKAGES)} (all of them: {PACKAGES_FILE}). Packages not in the image "
+    "need the user to rebuild it: make image EXTRA=path/to/requirements.txt]"
+)
 
 
 def cut(text: str, budget: int, saved: str | None = None) -> str:
@@ -75,8 +91,19 @@ def render(execution: Execution, budget: int = 4000) -> str:
             f"[Timed out after {execution.duration_s:.0f} s: the cell was interrupted; "
             "variables are kept. Make the code faster or work on a sample.]"
         )
+    if _offline(execution):
+        parts.append(OFFLINE_NOTE)
     text = "\n".join(p.rstrip("\n") for p in parts if p)
     return cut(text, budget) if text else "[ran without output]"
+
+
+def _offline(execution: Execution) -> bool:
+    """Did the cell reach for the network (or pip) and fail?"""
+    texts = [c.text for c in execution.stream]
+    if execution.error is not None:
+        err = execution.error
+        texts += [err.name, err.value, *err.traceback]
+    return any(OFFLINE.search(text) for text in texts)
 
 
 def _result(result, budget: int) -> str:

@@ -101,6 +101,13 @@ def test_extra_requirements_change_the_image_hash(tmp_path):
     assert missing.returncode != 0 and "no.txt" in missing.stderr
 
 
+def test_the_offline_note_names_packages_the_image_really_has():
+    from sandbox.render import MAIN_PACKAGES
+
+    wanted = (ROOT / "images" / "requirements.in").read_text().split()
+    assert MAIN_PACKAGES and set(MAIN_PACKAGES) <= set(wanted)
+
+
 def test_image_programs_use_the_contract_not_their_own_literals():
     """The strings the contract names appear in no image program or host module but it."""
     literals = ["sandcell-dropped", "/run/sandcell", "sandcell/path", "sandcell/error", "SIGUSR"]

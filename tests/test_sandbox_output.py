@@ -1,11 +1,13 @@
 """What comes back from a cell beyond plain values: charts whatever backend the code picks,
-and the complete output of a cell that printed too much (spilled to a workspace log)."""
+the complete output of a cell that printed too much (spilled to a workspace log), and clear
+words when code reaches for the network or pip."""
 
 import re
 
 import pytest
 
 from sandbox import DockerSandbox, Limits, boundary, render
+from sandbox.execution import Error, Execution, StreamChunk
 from sandbox.kernel import Collector
 
 docker_test = pytest.mark.docker
@@ -167,3 +169,55 @@ def test_the_collector_keeps_one_exact_gap_between_head_and_tail():
     full = "a" * 30 + "b" * 30 + "x" * 1000 + "c" * 80
     count, _ = _marker(render(ex, 90), full)
     assert count > ex.cut_chars  # the observation shows less than the host kept
+
+
+# -- offline by design ----------------------------------------------------------------------
+NETWORK_CELLS = [
+    "import urllib.request\nurllib.request.urlopen('https://pypi.org', timeout=5)",
+    "import socket\nsocket.getaddrinfo('example.com', 443)",
+    "import urllib.request\ntry:\n    urllib.request.urlopen('http://example.com')\n"
+    "except Exception as e:\n    print('failed:', e)",
+]
+
+
+@docker_test
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("code", NETWORK_CELLS, ids=["urlopen", "getaddrinfo", "caught"])
+def test_network_attempts_say_the_sandbox_is_offline(sb, code):
+    observation = render(sb.run(code))
+    notes = [line for line in observation.splitlines() if "offline by design" in line]
+    assert len(notes) == 1, observation
+    assert "pandas" in notes[0] and "make image EXTRA=" in notes[0]
+    assert boundary.PACKAGES_FILE in notes[0]
+
+
+@docker_test
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("code", ["%pip install nonexistent-pkg", "!pip install nonexistent-pkg"])
+def test_a_failed_pip_install_is_a_failed_cell_and_quick(sb, code):
+    ex = sb.run(code + "\nprint('not reached')")
+    assert not ex.ok and ex.error is not None, render(ex)
+    assert "not reached" not in ex.stdout
+    assert ex.duration_s < 15, ex.duration_s  # no five retries against a missing network
+    assert "offline by design" in render(ex)
+    assert sb.run("!pip --version").ok  # other pip commands still run
+
+
+@docker_test
+@pytest.mark.timeout(60)
+def test_the_image_lists_its_packages(sb):
+    listing = sb.read(boundary.PACKAGES_FILE).decode()
+    for name in ("pandas", "polars", "duckdb", "matplotlib", "ipykernel"):
+        assert re.search(rf"^{name}==", listing, re.M | re.I), name
+
+
+def test_the_offline_note_is_one_line_from_the_execution_alone():
+    def note_lines(ex):
+        return [x for x in render(ex).splitlines() if "offline by design" in x]
+
+    gai = Error("gaierror", "[Errno -3] Temporary failure in name resolution", [])
+    assert len(note_lines(Execution(error=gai))) == 1
+    printed = Execution(stream=[StreamChunk("stderr", "ConnectionError: Network is unreachable\n")])
+    assert len(note_lines(printed)) == 1
+    assert note_lines(Execution(error=Error("ZeroDivisionError", "division by zero", []))) == []
+    assert note_lines(Execution(stream=[StreamChunk("stdout", "connected rows: 5\n")])) == []
