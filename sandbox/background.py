@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sandbox.errors import SandboxError
-from sandbox.execution import Execution
+from sandbox.execution import Execution, StreamChunk
 from sandbox.inputs import Inputs
 from sandbox.limits import Limits
 from sandbox.seams import Sandbox
@@ -108,8 +108,14 @@ class BackgroundSandbox:
         }
 
     # -- the Sandbox seam: each call waits for the start ------------------------------------
-    def run(self, code: str, timeout: float | None = None) -> Execution:
-        return self.ready().run(code, timeout)
+    def run(
+        self,
+        code: str,
+        timeout: float | None = None,
+        *,
+        on_output: Callable[[StreamChunk], None] | None = None,
+    ) -> Execution:
+        return self.ready().run(code, timeout, on_output=on_output)
 
     def interrupt(self) -> None:
         if self._sandbox is not None:  # nothing runs before the start finished

@@ -124,7 +124,11 @@ class DockerSandbox:
         return not self._finalizer.alive
 
     # -- running code ----------------------------------------------------------------
-    def run(self, code: str, timeout: float | None = None) -> Execution:
+    def run(
+        self, code: str, timeout: float | None = None, *, on_output: kernel.OnOutput | None = None
+    ) -> Execution:
+        """Run one cell. `on_output` is called with each stdout/stderr chunk as it arrives
+        (ANSI stripped, within the caps); an exception it raises is raised after the cell."""
         self._check_open()
         if timeout is None:
             timeout = self.limits.timeout_s
@@ -132,7 +136,7 @@ class DockerSandbox:
             raise ValueError(f"timeout must be positive seconds, got {timeout}")
         started = time.monotonic()
         oom_before = self._oom_kills()
-        collector = kernel.Collector(code, self.limits.output_bytes)
+        collector = kernel.Collector(code, self.limits.output_bytes, on_output)
         ex = collector.execution
         kernel.flush_shell(self._client)
         msg_id = self._client.execute(code, allow_stdin=False, stop_on_error=False)
@@ -158,7 +162,10 @@ class DockerSandbox:
             break
         if ex.error is not None and ex.error.name == "KeyboardInterrupt":
             ex.interrupted = True
-        return collector.finish(time.monotonic() - started)
+        ex = collector.finish(time.monotonic() - started)
+        if collector.callback_error is not None:
+            raise collector.callback_error
+        return ex
 
     def _interrupt_within_grace(self, msg_id: str, collector: kernel.Collector) -> bool:
         kernel.interrupt(self._client)

@@ -9,6 +9,7 @@ import secrets
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from queue import Empty
 
 import zmq
@@ -25,6 +26,7 @@ MAX_MESSAGE_BYTES = 32 << 20  # a single ZMQ message larger than this is refused
 RECEIVE_HWM = 2
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 CONN_PREFIX = "sandcell-conn-"  # the host folders sandcell made, and may delete
+OnOutput = Callable[[StreamChunk], None]
 
 
 def make_connection_dir() -> tuple[str, dict]:
@@ -155,9 +157,10 @@ def interrupt(client: BlockingKernelClient) -> None:
 class Collector:
     """Builds an Execution from iopub messages, keeping at most `cap` characters of
     stream text: the head, then a rolling tail; the middle between them is one cut whose
-    size is exact (the kernel's count of what it cut, plus the host's own)."""
+    size is exact (the kernel's count of what it cut, plus the host's own).
+    `on_output` gets each piece of stream text as it is kept."""
 
-    def __init__(self, code: str, cap: int):
+    def __init__(self, code: str, cap: int, on_output: OnOutput | None = None):
         self.execution = Execution(code=code)
         self.cap = cap
         self.kept = 0
@@ -165,6 +168,9 @@ class Collector:
         self.tail: deque[StreamChunk] = deque()
         self.tail_chars = 0
         self.cut_stream = "stdout"
+        self.on_output = on_output
+        self.streamed = 0
+        self.callback_error: BaseException | None = None
 
     def add(self, msg: dict) -> bool:
         """Take one iopub message; True when the cell has finished (status idle)."""
@@ -212,6 +218,7 @@ class Collector:
             self._cut(source, count + self.tail_chars)
             self.tail.clear()
             self.tail_chars = 0
+            self._emit(source, CUT_NOTE.format(n=count), counted=False)
 
     def _text(self, name: str, text: str) -> None:
         if not self.in_tail:
@@ -220,11 +227,13 @@ class Collector:
             if head:
                 self._append(name, head)
                 self.kept += len(head)
+                self._emit(name, head)
             self.in_tail = bool(text)
         if not text:
             return
         self.tail.append(StreamChunk(name, text))
         self.tail_chars += len(text)
+        self._emit(name, text)
         while self.tail_chars - len(self.tail[0].text) >= self.cap // 2:
             dropped = self.tail.popleft()
             self.tail_chars -= len(dropped.text)
@@ -237,6 +246,21 @@ class Collector:
         ex.cut_chars += count
         ex.dropped_bytes += count
         self.in_tail = True
+
+    def _emit(self, name: str, text: str, counted: bool = True) -> None:
+        """Pass text to on_output, within the cap; an error there stops the streaming and
+        is raised once the cell is done (the cell itself runs on)."""
+        if self.on_output is None or self.callback_error is not None:
+            return
+        if counted:
+            text = text[: max(0, self.cap - self.streamed)]
+            self.streamed += len(text)
+        if not text:
+            return
+        try:
+            self.on_output(StreamChunk(name, text))
+        except Exception as error:
+            self.callback_error = error
 
     def _append(self, name: str, text: str) -> None:
         stream = self.execution.stream

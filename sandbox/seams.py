@@ -4,10 +4,11 @@ starting. Nothing here imports Docker."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from sandbox.execution import Execution
+from sandbox.execution import Execution, StreamChunk
 from sandbox.inputs import Inputs
 from sandbox.limits import Limits
 
@@ -17,7 +18,13 @@ class Sandbox(Protocol):
     limits: Limits
     inputs: Inputs  # mounted read-only under /data
 
-    def run(self, code: str, timeout: float | None = None) -> Execution: ...
+    def run(
+        self,
+        code: str,
+        timeout: float | None = None,
+        *,
+        on_output: Callable[[StreamChunk], None] | None = None,  # each stdout/stderr chunk
+    ) -> Execution: ...
 
     def interrupt(self) -> None: ...  # KeyboardInterrupt in the running cell; state kept
 

@@ -1,12 +1,13 @@
 """What comes back from a cell beyond plain values: charts whatever backend the code picks,
-the complete output of a cell that printed too much (spilled to a workspace log), and clear
-words when code reaches for the network or pip."""
+the complete output of a cell that printed too much (spilled to a workspace log), clear
+words when code reaches for the network or pip, and output streamed while the cell runs."""
 
 import re
+import time
 
 import pytest
 
-from sandbox import DockerSandbox, Limits, boundary, render
+from sandbox import BackgroundSandbox, DockerSandbox, Inputs, Limits, boundary, render
 from sandbox.execution import Error, Execution, StreamChunk
 from sandbox.kernel import Collector
 
@@ -221,3 +222,29 @@ def test_the_offline_note_is_one_line_from_the_execution_alone():
     assert len(note_lines(printed)) == 1
     assert note_lines(Execution(error=Error("ZeroDivisionError", "division by zero", []))) == []
     assert note_lines(Execution(stream=[StreamChunk("stdout", "connected rows: 5\n")])) == []
+
+
+# -- streaming ---------------------------------------------------------------------------
+@docker_test
+@pytest.mark.timeout(60)
+def test_output_reaches_on_output_while_the_cell_runs():
+    arrived: list[tuple[float, StreamChunk]] = []
+    box = BackgroundSandbox(lambda: DockerSandbox(limits=SLOW), SLOW, Inputs.from_paths([]))
+    try:
+        box.ready()
+        started = time.monotonic()
+        ex = box.run(
+            "import sys, time\nfor i in range(6):\n    print(f'tick {i}', flush=True)\n"
+            "    print(f'warn {i}', file=sys.stderr, flush=True)\n    time.sleep(0.5)",
+            on_output=lambda chunk: arrived.append((time.monotonic(), chunk)),
+        )
+        returned = time.monotonic()
+    finally:
+        box.close()
+    assert ex.ok, render(ex)
+    assert arrived and arrived[0][1] == StreamChunk("stdout", "tick 0\n")
+    first, last = arrived[0][0], arrived[-1][0]
+    assert first - started < (returned - started) / 2 and first < last  # while it ran
+    for name in ("stdout", "stderr"):
+        streamed = "".join(c.text for _, c in arrived if c.name == name)
+        assert streamed == "".join(c.text for c in ex.stream if c.name == name)
