@@ -181,6 +181,29 @@ class Session:
     def files(self) -> list[dict]:
         return self.sandbox.files()
 
+    def add_inputs(self, paths: InputPaths) -> Inputs:
+        """More input files for a session that has started (an upload): checked as --input is,
+        added read-only under /data in its sandbox (one still starting is waited for), and
+        described to the model from its next request on, by the prompt and by file_metadata.
+        Needs a sandbox that takes new inputs, as a pool's does; returns the inputs added."""
+        more = Inputs.from_paths(paths)
+        combined = self.inputs.extended(more)  # InputError: that name is there already
+        target = (
+            self.sandbox.ready() if isinstance(self.sandbox, BackgroundSandbox) else self.sandbox
+        )
+        add = getattr(target, "add_inputs", None)
+        if add is None:
+            raise SandboxError("this session's sandbox takes no new inputs; start a new session")
+        add(more)  # first: a sandbox that refuses them leaves the session as it was
+        self.inputs = combined
+        tool = self.registry.get("file_metadata")
+        if tool is not None:
+            tool.function = file_metadata_tool(combined, self.sandbox).function
+        self.loop.inputs_profile = inputs_profile(combined)
+        self.loop.messages[0] = {"role": "system", "content": self.loop._system()}
+        self.trace.write("inputs", added=more.to_trace())
+        return more
+
     def interrupt(self) -> None:
         """Interrupt the running cell (the chat's Ctrl-C); the question goes on with the error."""
         self.sandbox.interrupt()
