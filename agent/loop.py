@@ -30,7 +30,7 @@ from sandbox import SandboxError
 from tools import Observation, Registry
 
 # Streamed to a UI as things happen: (kind, data) with kind one of
-# token, thought, action, observation, answer, warning.
+# token, thought, action, output (a running cell's stdout/stderr), observation, answer, warning.
 OnEvent = Callable[[str, dict], None]
 
 

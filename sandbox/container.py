@@ -97,7 +97,10 @@ def start(
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
         user=SANDBOX_USER,
-        environment={boundary.OUTPUT_CHARS_ENV: str(limits.output_bytes)},
+        environment={
+            boundary.OUTPUT_CHARS_ENV: str(limits.output_bytes),
+            boundary.SPILL_BYTES_ENV: str(limits.spill_bytes),
+        },
         log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
         labels={
             LABEL: "1",

@@ -3,6 +3,7 @@ and remove every container; `run` and `exec --output` bring back every file the 
 The real CLI in a subprocess, real sandboxes, scripted replies."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -218,3 +219,75 @@ def test_batch_prints_each_stopped_job_s_reason(tmp_path):
     assert "loops: stopped: repeated_action (the same action was sent" in done.stderr
     again = subprocess.run(args, capture_output=True, text=True, timeout=200)
     assert "skipped 1 finished jobs" in again.stdout  # a stop of the job itself is final
+
+
+# -- no silent wait: output shows as the code prints it -------------------------------------------
+
+TICKS = "import time\nfor i in range(6):\n    print('tick', i, flush=True)\n    time.sleep(0.5)"
+
+
+def test_exec_streams_stdout_while_the_cell_runs():
+    proc = subprocess.Popen([*SANDCELL, "exec", "-c", TICKS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        first = proc.stdout.readline()
+        running_at_first_line = proc.poll() is None
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert first == "tick 0\n" and running_at_first_line  # shown before the cell ended
+    assert rest == "".join(f"tick {i}\n" for i in range(1, 6))  # each line once
+    assert proc.returncode == 0
+
+
+def test_run_on_a_terminal_shows_steps_and_output_as_they_happen(tmp_path):
+    import pexpect
+
+    script = write_script(tmp_path / "s.json", [python(TICKS), "Final Answer: ticked"])
+    child = pexpect.spawn(
+        SANDCELL[0],
+        [
+            *SANDCELL[1:],
+            "run",
+            "--task",
+            "tick",
+            "--output",
+            str(tmp_path / "o"),
+            "--replay",
+            str(script),
+        ],  # fmt: skip
+        encoding="utf-8",
+        timeout=120,
+        env={**os.environ, "TERM": "dumb", "COLUMNS": "120"},
+    )
+    try:
+        child.expect("python")  # the code panel, before the cell runs
+        child.expect("tick 0")
+        assert child.isalive()  # the cell is still running
+        child.expect("tick 5")
+        child.expect("ticked")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    quiet = pexpect.spawn(
+        SANDCELL[0],
+        [
+            *SANDCELL[1:],
+            "run",
+            "--task",
+            "tick",
+            "--output",
+            str(tmp_path / "q"),
+            "--replay",
+            str(script),
+            "--quiet",
+        ],  # fmt: skip
+        encoding="utf-8",
+        timeout=120,
+        env={**os.environ, "TERM": "dumb", "COLUMNS": "120"},
+    )
+    try:
+        quiet.expect(pexpect.EOF)
+    finally:
+        quiet.close(force=True)
+    assert quiet.exitstatus == 0 and "tick 0" not in quiet.before and "ticked" in quiet.before

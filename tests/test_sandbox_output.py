@@ -126,9 +126,6 @@ def test_output_over_the_spill_cap_is_saved_up_to_the_cap_and_says_so(sb):
 
 @docker_test
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True, reason="sandbox/container.py does not pass boundary.SPILL_BYTES_ENV yet"
-)
 def test_the_spill_cap_comes_from_limits():
     with DockerSandbox(limits=Limits(spill_bytes=10_000)) as box:
         assert box.run("print('z' * 50_000)").saved_truncated == 10_000

@@ -3,7 +3,10 @@ sandbox's capped rendering, and the Execution itself rides along for traces and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sandbox.errors import SandboxError
+from sandbox.execution import StreamChunk
 from sandbox.render import render
 from sandbox.seams import Sandbox
 from tools.registry import Observation, Tool
@@ -15,14 +18,19 @@ DESCRIPTION = (
 )
 
 
-def python_tool(sandbox: Sandbox, budget: int | None = None) -> Tool:
+def python_tool(
+    sandbox: Sandbox,
+    budget: int | None = None,
+    on_output: Callable[[StreamChunk], None] | None = None,
+) -> Tool:
     """A Tool running code with `sandbox.run`. `budget` caps the observation in characters
-    (default: the sandbox's Limits.observation_chars)."""
+    (default: the sandbox's Limits.observation_chars); `on_output` sees each stdout/stderr
+    chunk as the cell prints it (a UI showing a long cell live)."""
     limits = sandbox.limits
     chars = budget or limits.observation_chars
 
     def run_python(code: str) -> Observation:
-        execution = sandbox.run(code)
+        execution = sandbox.run(code, on_output=on_output)
         return Observation(ok=execution.ok, text=render(execution, chars), data=execution)
 
     return Tool(

@@ -21,6 +21,7 @@ class EventPrinter:
         self.stream_tokens, self.show_answer = stream_tokens, show_answer
         self._streaming = False  # tokens printed since the last event
         self._streamed = ""  # the text of the reply streamed last
+        self._printed = ""  # what the running cell printed, shown as it came
 
     def __call__(self, kind: str, data: dict) -> None:
         if kind == "token":
@@ -63,7 +64,19 @@ class EventPrinter:
             shown = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
             self.console.print(f"[bold blue]{escape(str(tool))}[/bold blue] {escape(shown)}")
 
+    def _output(self, data: dict) -> None:
+        text = str(data.get("text", ""))
+        self.console.print(
+            escape(text), end="", style="red" if data.get("name") == "stderr" else ""
+        )
+        self._printed += text
+
     def _observation(self, data: dict) -> None:
+        printed, self._printed = self._printed, ""
+        if printed and not printed.endswith("\n"):
+            self.console.print()
+        if printed.strip() and str(data.get("text", "")).strip() == printed.strip():
+            return  # the model sees just what was shown as the cell ran: once is enough
         style = "green" if data.get("ok") else "red"
         self.console.print(
             Panel(

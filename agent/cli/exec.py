@@ -10,7 +10,12 @@ import click
 from agent.cli import exits
 from agent.cli.options import MEMORY_MB, TIMEOUT_S, input_option
 from sandbox import DockerSandbox, Limits
+from sandbox.execution import StreamChunk
 from sandbox.render import render
+
+
+def print_live(chunk: StreamChunk) -> None:
+    click.echo(chunk.text, nl=False, err=chunk.name == "stderr")
 
 
 @click.command("exec")
@@ -38,12 +43,17 @@ def exec_cmd(inputs, timeout, memory, output, as_json, code, file):
     source = code if code is not None else file.read()
     overrides = {k: v for k, v in (("timeout_s", timeout), ("memory_mb", memory)) if v}
     limits = replace(Limits(), **overrides)
+    live = None if as_json else print_live  # stdout and stderr as the code prints them
     with DockerSandbox(limits=limits, inputs=list(inputs)) as sandbox:
-        ex = sandbox.run(source)
+        ex = sandbox.run(source, on_output=live)
         saved = [output / name for name in sandbox.export(output)] if output else []
-    click.echo(
-        json.dumps(ex.to_dict(), indent=1) if as_json else render(ex, limits.observation_chars)
-    )
+    if as_json:
+        click.echo(json.dumps(ex.to_dict(), indent=1))
+    else:  # the observation, unless it is just what the stream showed already
+        observation = render(ex, limits.observation_chars)
+        printed = "".join(chunk.text for chunk in ex.stream)
+        if observation.strip() != printed.strip():
+            click.echo(observation)
     for path in saved:
         click.echo(f"saved {path}", err=True)
     if ex.images and not output:
