@@ -23,6 +23,7 @@ from agent.trace import TraceWriter
 from sandbox import BackgroundSandbox, DockerSandbox, Inputs, Limits, Sandbox, SandboxError
 from sandbox.boundary import WORKSPACE
 from sandbox.container import DEFAULT_IMAGE
+from sandbox.execution import StreamChunk
 from sandbox.pool import warmed
 from tools import Registry, Tool, calculator_tool
 from tools.file_metadata import file_metadata_tool
@@ -110,7 +111,7 @@ class Session:
             )
         self.registry = Registry(
             [
-                python_tool(self.sandbox),
+                python_tool(self.sandbox, on_output=self._output if agent.on_event else None),
                 calculator_tool,
                 file_metadata_tool(inputs, self.sandbox),
                 *agent.extra_tools,
@@ -167,6 +168,10 @@ class Session:
         before the next model call (a batch shutting down, a front end's stop button)."""
         self.loop.cancel(reason)
         self.sandbox.interrupt()
+
+    def _output(self, chunk: StreamChunk) -> None:
+        """A running cell's stdout/stderr, to the UI as it arrives."""
+        self.agent.on_event("output", {"name": chunk.name, "text": chunk.text})
 
     @property
     def sandbox_used(self) -> bool:
