@@ -1,0 +1,12 @@
+"""`sandcell serve`: the HTTP API over `Agent`/`Session` and one `SandboxPool`.
+
+app.py makes the FastAPI app (JSON errors, the body cap of bodylimit.py), routes.py holds the
+routes, auth.py the tokens; sessions.py keeps the served sessions and the server's limits,
+served.py one session and its turn, sandboxes.py the sandbox an idle session gives back;
+stream.py turns a question's events into server-sent events; files.py is the one place where
+names from a client meet paths on disk."""
+
+from agent.serve.app import create_app
+from agent.serve.config import ServeConfig
+
+__all__ = ["ServeConfig", "create_app"]

@@ -1,0 +1,88 @@
+"""The FastAPI app: `create_app(config)`. Its lifespan owns the sessions and the pool, so
+stopping the server (Ctrl-C, SIGTERM, a test) removes every container. Errors are JSON
+`{"error": "..."}` with the status that says what happened; routes live in routes.py."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from importlib.metadata import version
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from agent.serve.bodylimit import BodyLimit
+from agent.serve.config import ServeConfig
+from agent.serve.files import BadName
+from agent.serve.routes import router
+from agent.serve.served import Busy
+from agent.serve.sessions import Full, NotFound, Sessions
+from sandbox import InputError, SandboxError
+
+log = logging.getLogger(__name__)
+
+
+def create_app(config: ServeConfig) -> FastAPI:
+    config = replace(config, data=config.data.expanduser().resolve())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.sessions = Sessions(config)
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(app.state.sessions.close)
+
+    app = FastAPI(
+        title="sandcell",
+        version=version("sandcell"),
+        summary="Sessions of a code-interpreter agent whose Python runs in a sealed sandbox",
+        lifespan=lifespan,
+        docs_url=None,  # FastAPI's docs pages load script from a CDN; the document is enough
+        redoc_url=None,
+    )
+    app.state.config = config
+    app.state.tokens = {token: name for name, token in config.users.items()}
+    app.include_router(router)
+    app.add_middleware(
+        BodyLimit, body_bytes=config.max_body_bytes, upload_bytes=config.max_upload_bytes
+    )
+    _errors(app)
+    return app
+
+
+def _json(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _errors(app: FastAPI) -> None:
+    statuses = {NotFound: 404, Busy: 409, BadName: 400, InputError: 400, SandboxError: 503}
+    for kind, status in statuses.items():
+
+        async def handler(request: Request, exc: Exception, status: int = status) -> JSONResponse:
+            return _json(status, str(exc))
+
+        app.add_exception_handler(kind, handler)
+
+    @app.exception_handler(Full)
+    async def full(request: Request, exc: Full) -> JSONResponse:
+        return _json(503, str(exc), {"Retry-After": str(exc.retry_after)})
+
+    @app.exception_handler(HTTPException)
+    async def http(request: Request, exc: HTTPException) -> JSONResponse:
+        return _json(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        where = lambda e: ".".join(str(p) for p in e.get("loc", ()))  # noqa: E731
+        problems = "; ".join(f"{where(e)}: {e.get('msg')}" for e in exc.errors())
+        return _json(422, f"the request is not what this route takes: {problems}")
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> JSONResponse:
+        log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+        return _json(500, f"internal error: {type(exc).__name__}; the server's log has details")

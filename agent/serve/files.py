@@ -1,0 +1,136 @@
+"""Where names from a client meet paths on disk: upload names, downloads confined to the
+session folder, the listing, and putting collected files back into a fresh sandbox."""
+
+from __future__ import annotations
+
+import mimetypes
+import os
+import stat
+import tempfile
+import unicodedata
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from agent.session import FIGURES_DIR, OUTPUT_DIR, WORKSPACE_DIR
+from sandbox.boundary import WORKSPACE
+from tools.paths import Refused, open_confined
+
+INPUTS_DIR = "inputs"  # the session's uploads, each mounted at /data/<name>
+KINDS = {
+    INPUTS_DIR: "input",
+    OUTPUT_DIR: "output",
+    FIGURES_DIR: "figure",
+    WORKSPACE_DIR: "workspace",
+}
+MAX_NAME_BYTES = 255  # what a Linux file name can hold
+CHUNK = 1 << 16
+
+
+class BadName(ValueError):
+    """An upload's name cannot be used; the message says why (a 400)."""
+
+
+def clean_name(raw: str | None) -> str:
+    """The file name an upload gets under /data. A path is cut to its last part (browsers
+    and some clients send one); a name that is empty, hidden, `..` or holds control
+    characters is refused rather than guessed at."""
+    name = (raw or "").replace("\\", "/").rsplit("/", 1)[-1].strip()
+    if any(unicodedata.category(ch) == "Cc" for ch in name):
+        raise BadName(f"the file name {raw!r} holds control characters; rename the file")
+    if not name or name in (".", ".."):
+        raise BadName(f"the upload's file name {raw!r} is empty once its folders are cut")
+    if name.startswith("."):
+        raise BadName(f"the file name {name!r} starts with '.'; hidden files are not taken")
+    if len(name.encode()) > MAX_NAME_BYTES:
+        raise BadName(f"the file name is longer than {MAX_NAME_BYTES} bytes; shorten it")
+    return name
+
+
+def save_upload(source: BinaryIO, folder: Path, name: str) -> Path:
+    """Write an upload to folder/name, whole or not at all (a temp file renamed into place);
+    never over a file already there."""
+    handle, tmp = tempfile.mkstemp(prefix=".upload-", dir=folder)
+    try:
+        # readable by the sandbox's user: its /data is a hard link to this very file
+        os.fchmod(handle, 0o444)
+        with os.fdopen(handle, "wb") as out:
+            while chunk := source.read(CHUNK):
+                out.write(chunk)
+        target = folder / name
+        os.link(tmp, target)  # fails if the name is taken: nothing is overwritten
+        return target
+    finally:
+        os.unlink(tmp)
+
+
+def parts_of(path: str) -> tuple[str, ...] | None:
+    """The parts of a download path relative to the session folder; None for anything that
+    is not a plain relative path (absolute, `..`, hidden parts, control characters)."""
+    if not path or path.startswith("/"):
+        return None
+    parts = tuple(path.split("/"))
+    for part in parts:
+        if not part or part.startswith(".") or any(unicodedata.category(c) == "Cc" for c in part):
+            return None
+    return parts
+
+
+def open_download(folder: Path, path: str) -> tuple[BinaryIO, int] | None:
+    """A regular file under the session folder, opened without following any link; its size.
+    None for everything else, so every refusal looks the same to the client (a 404)."""
+    parts = parts_of(path)
+    if parts is None:
+        return None
+    try:
+        fd, st = open_confined(folder, parts, path)
+    except Refused:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return None
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb"), st.st_size
+
+
+def media_type(name: str) -> str:
+    return mimetypes.guess_type(name)[0] or "application/octet-stream"
+
+
+def chunks(f: BinaryIO) -> Iterator[bytes]:
+    with f:
+        while chunk := f.read(CHUNK):
+            yield chunk
+
+
+def listing(folder: Path) -> list[dict]:
+    """The session's files by kind: inputs, outputs, figures, other workspace files. Links
+    and hidden names are left out, as downloads refuse them."""
+    found = []
+    for top, kind in KINDS.items():
+        for rel, size in _walk(folder / top, top):
+            found.append({"path": rel, "kind": kind, "size": size})
+    return found
+
+
+def _walk(root: Path, rel: str) -> Iterator[tuple[str, int]]:
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for entry in entries:
+        if entry.name.startswith(".") or entry.is_symlink():
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            yield from _walk(Path(entry.path), f"{rel}/{entry.name}")
+        elif entry.is_file(follow_symlinks=False):
+            yield f"{rel}/{entry.name}", entry.stat(follow_symlinks=False).st_size
+
+
+def collected(folder: Path) -> Iterator[tuple[Path, str]]:
+    """Files a session brought back from its workspace, each with its path in a sandbox
+    (the reverse of Session.collect), to put back into a fresh one."""
+    for top in (OUTPUT_DIR, FIGURES_DIR, WORKSPACE_DIR):
+        for rel, _ in _walk(folder / top, top):
+            inside = rel.partition("/")[2] if top == WORKSPACE_DIR else rel
+            yield folder / rel, f"{WORKSPACE}/{inside}"

@@ -1,0 +1,189 @@
+"""The API's routes. Each is thin: the session work is in sessions.py, names and paths in
+files.py, the event stream in stream.py."""
+
+from __future__ import annotations
+
+from typing import Annotated
+from urllib.parse import quote
+
+import nbformat
+from fastapi import APIRouter, Depends, File, Request, Response, UploadFile
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field, field_validator
+from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException
+
+from agent.notebook import trace_to_notebook
+from agent.serve import files
+from agent.serve.auth import current_user, owned
+from agent.serve.served import ServedSession
+from agent.serve.sessions import Sessions
+from agent.serve.stream import MessageStream
+from agent.trace import read_trace
+
+router = APIRouter()
+User = Annotated[str, Depends(current_user)]
+Owned = Annotated[ServedSession, Depends(owned)]
+MAX_TEXT = 512 << 10  # characters of one message or one cell; the body cap is the backstop
+# Downloads are attachments the browser never renders as a page of this origin: an uploaded
+# or model-made HTML file cannot run script here.
+DOWNLOAD_HEADERS = {"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox"}
+
+
+class Message(BaseModel):
+    content: str = Field(max_length=MAX_TEXT, description="the question")
+
+    @field_validator("content")
+    @classmethod
+    def not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the question is empty; send its text")
+        return value
+
+
+class Code(BaseModel):
+    code: str = Field(max_length=MAX_TEXT)
+    timeout: float | None = Field(None, gt=0, le=24 * 3600, description="seconds for this cell")
+
+
+class Created(BaseModel):
+    id: str
+
+
+class Uploaded(BaseModel):
+    names: list[str]  # as they are under /data
+    inputs: list[str]  # every input of the session now
+
+
+def sessions_of(request: Request) -> Sessions:
+    return request.app.state.sessions
+
+
+@router.get("/api/health")
+def health() -> dict:
+    return {"status": "ok"}
+
+
+@router.post("/api/sessions", status_code=201, response_model=Created)
+def create_session(request: Request, user: User) -> dict:
+    return {"id": sessions_of(request).create(user).id}
+
+
+@router.get("/api/sessions")
+def list_sessions(request: Request, user: User) -> list[dict]:
+    return [served.info() for served in sessions_of(request).mine(user)]
+
+
+@router.get("/api/sessions/{id}")
+def session_info(served: Owned) -> dict:
+    return served.info()
+
+
+@router.delete("/api/sessions/{id}", status_code=204, response_class=Response)
+def delete_session(id: str, request: Request, user: User) -> Response:
+    sessions_of(request).delete(user, id)
+    return Response(status_code=204)
+
+
+@router.post("/api/sessions/{id}/files", status_code=201, response_model=Uploaded)
+def upload(served: Owned, file: Annotated[list[UploadFile], File()]) -> dict:
+    names = [files.clean_name(f.filename) for f in file]
+    taken = [n for i, n in enumerate(names) if n in names[:i] or n in served.session.inputs]
+    if taken:
+        raise HTTPException(
+            409, f"an input named {taken[0]} is there already; rename the file and send it again"
+        )
+    with served.uploading:  # two uploads at once: one after the other
+        saved = []
+        try:
+            for upload_file, name in zip(file, names, strict=True):
+                try:
+                    saved.append(files.save_upload(upload_file.file, served.inputs_dir, name))
+                except FileExistsError:
+                    raise HTTPException(409, f"an input named {name} is there already")
+            served.session.add_inputs({p.name: p for p in saved})
+            served.touch()  # a session being given files is not idle
+        except BaseException:  # nothing of a refused upload stays
+            for path in saved:
+                path.unlink(missing_ok=True)
+            raise
+    return {"names": names, "inputs": served.session.inputs.names}
+
+
+@router.get("/api/sessions/{id}/files")
+def list_files(served: Owned) -> dict:
+    found = files.listing(served.folder)
+    for entry in found:
+        entry["url"] = served.url_of(served.folder / entry["path"])
+    return {"files": found}
+
+
+@router.get("/api/sessions/{id}/files/{path:path}", response_class=StreamingResponse)
+def download(served: Owned, path: str) -> StreamingResponse:
+    opened = files.open_download(served.folder, path)
+    if opened is None:
+        raise HTTPException(404, f"no file {path} in this session")
+    f, size = opened
+    name = path.rsplit("/", 1)[-1]
+    headers = {**DOWNLOAD_HEADERS, "Content-Length": str(size)}
+    headers["Content-Disposition"] = _attachment(name)
+    return StreamingResponse(files.chunks(f), media_type=files.media_type(name), headers=headers)
+
+
+def _attachment(name: str) -> str:
+    return f"attachment; filename*=UTF-8''{quote(name)}"
+
+
+@router.post("/api/sessions/{id}/messages", response_class=EventSourceResponse)
+async def post_message(message: Message, served: Owned, request: Request) -> EventSourceResponse:
+    served.claim()  # Busy: a 409
+    try:
+        warning = sessions_of(request).renew(served)  # Full: a 503
+    except BaseException:
+        served.done()
+        raise
+    stream = MessageStream(served, message.content, warning)
+    return EventSourceResponse(stream.events(), ping=15)
+
+
+@router.post("/api/sessions/{id}/interrupt")
+def interrupt(served: Owned) -> dict:
+    running = served.busy
+    if running:
+        served.session.interrupt()
+    return {"interrupted": running}
+
+
+@router.post("/api/sessions/{id}/execute")
+def execute(body: Code, served: Owned, request: Request, response: Response) -> dict:
+    served.claim()
+    try:
+        warning = sessions_of(request).renew(served)
+        ex = served.execute(body.code, body.timeout)
+    finally:
+        served.done()
+    if warning:
+        response.headers["X-Sandcell-Warning"] = warning
+    return ex.to_dict()
+
+
+@router.get("/api/sessions/{id}/notebook")
+def notebook(served: Owned) -> Response:
+    # made from the trace on each request: always current, and no file written beside a
+    # question that is writing its own
+    nb = trace_to_notebook(read_trace(served.session.trace_path))
+    headers = {
+        **DOWNLOAD_HEADERS,
+        "Content-Disposition": _attachment(f"sandcell-{served.id}.ipynb"),
+    }
+    return Response(nbformat.writes(nb), media_type="application/x-ipynb+json", headers=headers)
+
+
+@router.get("/api/sessions/{id}/trace")
+def trace(served: Owned) -> Response:
+    data = served.session.trace_path.read_bytes()
+    headers = {
+        **DOWNLOAD_HEADERS,
+        "Content-Disposition": _attachment(f"sandcell-{served.id}.jsonl"),
+    }
+    return Response(data, media_type="application/jsonl", headers=headers)

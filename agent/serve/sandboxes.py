@@ -1,0 +1,130 @@
+"""The sandbox a served session keeps for its whole life.
+
+A `Session` holds one sandbox from its start to its end, but a server must give an idle
+session's container back and start another when the session is used again. This wraps the
+usual `BackgroundSandbox` over the server's pool: it releases the container on request and
+begins a fresh one (same inputs, and the files brought back before, put back in place) on
+the next use. The kernel's variables do not survive a release; the caller says so."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
+from sandbox.background import OnReady
+from sandbox.execution import Execution
+
+Acquire = Callable[[Inputs], Sandbox]  # e.g. a pool's acquire
+Prepare = Callable[[Sandbox], None]  # run on a renewed sandbox before anything uses it
+
+
+class RenewableSandbox:
+    def __init__(
+        self,
+        acquire: Acquire,
+        limits: Limits,
+        inputs: Inputs,
+        prepare: Prepare | None = None,
+        on_ready: OnReady | None = None,
+    ):
+        self.limits, self.inputs = limits, inputs
+        self._acquire, self._prepare, self.on_ready = acquire, prepare, on_ready
+        self._lock = threading.RLock()  # an upload, a release and a start never interleave
+        self._current: BackgroundSandbox | None = None
+        self._released = False  # once released, every sandbox begun is a fresh kernel
+        self.renewals = 0  # fresh sandboxes begun after a release
+        self.wake()
+
+    @property
+    def live(self) -> bool:
+        """Whether a container is there (or starting): it counts against --max-sessions."""
+        return self._current is not None
+
+    def wake(self) -> bool:
+        """Begin a sandbox in the background unless one is there; True when it began one
+        after a release (the kernel is then a fresh one)."""
+        with self._lock:
+            if self._current is not None:
+                return False
+            renewed, inputs = self._released, self.inputs
+
+            def start() -> Sandbox:
+                sandbox = self._acquire(inputs)
+                if renewed and self._prepare is not None:
+                    try:
+                        self._prepare(sandbox)
+                    except BaseException:  # a sandbox that failed here must not be left running
+                        sandbox.close()
+                        raise
+                return sandbox
+
+            self._current = BackgroundSandbox(start, self.limits, inputs, on_ready=self._ready_now)
+            self.renewals += renewed
+            return renewed
+
+    def release(self) -> bool:
+        """Remove the container; the next use starts a fresh one. False if none was there."""
+        with self._lock:
+            current = self._current
+            self._released = True
+            if current is None:
+                return False
+            current.close()  # still `live` until the container is gone: it still counts
+            self._current = None
+            return True
+
+    @property
+    def used(self) -> bool:
+        """Whether the current sandbox has run anything (else its workspace is empty)."""
+        current = self._current
+        return current is not None and current.used
+
+    def _ready_now(self, timing: dict) -> None:
+        if self.on_ready is not None:
+            self.on_ready(timing)
+
+    def _live(self) -> BackgroundSandbox:
+        with self._lock:
+            self.wake()
+            assert self._current is not None
+            return self._current
+
+    def add_inputs(self, more: Inputs) -> None:
+        """Files for /data: into the running sandbox now, or into the next one started."""
+        with self._lock:
+            if self._current is not None:
+                self._current.ready().add_inputs(more)  # waits for a start under way
+            self.inputs = self.inputs.extended(more)
+
+    # -- the Sandbox seam ------------------------------------------------------------------
+    def run(self, code: str, timeout: float | None = None, *, on_output=None) -> Execution:
+        extra = {"on_output": on_output} if on_output is not None else {}
+        return self._live().run(code, timeout, **extra)
+
+    def interrupt(self) -> None:
+        current = self._current
+        if current is not None:
+            current.interrupt()
+
+    def restart(self) -> None:
+        self._live().restart()
+
+    def stat(self, path: str) -> dict:
+        return self._live().stat(path)
+
+    def read(self, path: str, max_bytes: int | None = None) -> bytes:
+        return self._live().read(path, max_bytes)
+
+    def write(self, path: str, data: bytes) -> None:
+        self._live().write(path, data)
+
+    def files(self) -> list[dict]:
+        return self._live().files() if self.used else []  # nothing ran: nothing there
+
+    def export(self, host_dir: str | Path, subdir: str = "") -> list[str]:
+        return self._live().export(host_dir, subdir) if self.used else []
+
+    def close(self) -> None:
+        self.release()

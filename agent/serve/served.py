@@ -1,0 +1,231 @@
+"""One served session: a `Session` in DIR/<user>/<id>/ over a sandbox from the server's pool
+that is released when idle, and the one turn (a message or a cell) it takes at a time."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+from agent.loop import OnEvent
+from agent.seams import Result
+from agent.serve import files
+from agent.serve.config import ServeConfig
+from agent.serve.sandboxes import RenewableSandbox
+from agent.session import FIGURES_DIR, Agent
+from sandbox import Execution, Inputs, SandboxError, SandboxPool
+from sandbox.boundary import FIGURES
+from sandbox.seams import Sandbox
+
+log = logging.getLogger(__name__)
+MAX_FIGURE_BYTES = 64 << 20
+STOP_WAIT_S = 30.0  # a cancelled question ends before its next model call
+
+
+class Busy(RuntimeError):
+    """A message or a cell is running in the session already."""
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+class ServedSession:
+    def __init__(self, sid: str, user: str, folder: Path, config: ServeConfig, pool: SandboxPool):
+        self.id, self.user, self.folder, self.created = sid, user, folder, _now()
+        self.url = f"/api/sessions/{sid}"
+        self.inputs_dir = folder / files.INPUTS_DIR
+        self.sink: OnEvent | None = None  # the running message's stream
+        self.uploading = threading.Lock()
+        self._busy = threading.Lock()
+        self._releasing = threading.Event()  # the idle reaper holds the turn
+        self._turn_lock = threading.Lock()
+        self._turn = 0  # claims so far: a late cancel knows whether its question is over
+        self.asking = False  # a question (not a cell of /execute) has the turn
+        self.last_used = time.monotonic()
+        self.sandbox = RenewableSandbox(
+            lambda inputs: pool.acquire(inputs), config.limits, Inputs(), prepare=self._restore
+        )
+        agent = Agent(
+            config.model,
+            limits=config.limits,
+            rules=config.rules,
+            protocol=config.protocol,
+            image=config.image,
+            on_event=self._emit,
+        )
+        try:
+            self.session = agent.session(Inputs(), folder, sandbox=self.sandbox)
+        except BaseException:
+            self.sandbox.close()  # its start began with it
+            raise
+        self.sandbox.on_ready = lambda timing: self.session.trace.write("sandbox", **timing)
+
+    # -- one message or cell at a time -----------------------------------------------------
+    def claim(self) -> None:
+        """Take the session's one turn; Busy if a message or cell has it. An idle release
+        under way is waited for (a second or so): the request then gets a fresh sandbox."""
+        if not self._busy.acquire(blocking=False) and not (
+            self._releasing.is_set() and self._busy.acquire(timeout=STOP_WAIT_S)
+        ):
+            raise Busy("a message or cell is running in this session; wait for its answer")
+        self._turn += 1
+
+    def done(self) -> None:
+        self.touch()
+        self._busy.release()
+
+    def touch(self) -> None:
+        self.last_used = time.monotonic()
+
+    def ask(self, question: str) -> Result:
+        """The session's question, in the caller's thread (the stream's worker)."""
+        with self._turn_lock:
+            self.asking = True
+        try:
+            return self.session.ask(question)
+        finally:
+            with self._turn_lock:
+                self.asking = False
+                # a cancel that came as the question ended must not stop the next one
+                self.session.loop.cancelled = None
+
+    def cancel(self) -> None:
+        """Stop the running question: no further model call, and its cell interrupted. The
+        interrupt is sent again until the question ends: one sent just before the cell
+        started would be lost, and the cell would run on to its deadline."""
+        with self._turn_lock:
+            if not self.asking:
+                return
+            self.session.cancel()
+            turn = self._turn
+
+        def repeat() -> None:
+            deadline = time.monotonic() + STOP_WAIT_S
+            while time.monotonic() < deadline:
+                time.sleep(0.5)
+                with self._turn_lock:
+                    if not self.asking or self._turn != turn:
+                        return
+                try:
+                    self.session.interrupt()  # harmless to an idle kernel
+                except SandboxError:
+                    return  # closed meanwhile: nothing runs any more
+
+        threading.Thread(target=repeat, daemon=True, name=f"cancel-{self.id}").start()
+
+    @property
+    def busy(self) -> bool:
+        return self._busy.locked()
+
+    def _emit(self, kind: str, data: dict) -> None:
+        sink = self.sink
+        if sink is not None:
+            sink(kind, data)
+
+    # -- what the routes do ------------------------------------------------------------------
+    def info(self) -> dict:
+        return {
+            "id": self.id,
+            "created": self.created,
+            "running": self.busy,
+            "sandbox": "live" if self.sandbox.live else "released",
+            "inputs": self.session.inputs.names,
+            "questions": self.session.loop.questions,
+        }
+
+    def url_of(self, host_path: str | Path) -> str:
+        rel = Path(host_path).relative_to(self.folder).as_posix()
+        return f"{self.url}/files/{quote(rel)}"
+
+    def execute(self, code: str, timeout: float | None) -> Execution:
+        """Run code without the model; recorded as a step, so notebook and replay hold it."""
+        ex = self.session.sandbox.run(code, timeout)
+        self.session.trace.write(
+            "step",
+            question=self.session.loop.questions,
+            step=0,
+            source="execute",
+            observations=[
+                {
+                    "tool": "python",
+                    "args": {"code": code},
+                    "call_id": None,
+                    "how": "execute",
+                    "ok": ex.ok,
+                    "text": "",
+                    "execution": ex.to_dict(),
+                }  # fmt: skip
+            ],
+        )
+        self.save_figures(ex)
+        return ex
+
+    def save_figures(self, ex: Execution) -> list[str]:
+        """Copy the charts a cell showed to figures/ now, not only when the question ends;
+        their URLs. A chart that cannot be read is left out, not an error of the question."""
+        urls = []
+        for path in ex.images:
+            name = path.removeprefix(FIGURES + "/")
+            if name == path or files.parts_of(name) is None or "/" in name:
+                continue
+            try:
+                data = self.session.sandbox.read(path, MAX_FIGURE_BYTES)
+                (self.folder / FIGURES_DIR).mkdir(exist_ok=True)
+                tmp = self.folder / FIGURES_DIR / f".{name}.tmp"
+                tmp.write_bytes(data)
+                os.replace(tmp, self.folder / FIGURES_DIR / name)
+            except (SandboxError, OSError) as error:
+                log.warning("chart %s of session %s not copied: %s", path, self.id, error)
+                continue
+            urls.append(f"{self.url}/files/{FIGURES_DIR}/{quote(name)}")
+        return urls
+
+    # -- idle release, renewal, end ----------------------------------------------------------
+    def release(self) -> None:
+        """Bring back what the code made, then give the container back (the caller holds
+        the session's turn)."""
+        self._releasing.set()
+        try:
+            if self.sandbox.used:
+                try:
+                    self.session.collect()
+                except SandboxError as error:
+                    log.warning("files of session %s not brought back: %s", self.id, error)
+            if self.sandbox.release():
+                self.session.trace.write("sandbox_released", reason="idle")
+        finally:
+            self._releasing.clear()
+
+    def renewed(self) -> str | None:
+        """Called as a message or cell begins; a warning when its sandbox is a fresh one."""
+        if not self.sandbox.wake():
+            return None
+        # a fresh kernel: recorded as chat's /reset is, so replay restarts its kernel here too
+        self.session.trace.write("reset", question=self.session.loop.questions, reason="idle")
+        return (
+            "this session was idle, so its sandbox was released: the kernel starts fresh "
+            "(variables are gone; the input files and the files the code made are back in place)"
+        )
+
+    def _restore(self, sandbox: Sandbox) -> None:
+        for host, inside in files.collected(self.folder):
+            sandbox.write(inside, host.read_bytes())
+
+    def stop(self) -> None:
+        """End the session: a running question is cancelled and waited for, then the
+        sandbox is closed (its container removed)."""
+        if self.asking:
+            self.cancel()
+        elif self.busy:
+            self.session.interrupt()  # a cell of /execute
+        got = self._busy.acquire(timeout=STOP_WAIT_S)
+        try:
+            self.session.close()
+        finally:
+            if got:
+                self._busy.release()

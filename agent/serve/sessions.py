@@ -1,0 +1,126 @@
+"""The served sessions, apart from HTTP: where each lives on disk, whose it is, and the
+server's limits: how many hold a sandbox at once (--max-sessions), and the release of idle
+sandboxes (--idle-minutes)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import shutil
+import threading
+import time
+
+from agent.serve import files
+from agent.serve.config import ServeConfig
+from agent.serve.served import Busy, ServedSession
+from sandbox import SandboxError, SandboxPool
+
+log = logging.getLogger(__name__)
+
+
+class NotFound(LookupError):
+    """No such session for this user (another user's answers the same)."""
+
+
+class Full(RuntimeError):
+    def __init__(self, limit: int, retry_after: int):
+        super().__init__(
+            f"the server holds its most sessions with a sandbox ({limit}, --max-sessions); "
+            f"try again in {retry_after} s, or delete a session you no longer need"
+        )
+        self.retry_after = retry_after
+
+
+class Sessions:
+    def __init__(self, config: ServeConfig):
+        self.config = config
+        config.data.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.pool = SandboxPool(config.pool, config.limits, config.image)
+        self._by_id: dict[str, ServedSession] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._reaper = threading.Thread(target=self._reap, daemon=True, name="idle-sessions")
+        self._reaper.start()
+
+    def create(self, user: str) -> ServedSession:
+        with self._lock:
+            self._check_room()
+            sid = secrets.token_hex(8)
+            folder = self.config.data / user / sid
+            # a user's files are theirs: other accounts on this machine cannot read them
+            folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            folder.mkdir(mode=0o700)
+            (folder / files.INPUTS_DIR).mkdir()
+            served = ServedSession(sid, user, folder, self.config, self.pool)
+            self._by_id[sid] = served
+            return served
+
+    def get(self, user: str, sid: str) -> ServedSession:
+        served = self._by_id.get(sid)
+        if served is None or served.user != user:
+            raise NotFound(f"no session {sid}")
+        return served
+
+    def mine(self, user: str) -> list[ServedSession]:
+        return [s for s in list(self._by_id.values()) if s.user == user]
+
+    def renew(self, served: ServedSession) -> str | None:
+        """Make sure the session has a sandbox (a released one takes a fresh one, if there
+        is room); a warning when its kernel is a fresh one."""
+        with self._lock:
+            if not served.sandbox.live:
+                self._check_room()
+            return served.renewed()
+
+    def delete(self, user: str, sid: str) -> None:
+        served = self.get(user, sid)
+        with self._lock:
+            self._by_id.pop(sid, None)
+        served.stop()
+        shutil.rmtree(served.folder, ignore_errors=True)
+
+    def _check_room(self) -> None:
+        live = [s for s in self._by_id.values() if s.sandbox.live]
+        if len(live) < self.config.max_sessions:
+            return
+        now, idle = time.monotonic(), self.config.idle_s
+        waits = [s.last_used + idle - now for s in live if not s.busy]
+        retry = min(waits) + self._interval() if waits else min(idle, 60)
+        raise Full(self.config.max_sessions, max(1, math.ceil(retry)))
+
+    def _interval(self) -> float:
+        return max(0.2, min(30.0, self.config.idle_s / 4))
+
+    def _reap(self) -> None:
+        while not self._closed.wait(self._interval()):
+            for served in list(self._by_id.values()):
+                idle = time.monotonic() - served.last_used
+                if idle < self.config.idle_s or not served.sandbox.live:
+                    continue
+                try:
+                    served.claim()
+                except Busy:
+                    continue
+                try:
+                    served.release()
+                except Exception:  # the reaper must go on for the other sessions
+                    log.exception("releasing the sandbox of session %s failed", served.id)
+                finally:
+                    served.done()
+
+    def close(self) -> None:
+        """Every session ends and every container goes: the server is stopping."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        with self._lock:
+            served, self._by_id = list(self._by_id.values()), {}
+        for one in served:
+            one.cancel()  # all at once: then each is waited for
+        for one in served:
+            try:
+                one.stop()
+            except SandboxError as error:
+                log.warning("session %s did not close cleanly: %s", one.id, error)
+        self.pool.close()

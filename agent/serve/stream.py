@@ -1,0 +1,130 @@
+"""One question as server-sent events: `Session.ask` runs in a thread of its own, each of its
+events becomes one SSE event as it happens (token, thought, action, output: a running cell's
+stdout/stderr, observation, warning), and the stream ends with `answer` (or `error`) once the
+answer, the notebook and the files are in place."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import nh3
+
+from agent import stops
+from agent.seams import Result
+from sandbox.execution import Execution
+
+if TYPE_CHECKING:
+    from agent.serve.served import ServedSession
+
+log = logging.getLogger(__name__)
+
+# Table HTML (a DataFrame's) keeps its structure and nothing that could run or restyle the page.
+TABLE_TAGS = {"table", "thead", "tbody", "tfoot", "tr", "th", "td", "caption", "colgroup", "col"}
+TABLE_TAGS |= {"div", "span", "p", "br", "b", "i", "em", "strong", "code", "pre", "small"}
+TABLE_ATTRIBUTES = {"th": {"colspan", "rowspan"}, "td": {"colspan", "rowspan"}}
+MAX_TABLE_HTML = 256 << 10  # pandas caps its own HTML; this caps a hand-made display
+FAILED = (stops.MODEL_ERROR, stops.SANDBOX_ERROR)
+
+
+def table_html(html: str) -> str:
+    return nh3.clean(html[:MAX_TABLE_HTML], tags=TABLE_TAGS, attributes=TABLE_ATTRIBUTES)
+
+
+def execution_summary(ex: Execution) -> dict:
+    error = {"name": ex.error.name, "value": ex.error.value} if ex.error else None
+    return {
+        "execution_count": ex.execution_count,
+        "duration_s": round(ex.duration_s, 3),
+        "timed_out": ex.timed_out,
+        "interrupted": ex.interrupted,
+        "restarted": ex.restarted,
+        "error": error,
+    }
+
+
+def final(result: Result, served: ServedSession) -> dict:
+    return {
+        "answer": result.answer,
+        "stop_reason": result.stop_reason,
+        "steps": result.steps,
+        "detail": result.detail,
+        "error": result.error,
+        "warnings": result.warnings,
+        "files": [served.url_of(path) for path in result.files],
+        "notebook": f"{served.url}/notebook",
+    }
+
+
+class MessageStream:
+    """Started at once (the caller holds the session's one-message claim, released here when
+    the question ends); `events()` yields what happened, as it happened."""
+
+    def __init__(self, served: ServedSession, content: str, warning: str | None):
+        self.served, self.content = served, content
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[tuple[str, dict] | None] = asyncio.Queue()
+        self.finished = threading.Event()
+        if warning:
+            self._put("warning", {"text": warning, "kernel_reset": True})
+        served.sink = self._on_event
+        threading.Thread(target=self._work, daemon=True, name=f"question-{served.id}").start()
+
+    def _put(self, kind: str | None, data: dict | None = None) -> None:
+        item = None if kind is None else (kind, data or {})
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the server's loop is gone (shutting down): nobody listens
+            pass
+
+    def _on_event(self, kind: str, data: dict) -> None:
+        """Runs in the question's thread, beside the kernel: figures are copied here."""
+        if kind == "answer":
+            return  # sent from the Result, once the files are in place
+        if kind == "observation":
+            data = self._observation(data)
+        elif kind == "action":
+            data = {"tool": data.get("tool"), "args": data.get("args")}
+        self._put(kind, data)
+
+    def _observation(self, data: dict) -> dict:
+        out = {"tool": data.get("tool"), "ok": data.get("ok"), "text": data.get("text", "")}
+        ex = data.get("data")
+        if isinstance(ex, Execution):
+            out["figures"] = self.served.save_figures(ex)
+            out["tables"] = [
+                table_html(r.data["text/html"]) for r in ex.results if "text/html" in r.data
+            ]
+            out["execution"] = execution_summary(ex)
+        return out
+
+    def _work(self) -> None:
+        served = self.served
+        try:
+            result = served.ask(self.content)
+            kind = "error" if result.stop_reason in FAILED and result.answer is None else "answer"
+            payload = final(result, served)
+        except Exception as exc:  # a bug: the stream still ends, saying what broke
+            log.exception("question %s of session %s failed", self.content[:60], served.id)
+            kind = "error"
+            payload = {"answer": None, "stop_reason": "error", "steps": 0, "error": repr(exc)}
+        finally:
+            served.sink = None
+            self.finished.set()
+            served.done()  # before the last event: the client may send the next message at once
+        self._put(kind, payload)
+        self._put(None)
+
+    async def events(self) -> AsyncIterator[dict]:
+        try:
+            while (item := await self._queue.get()) is not None:
+                kind, data = item
+                yield {"event": kind, "data": json.dumps(data, ensure_ascii=False, default=str)}
+        finally:
+            if not self.finished.is_set():  # the client went away: stop the question too
+                self.served.sink = None
+                self.served.cancel()
