@@ -14,6 +14,7 @@ COMMANDS = {  # name -> "module:attribute"
     "run": "agent.cli.run:run_cmd",
     "batch": "agent.cli.batch:batch_cmd",
     "chat": "agent.cli.chat:chat_cmd",
+    "serve": "agent.cli.serve:serve_cmd",
 }
 
 

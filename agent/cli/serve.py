@@ -1,0 +1,151 @@
+"""`sandcell serve`: the HTTP API (agent.serve) under uvicorn, on loopback by default.
+
+Without --users it makes one token and prints the URL that carries it, as Jupyter does.
+Ctrl-C or SIGTERM stop it as they stop every command (exit 130 or 143): uvicorn finishes
+its open requests, then every session ends and every container is removed."""
+
+from __future__ import annotations
+
+import ipaddress
+import signal
+import socket
+from pathlib import Path
+
+import click
+
+from agent.cli import exits
+from agent.cli.options import agent_options, build_limits, build_model, build_rules
+
+GRACE_S = 5  # open streams get this long after Ctrl-C before they are cut
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """Bound here so the URL printed names the real port (--port 0 picks one). The protocol
+    is named: asyncio sets TCP_NODELAY only on sockets whose proto is TCP, and without it
+    every keep-alive response waits out a 40 ms delayed ACK between its headers and body."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as error:
+        sock.close()
+        raise click.UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    return sock
+
+
+@click.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
+@click.option(
+    "--data",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("sandcell-data"),
+    show_default=True,
+    help="Folder for the sessions: DIR/<user>/<id>/ (uploads, trace, notebook, files).",
+)
+@click.option(
+    "--users",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="File of users, one name:token a line [default: one user, a token printed].",
+)
+@click.option(
+    "--max-sessions",
+    type=click.IntRange(1, 10_000),
+    default=8,
+    show_default=True,
+    help="Sessions holding a sandbox at once; more answer 503 with Retry-After.",
+)
+@click.option(
+    "--pool",
+    type=click.IntRange(0, 64),
+    default=2,
+    show_default=True,
+    help="Warm sandboxes kept ready for new sessions.",
+)
+@click.option(
+    "--idle-minutes",
+    type=click.FloatRange(0, 7 * 24 * 60, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="An idle session's sandbox is released after this long (its next message starts one).",
+)
+@click.option(
+    "--max-upload-mb",
+    type=click.FloatRange(0, 1 << 20, min_open=True),
+    default=100.0,
+    show_default=True,
+    help="Cap on one upload request (413 above it).",
+)
+@agent_options
+@exits.reported()
+def serve_cmd(host, port, data, users, max_sessions, pool, idle_minutes, max_upload_mb, opts):
+    """Serve sessions over HTTP: an API for programs (and, later, a page for people)."""
+    # Ctrl-C stops the server even when it was started with SIGINT ignored (any `cmd &` from a
+    # script is): uvicorn raises it again, with this handler, once it has stopped.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    import uvicorn
+
+    from agent.serve import ServeConfig, create_app
+    from agent.serve.config import DEFAULT_USER, UsersError, load_users, one_user
+    from sandbox.container import preflight
+
+    try:
+        known = load_users(users) if users else one_user()
+    except (UsersError, UnicodeDecodeError) as error:
+        raise click.UsageError(f"--users: {error}") from None
+    model = build_model(opts)
+    preflight()  # no engine or image: said now (exit 3), not at the first message
+    config = ServeConfig(
+        model=model,
+        users=known,
+        data=data,
+        limits=build_limits(opts),
+        rules=build_rules(opts),
+        protocol=opts["protocol"],
+        max_sessions=max_sessions,
+        pool=pool,
+        idle_minutes=idle_minutes,
+        max_upload_mb=max_upload_mb,
+    )
+    app = create_app(config)
+    sock = listening_socket(host, port)
+    shown = f"[{host}]" if ":" in host else host
+    base = f"http://{shown}:{sock.getsockname()[1]}"
+    exits.keep_details_in(Path(data))
+    click.echo(f"sandcell serve: sessions in {Path(data).resolve()}; API at {base}/api/")
+    if users:
+        click.echo(f"sandcell serve: {len(known)} users from {users}; open {base}/")
+    else:
+        click.echo(f"sandcell serve: open {base}/?token={known[DEFAULT_USER]}")
+        click.echo(f"sandcell serve: API clients send  Authorization: Bearer {known[DEFAULT_USER]}")
+    if not _loopback(host):
+        click.echo(
+            f"sandcell serve: warning: listening on {host}, beyond this machine; tokens travel "
+            "in clear text unless a TLS proxy stands in front",
+            err=True,
+        )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,  # the page's URL carries its token
+            timeout_graceful_shutdown=GRACE_S,
+            lifespan="on",
+        )
+    )
+    try:
+        server.run(sockets=[sock])  # re-raises Ctrl-C / SIGTERM once it has stopped
+    finally:
+        sessions = getattr(app.state, "sessions", None)
+        if sessions is not None:  # a second Ctrl-C skips the app's own shutdown
+            sessions.close()
+        sock.close()
