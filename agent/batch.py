@@ -27,6 +27,7 @@ from agent.stops import Rules
 from sandbox import InputError, Inputs, Limits, SandboxPool
 
 RESULTS = "results.jsonl"
+STOP_WAIT_S = 60.0  # after Ctrl-C or SIGTERM, how long running jobs get to end
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
@@ -160,7 +161,9 @@ class Batch:
                     records.append(record)
             except KeyboardInterrupt as stop:
                 self._stop(stops.TERMINATED if isinstance(stop, Terminated) else stops.INTERRUPTED)
-                workers.shutdown(wait=True, cancel_futures=True)
+                workers.shutdown(wait=False, cancel_futures=True)
+                self._await_stopped(STOP_WAIT_S)
+                workers.shutdown(wait=True)
                 raise
             finally:
                 self.bar.close()
@@ -177,6 +180,19 @@ class Batch:
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, self.output / RESULTS)  # atomic: a kill here loses nothing
+
+    def _await_stopped(self, seconds: float) -> None:
+        """Wait for the running jobs to end, interrupting them again each second: a cell that
+        started just after the stop is stopped too."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with self._lock:
+                running = list(self._sessions)
+            if not running:
+                return
+            for session in running:
+                session.interrupt()
+            time.sleep(1.0)
 
     def _stop(self, reason: str) -> None:
         with self._lock:

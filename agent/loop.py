@@ -152,7 +152,7 @@ class Loop:
             else:
                 obs = (
                     Observation(False, "not run")
-                    if stop
+                    if stop or self.cancelled  # stopped from outside: start nothing more
                     else self.registry.call(action.tool, action.args)
                 )
             texts.append(obs.text + (f"\n\n{repeat}" if repeat else ""))

@@ -63,8 +63,12 @@ class DockerSandbox:
             self.staging_dir.mkdir(mode=0o755)
         self._info = info
         self._client = None
+        # The live kernel client, also held by the finalizer: a sandbox dropped without
+        # close() must still close its ZMQ sockets. Left to the garbage collector, a context
+        # whose sockets were collected first blocks forever in zmq_term (seen in a test run).
+        self._live: list = []
         self.container = None
-        self._finalizer = weakref.finalize(self, _cleanup, None, self.conn_dir)
+        self._finalizer = weakref.finalize(self, _cleanup, None, self.conn_dir, self._live)
         started = time.monotonic()
         self.container = ctr.start(
             self.client,
@@ -77,8 +81,10 @@ class DockerSandbox:
             staging_dir=self.staging_dir,
         )
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _cleanup, self.container, self.conn_dir)
-        self._client = self._connect()
+        self._finalizer = weakref.finalize(
+            self, _cleanup, self.container, self.conn_dir, self._live
+        )
+        self._set_client(self._connect())
         self.start_seconds = time.monotonic() - started
         self.container.reload()  # the attributes from `run` predate the start: no PID yet
         # found once: each cell reads only the counter, not /proc and the cgroup tree
@@ -113,10 +119,15 @@ class DockerSandbox:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def close(self) -> None:
+    def _set_client(self, client) -> None:
+        """Disconnect the current kernel client (if any) and use `client` (or none)."""
         if self._client is not None:
             kernel.disconnect(self._client)
-            self._client = None
+        self._client = client
+        self._live[:] = [client] if client is not None else []
+
+    def close(self) -> None:
+        self._set_client(None)
         self._finalizer()
 
     @property
@@ -192,12 +203,11 @@ class DockerSandbox:
     def _hard_restart(self) -> None:
         """Kill every process but the supervisor, which then starts a fresh kernel."""
         ctr.check_running(self.container)
-        kernel.disconnect(self._client)
-        self._client = None
+        self._set_client(None)
         kernel.unseal(self.conn_dir)
         before = kernel.socket_files(self.conn_dir, self._info)
         self.container.kill(signal=boundary.RESTART.name)
-        self._client = self._connect(replacing=before)
+        self._set_client(self._connect(replacing=before))
 
     def _kernel_died(self) -> bool:
         if kernel.beating(self._client, self.conn_dir, self._info):
@@ -299,8 +309,11 @@ def _oom_counter_file(host_pid: int | None) -> Path | None:
     return None
 
 
-def _cleanup(container, conn_dir: str) -> None:
+def _cleanup(container, conn_dir: str, live: list) -> None:
     """Runs once: on close(), at garbage collection, or at interpreter exit."""
+    for client in live:
+        kernel.disconnect(client)
+    live.clear()
     if container is not None:
         try:
             container.remove(force=True)

@@ -61,7 +61,7 @@ def ask_interruptibly(session: Session, question: str, console: Console) -> Resu
             if interrupted or isinstance(stop, Terminated):
                 reason = stops.TERMINATED if isinstance(stop, Terminated) else stops.INTERRUPTED
                 session.cancel(reason)
-                done.wait(10)  # it ends before its next model call: the trace stays whole
+                stop_within(done, session, 30)  # the trace stays whole: the question ends first
                 raise
             interrupted = True
             session.interrupt()
@@ -72,6 +72,14 @@ def ask_interruptibly(session: Session, question: str, console: Console) -> Resu
         console.print(f"[red]sandcell: {escape(str(outcome[0]))}[/red]")
         return None
     return outcome[0] if outcome else None
+
+
+def stop_within(done: threading.Event, session: Session, seconds: float) -> None:
+    """Wait for a cancelled question to end, interrupting again each second: a cell that
+    started just after the cancel is stopped too."""
+    deadline = time.monotonic() + seconds
+    while not done.wait(1.0) and time.monotonic() < deadline:
+        session.interrupt()
 
 
 def show_new_charts(result: Result, folder: Path, shown: set[str], console: Console) -> None:

@@ -64,8 +64,10 @@ def setup_logging(debug: bool) -> None:
 
 
 def handle_signals() -> None:
-    """Every command: SIGTERM ends it as Ctrl-C does (containers removed, work kept)."""
-    signal.signal(signal.SIGTERM, _terminate)
+    """Every command: SIGTERM ends it as Ctrl-C does (containers removed, work kept). The
+    handler before it comes back when the command ends (a command run in-process, by tests)."""
+    before = signal.signal(signal.SIGTERM, _terminate)
+    click.get_current_context().call_on_close(lambda: signal.signal(signal.SIGTERM, before))
 
 
 class Debug:
