@@ -31,7 +31,7 @@ def sandcell(*args: str, env: dict | None = None, stdin: str | None = None):
 def test_help_lists_every_command():
     helped = sandcell("--help")
     assert helped.exit_code == 0 and "Usage:" in helped.stdout
-    assert sorted(COMMANDS) == ["batch", "chat", "exec", "gc", "replay", "run", "tool"]
+    assert sorted(COMMANDS) == ["batch", "chat", "exec", "gc", "replay", "run", "serve", "tool"]
     for name in COMMANDS:
         assert f"  {name} " in helped.stdout
 
