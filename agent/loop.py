@@ -64,6 +64,11 @@ class Loop:
         stop button); the running cell itself is interrupted by the caller."""
         self.cancelled = reason
 
+    def describe_inputs(self, profile: str) -> None:
+        """New input files: the system prompt describes them from the next request on."""
+        self.inputs_profile = profile
+        self.messages[0] = {"role": "system", "content": self._system()}
+
     def reset(self) -> None:
         """An empty history: only the system prompt stays, and earlier answers are forgotten."""
         del self.messages[1:]

@@ -204,8 +204,7 @@ class Session:
         tool = self.registry.get("file_metadata")
         if tool is not None:
             tool.function = file_metadata_tool(combined, self.sandbox).function
-        self.loop.inputs_profile = inputs_profile(combined)
-        self.loop.messages[0] = {"role": "system", "content": self.loop._system()}
+        self.loop.describe_inputs(inputs_profile(combined))
         self.trace.write("inputs", added=more.to_trace())
         return more
 
