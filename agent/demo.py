@@ -10,6 +10,7 @@ from pathlib import Path
 
 from agent.cli import exits
 from agent.cli.console import EventPrinter
+from agent.cli.options import output_folder
 from agent.jobfiles import write_answer
 from agent.models import OpenAIModel
 from agent.scripted import ScriptedModel
@@ -39,6 +40,7 @@ def main() -> int:
             "the sandbox is real"
         )
     agent = Agent(model, on_event=EventPrinter(stream_tokens=False))
+    output_folder(args.output, overwrite=True)  # each demo run replaces the last one's files
     result = agent.run(TASK, inputs=[DEMO / "messy_sales.csv"], output_dir=args.output)
     write_answer(result, args.output)
     print(f"\nstop reason: {result.stop_reason}; {result.steps} steps, {result.duration_s:.1f} s")
