@@ -21,6 +21,7 @@ image: engine  # EXTRA=path/to/requirements.txt: more packages, downloaded here 
 	@BASE=$(BASE) EXTRA=$(EXTRA) images/build.sh
 
 test: install engine image
+	@scripts/ensure-chromium.sh  # the page's browser tests: Debian's chromium, never a download
 	$(PY) -m pytest -n 4 --dist loadgroup $(PYTEST_ARGS)
 
 unit: install

@@ -13,12 +13,13 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from agent.serve.bodylimit import BodyLimit
 from agent.serve.config import ServeConfig
 from agent.serve.files import BadName
-from agent.serve.routes import router
+from agent.serve.routes import STATIC, router
 from agent.serve.served import Busy
 from agent.serve.sessions import Full, NotFound, Sessions
 from sandbox import InputError, SandboxError
@@ -48,6 +49,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     app.state.config = config
     app.state.tokens = {token: name for name, token in config.users.items()}
     app.include_router(router)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")  # the page's JS and CSS
     app.add_middleware(
         BodyLimit, body_bytes=config.max_body_bytes, upload_bytes=config.max_upload_bytes
     )

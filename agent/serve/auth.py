@@ -1,5 +1,6 @@
 """Who is asking: a bearer token from --users (or the one printed at start), and the
-session it owns. Another user's session answers as a missing one does."""
+session it owns. Another user's session answers as a missing one does. The page's requests
+carry the token in the HttpOnly cookie `/?token=` set (COOKIE); a Bearer header wins over it."""
 
 from __future__ import annotations
 
@@ -14,14 +15,22 @@ from agent.serve.served import ServedSession
 
 bearer = HTTPBearer(auto_error=False, description="a token from --users, or the one printed")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+COOKIE = "sandcell_token"  # HttpOnly, SameSite=Strict: set by the page route from ?token=
+
+
+def user_of(request: Request, token: str | None) -> str | None:
+    given = token.encode() if token else None
+    name = None
+    for known, user in request.app.state.tokens.items():  # every one: no timing hint
+        if given is not None and secrets.compare_digest(known.encode(), given):
+            name = user
+    return name
 
 
 def current_user(request: Request, credentials: Credentials) -> str:
-    given = credentials.credentials.encode() if credentials else None
-    name = None
-    for token, user in request.app.state.tokens.items():  # every one: no timing hint
-        if given is not None and secrets.compare_digest(token.encode(), given):
-            name = user
+    token = credentials.credentials if credentials else request.cookies.get(COOKIE)
+    given = token.encode() if token else None
+    name = user_of(request, token)
     if name is not None:
         return name
     message = "send Authorization: Bearer <token> (the token `sandcell serve` printed)"

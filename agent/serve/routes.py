@@ -3,19 +3,20 @@ files.py, the event stream in stream.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
 
 import nbformat
 from fastapi import APIRouter, Depends, File, Request, Response, UploadFile
-from fastapi.responses import StreamingResponse
+from fastapi.responses import FileResponse, RedirectResponse, StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 
 from agent.notebook import trace_to_notebook
 from agent.serve import files
-from agent.serve.auth import current_user, owned
+from agent.serve.auth import COOKIE, current_user, owned, user_of
 from agent.serve.served import ServedSession
 from agent.serve.sessions import Sessions
 from agent.serve.stream import MessageStream
@@ -28,6 +29,18 @@ MAX_TEXT = 512 << 10  # characters of one message or one cell; the body cap is t
 # Downloads are attachments the browser never renders as a page of this origin: an uploaded
 # or model-made HTML file cannot run script here.
 DOWNLOAD_HEADERS = {"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox"}
+STATIC = Path(__file__).parent / "static"  # the page: index.html, page.js, page.css
+# The page runs only its own script file: no inline script, no eval, no plugin, no framing.
+PAGE_CSP = (
+    "default-src 'self'; script-src 'self'; object-src 'none'; base-uri 'none'; "
+    "frame-ancestors 'none'"
+)
+PAGE_HEADERS = {
+    "Content-Security-Policy": PAGE_CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
 
 
 class Message(BaseModel):
@@ -57,6 +70,26 @@ class Uploaded(BaseModel):
 
 def sessions_of(request: Request) -> Sessions:
     return request.app.state.sessions
+
+
+@router.get("/", include_in_schema=False, response_model=None)
+def page(request: Request, token: str | None = None) -> Response:
+    """The page. `/?token=` once: the token goes into an HttpOnly, SameSite=Strict cookie and
+    the browser is sent back to `/`, so the token is in no URL, history entry or Referer."""
+    if token is None:
+        return FileResponse(STATIC / "index.html", media_type="text/html", headers=PAGE_HEADERS)
+    if user_of(request, token) is None:
+        raise HTTPException(401, "that token is not one of this server's; open the URL it printed")
+    response = RedirectResponse("/", status_code=303, headers=PAGE_HEADERS)
+    response.set_cookie(
+        COOKIE,
+        token,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
+    )
+    return response
 
 
 @router.get("/api/health")

@@ -1,0 +1,301 @@
+// sandcell's page. Everything the model, the sandbox or an upload produced is untrusted: it
+// is put in the page as text (textContent) only. The one exception is a table's HTML, which
+// the server has already cleaned with nh3 (tags of a table, no attributes but spans).
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { session: null, running: false };
+
+function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props)) {
+    if (key === "text") node.textContent = value;
+    else if (key === "testid") node.dataset.testid = value;
+    else if (key === "class") node.className = value;
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) node.append(child);
+  return node;
+}
+
+function say(text) {
+  $("status").textContent = text || "";
+}
+
+async function api(method, path, body, headers = {}) {
+  const response = await fetch(path, { method, body, headers, credentials: "same-origin" });
+  if (response.status === 401) {
+    say("Not signed in: open the URL with ?token= that `sandcell serve` printed.");
+    throw new Error("401");
+  }
+  if (!response.ok) {
+    let message = response.statusText;
+    try { message = (await response.json()).error || message; } catch (e) { /* not JSON */ }
+    say(message);
+    throw new Error(message);
+  }
+  return response;
+}
+
+// -- sessions ------------------------------------------------------------------------------
+
+async function loadSessions() {
+  let list;
+  try { list = await (await api("GET", "/api/sessions")).json(); } catch (e) { return; }
+  const ul = $("sessions");
+  ul.replaceChildren();
+  list.sort((a, b) => (b.created > a.created ? 1 : -1));
+  for (const info of list) {
+    const when = new Date(info.created).toLocaleString();
+    const label = `${info.id.slice(0, 8)} · ${info.questions} question(s)` +
+      (info.inputs.length ? ` · ${info.inputs.join(", ")}` : "") + `\n${when}`;
+    const button = el("button", { type: "button", text: label, title: info.id });
+    if (state.session === info.id) button.classList.add("current");
+    button.addEventListener("click", () => openSession(info));
+    ul.append(el("li", {}, button));
+  }
+}
+
+function showSession(id, inputs) {
+  state.session = id;
+  $("session-label").textContent = id ? `session ${id}` : "no session yet";
+  const link = $("download-notebook");
+  link.hidden = !id;
+  link.href = id ? `/api/sessions/${encodeURIComponent(id)}/notebook` : "#";
+  const ul = $("inputs");
+  ul.replaceChildren(...(inputs || []).map((name) => el("li", { text: `/data/${name}` })));
+}
+
+function openSession(info) {
+  showSession(info.id, info.inputs);
+  $("steps").replaceChildren(el("div", { class: "step note",
+    text: `Reopened session ${info.id}: ${info.questions} question(s) asked before. ` +
+      "Its kernel state is rebuilt when you ask the next one." }));
+  say("");
+  loadSessions();
+}
+
+async function ensureSession() {
+  if (state.session) return state.session;
+  const { id } = await (await api("POST", "/api/sessions")).json();
+  showSession(id, []);
+  loadSessions();
+  return id;
+}
+
+// -- uploads -------------------------------------------------------------------------------
+
+async function upload(fileList) {
+  if (!fileList || !fileList.length) return;
+  const id = await ensureSession();
+  const form = new FormData();
+  for (const file of fileList) form.append("file", file, file.name);
+  say("uploading…");
+  try {
+    const got = await (await api("POST", `/api/sessions/${id}/files`, form)).json();
+    showSession(id, got.inputs);
+    say(`uploaded ${got.names.join(", ")}`);
+  } catch (e) { return; }
+  loadSessions();
+}
+
+// -- a question as a stream of steps ----------------------------------------------------------
+
+function step(kind, title) {
+  const node = el("div", { class: `step ${kind}`, testid: "step" });
+  node.append(el("div", { class: "kind", text: title || kind }));
+  $("steps").append(node);
+  node.scrollIntoView({ block: "end" });
+  return node;
+}
+
+let live = null; // the model's tokens as they come, until its step arrives
+let lastAction = null;
+
+function dropLive() {
+  if (live) live.remove();
+  live = null;
+}
+
+function onEvent(kind, data) {
+  if (kind === "token") {
+    if (!live) {
+      live = el("div", { class: "live" });
+      $("steps").append(live);
+    }
+    live.textContent += data.text || "";
+    return;
+  }
+  if (kind === "output") {
+    if (lastAction) {
+      let pre = lastAction.querySelector("pre.output");
+      if (!pre) pre = lastAction.appendChild(el("pre", { class: "output" }));
+      pre.textContent += data.text || "";
+    }
+    return;
+  }
+  dropLive();
+  if (kind === "thought") {
+    if (data.text) step("thought").append(el("div", { text: data.text }));
+  } else if (kind === "action") {
+    const node = step("action", `action: ${data.tool}`);
+    let args = data.args || {};
+    if (typeof args === "string") {
+      try { args = JSON.parse(args); } catch (e) { args = { code: args }; }
+    }
+    const code = typeof args.code === "string" ? args.code : JSON.stringify(args, null, 2);
+    const details = el("details", { open: "" }, el("summary", { text: "code" }));
+    details.append(el("pre", {}, el("code", { text: code })));
+    node.append(details);
+    lastAction = node;
+  } else if (kind === "observation") {
+    observation(data);
+  } else if (kind === "warning") {
+    step("warning").append(el("div", { text: data.text || "" }));
+  } else if (kind === "answer" || kind === "error") {
+    answer(kind, data);
+  }
+}
+
+function observation(data) {
+  const node = step("observation", `observation${data.ok === false ? " (error)" : ""}`);
+  lastAction = null;
+  if (data.text) node.append(el("pre", { text: data.text }));
+  for (const html of data.tables || []) {
+    const box = el("div", { class: "table", testid: "table" });
+    box.innerHTML = html; // server-sanitized by nh3 (agent/serve/stream.py table_html)
+    node.append(box);
+  }
+  for (const url of data.figures || []) {
+    if (typeof url !== "string" || !url.startsWith("/api/")) continue; // our own files only
+    node.append(el("img", { class: "chart", testid: "chart", src: url, alt: "figure" }));
+  }
+}
+
+function markdownish(text) {
+  // The answer as paragraphs and code blocks, all of it as text: nothing parsed as HTML.
+  const box = el("div", { class: "answer-text" });
+  const parts = String(text).split(/```[^\n]*\n?/);
+  parts.forEach((part, i) => {
+    if (i % 2) box.append(el("pre", {}, el("code", { text: part })));
+    else for (const para of part.split(/\n{2,}/)) if (para.trim()) box.append(el("p", { text: para }));
+  });
+  return box;
+}
+
+function answer(kind, data) {
+  const node = el("div", { class: `step ${kind}`, testid: "answer" });
+  node.append(el("div", { class: "kind", text: kind === "error" ? "error" : `answer (${data.stop_reason})` }));
+  const text = data.answer != null ? data.answer : data.error || data.detail || "no answer";
+  node.append(markdownish(text));
+  for (const url of data.files || []) {
+    if (typeof url !== "string" || !url.startsWith("/api/")) continue;
+    const name = decodeURIComponent(url.split("/").pop());
+    node.append(el("div", {}, el("a", { href: url, download: name, text: `download ${name}` })));
+  }
+  $("steps").append(node);
+  node.scrollIntoView({ block: "end" });
+}
+
+function lines(buffer) {
+  // Split off complete lines (\r\n, \n or \r); keep the rest (a lone \r may precede \n).
+  const out = [];
+  let start = 0;
+  for (let i = 0; i < buffer.length; i++) {
+    const c = buffer[i];
+    if (c === "\n" || c === "\r") {
+      if (c === "\r" && i + 1 === buffer.length) break;
+      out.push(buffer.slice(start, i));
+      if (c === "\r" && buffer[i + 1] === "\n") i++;
+      start = i + 1;
+    }
+  }
+  return [out, buffer.slice(start)];
+}
+
+async function readEvents(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "", kind = "message", data = [];
+  for (;;) {
+    const { value, done } = await reader.read();
+    buffer += decoder.decode(value || new Uint8Array(), { stream: !done });
+    const [complete, rest] = lines(done ? buffer + "\n" : buffer);
+    buffer = rest;
+    for (const line of complete) {
+      if (line === "") {
+        if (data.length) {
+          try { onEvent(kind, JSON.parse(data.join("\n"))); } catch (e) { console.error(e); }
+        }
+        kind = "message"; data = [];
+      } else if (line.startsWith(":")) {
+        continue;
+      } else if (line.startsWith("event:")) {
+        kind = line.slice(6).trim();
+      } else if (line.startsWith("data:")) {
+        data.push(line.slice(5).replace(/^ /, ""));
+      }
+    }
+    if (done) return;
+  }
+}
+
+function setRunning(running) {
+  state.running = running;
+  $("stop").hidden = !running;
+  $("send").disabled = running;
+}
+
+async function send() {
+  const content = $("prompt").value;
+  if (!content.trim() || state.running) return;
+  let id;
+  try { id = await ensureSession(); } catch (e) { return; }
+  $("prompt").value = "";
+  say("");
+  const q = el("div", { class: "step question" }, el("div", { class: "kind", text: "you" }));
+  q.append(el("div", { text: content }));
+  $("steps").append(q);
+  setRunning(true);
+  try {
+    const response = await api("POST", `/api/sessions/${id}/messages`,
+      JSON.stringify({ content }), { "Content-Type": "application/json" });
+    await readEvents(response);
+  } catch (e) {
+    if (e.message !== "401") say(`the question stopped: ${e.message}`);
+  } finally {
+    dropLive();
+    setRunning(false);
+    loadSessions();
+  }
+}
+
+async function stop() {
+  if (!state.session) return;
+  try { await api("POST", `/api/sessions/${state.session}/interrupt`); } catch (e) { /* said */ }
+}
+
+// -- wiring ----------------------------------------------------------------------------------
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("upload").addEventListener("change", (e) => { upload(e.target.files).then(() => { e.target.value = ""; }); });
+  const drop = $("drop");
+  drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
+  drop.addEventListener("dragleave", () => drop.classList.remove("over"));
+  drop.addEventListener("drop", (e) => {
+    e.preventDefault();
+    drop.classList.remove("over");
+    upload(e.dataTransfer.files);
+  });
+  $("ask").addEventListener("submit", (e) => { e.preventDefault(); send(); });
+  $("prompt").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(); }
+  });
+  $("stop").addEventListener("click", stop);
+  $("new-session").addEventListener("click", () => {
+    showSession(null, []);
+    $("steps").replaceChildren();
+    loadSessions();
+  });
+  loadSessions();
+});

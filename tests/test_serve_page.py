@@ -1,0 +1,253 @@
+"""`sandcell serve`'s page in a real browser: Playwright's sync API driving Debian's chromium
+(never a downloaded one) against a real uvicorn on loopback, real sandboxes and the scripted
+model server. Without chromium or playwright these tests skip outside CI and fail in CI."""
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import IN_CI
+from tests.scripted_server import ScriptedServer
+from tests.serve_helpers import ALICE, client, config, last_tool_message, python, serving
+
+SALES = Path(__file__).parent / "data" / "agent" / "sales.csv"
+SCREENSHOT = Path(__file__).parent.parent / "docs" / "serve.png"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]  # fmt: skip
+CHART = (
+    "import pandas as pd, matplotlib.pyplot as plt\n"
+    "df = pd.read_csv('/data/sales.csv')\n"
+    "units = df.groupby('region').units.sum()\n"
+    "units.plot.bar(); plt.show()\n"
+    "print(units.idxmax(), units.max())\n"
+    "units.to_frame()"
+)
+SCRIPT = "<script>window.pwned=1</script>"
+IMG = '<img src=x onerror="window.pwned=1">'
+WAIT_MS = 90_000
+
+
+def browser_problem() -> str | None:
+    if importlib.util.find_spec("playwright") is None:
+        return "playwright is not installed (`make install`)"
+    if not Path(CHROMIUM).exists():
+        return "Debian's chromium is missing (scripts/ensure-chromium.sh installs it)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    problem = browser_problem()
+    if problem:
+        if IN_CI:
+            pytest.fail(f"CI=true but {problem}", pytrace=False)
+        pytest.skip(f"browser test skipped: {problem}")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        launched = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def model():
+    with ScriptedServer() as server:
+        yield server
+
+
+@pytest.fixture
+def base(model, tmp_path):
+    with serving(config(model, tmp_path / "data")) as url:
+        yield url
+
+
+@pytest.fixture
+def page(browser, base):
+    """A signed-in page: `/?token=` once, no script dialog allowed, every page error kept."""
+    context = browser.new_context(accept_downloads=True, viewport={"width": 1200, "height": 900})
+    tab = context.new_page()
+    tab.set_default_timeout(WAIT_MS)
+    tab.dialogs, tab.errors = [], []
+    tab.on("dialog", lambda d: (tab.dialogs.append(d.message), d.dismiss()))
+    tab.on("pageerror", lambda e: tab.errors.append(str(e)))
+    tab.goto(f"{base}/?token={ALICE}")
+    assert tab.url == f"{base}/"
+    try:
+        yield tab
+    finally:
+        context.close()
+
+
+def ask(page, question: str) -> None:
+    page.get_by_test_id("prompt").fill(question)
+    page.get_by_test_id("prompt").press("Enter")
+
+
+def answer_text(page) -> str:
+    answer = page.get_by_test_id("answer")
+    answer.wait_for(state="visible")
+    return answer.inner_text()
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(240)
+def test_upload_ask_steps_stream_chart_and_table_show_notebook_downloads(page, model):
+    from playwright.sync_api import expect
+
+    model.add(
+        {"content": "Summing units per region.", "tool_calls": [{"name": "python", "arguments": {"code": CHART}}]},
+        lambda body: "Final Answer: most units: " + last_tool_message(body).split("\n")[0],
+    )  # fmt: skip
+    page.get_by_test_id("upload").set_input_files(str(SALES))
+    expect(page.locator("#inputs")).to_contain_text("/data/sales.csv")
+    ask(page, "Which region sold the most units?")
+    expect(page.get_by_test_id("step").first).to_be_visible()
+    expect(page.get_by_test_id("stop")).to_be_visible()  # while the question runs
+    chart = page.get_by_test_id("chart")
+    chart.wait_for(state="visible")
+    page.wait_for_function(
+        "() => { const i = document.querySelector('[data-testid=chart]');"
+        " return i && i.complete && i.naturalWidth > 0; }"
+    )
+    table = page.get_by_test_id("table")
+    expect(table.locator("table")).to_be_visible()
+    expect(table).to_contain_text("North")
+    assert "most units: " in answer_text(page)
+    expect(page.get_by_test_id("stop")).to_be_hidden()
+    kinds = page.eval_on_selector_all("[data-testid=step]", "nodes => nodes.map(n => n.className)")
+    assert any("action" in k for k in kinds) and any("observation" in k for k in kinds)
+    code = page.locator("details pre code").inner_text()
+    assert code.startswith("import pandas as pd") and "\nunits.plot.bar(); plt.show()\n" in code
+    expect(page.get_by_test_id("sessions").locator("li")).to_have_count(1)
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    with page.expect_download() as downloading:
+        page.get_by_test_id("download-notebook").click()
+    download = downloading.value
+    assert download.suggested_filename.endswith(".ipynb")
+    notebook = json.loads(Path(download.path()).read_text())
+    assert notebook["cells"] and any(
+        c["cell_type"] == "code" and "plt.show()" in "".join(c["source"]) for c in notebook["cells"]
+    )
+    assert page.dialogs == [] and page.errors == []
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(240)
+def test_stop_interrupts_an_endless_cell(page, model):
+    from playwright.sync_api import expect
+
+    model.add(
+        python("print('spinning', flush=True)\nwhile True: pass"),
+        lambda body: "Final Answer: stopped: " + last_tool_message(body)[-80:],
+    )
+    ask(page, "spin")
+    expect(page.locator(".step.action pre.output")).to_contain_text("spinning")  # it runs now
+    page.get_by_test_id("stop").click()
+    assert "KeyboardInterrupt" in answer_text(page)
+    expect(page.locator(".step.observation")).to_contain_text("KeyboardInterrupt")
+    expect(page.get_by_test_id("stop")).to_be_hidden()
+    expect(page.get_by_test_id("send")).to_be_enabled()
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(240)
+def test_payloads_in_cells_file_name_and_answer_show_as_text_and_never_run(page, model):
+    from playwright.sync_api import expect
+
+    show = (
+        "import glob, pandas as pd\n"
+        "df = pd.read_csv(glob.glob('/data/*.csv')[0])\n"
+        "print(df.to_string())\n"
+        "df"
+    )
+    model.add(
+        {"content": f"Looking {SCRIPT}", "tool_calls": [{"name": "python", "arguments": {"code": show}}]},
+        f"Final Answer: here {SCRIPT} and {IMG}",
+    )  # fmt: skip
+    csv = f'name,note\n"{SCRIPT}","{IMG.replace(chr(34), chr(34) * 2)}"\n'.encode()
+    name = "<img src=x onerror=window.pwned=1>.csv"  # browsers send a `"` in a name as %22
+    page.get_by_test_id("upload").set_input_files(
+        files=[{"name": name, "mimeType": "text/csv", "buffer": csv}]
+    )
+    expect(page.locator("#inputs")).to_contain_text(f"/data/{name}")
+    ask(page, f"show {SCRIPT}")
+    text = answer_text(page)
+    assert SCRIPT in text and IMG in text
+    table = page.get_by_test_id("table")
+    expect(table).to_contain_text(SCRIPT)
+    expect(table).to_contain_text(IMG)
+    expect(page.locator(".step.observation pre").first).to_contain_text(SCRIPT)
+    expect(page.locator(".step.thought")).to_contain_text(SCRIPT)
+    expect(page.get_by_test_id("sessions")).to_contain_text(name)
+    # nothing made it into the document as an element: no script or img but the page's own
+    assert page.evaluate("document.querySelectorAll('#steps script, #inputs img').length") == 0
+    assert page.evaluate("document.querySelectorAll('#steps img:not([data-testid=chart])').length") == 0  # fmt: skip
+    page.wait_for_timeout(500)  # an onerror would have fired by now
+    assert page.evaluate("window.pwned") is None
+    assert page.dialogs == [] and page.errors == []
+
+
+@pytest.mark.timeout(120)
+def test_the_token_becomes_an_httponly_cookie_and_api_calls_need_no_header(browser, base):
+    context = browser.new_context()
+    try:
+        tab = context.new_page()
+        first = tab.goto(f"{base}/?token={ALICE}")
+        assert tab.url == f"{base}/" and first.ok  # redirected: the token is in no URL
+        csp = first.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+        (cookie,) = context.cookies()
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/"
+        assert tab.evaluate("document.cookie") == ""  # script never sees it
+        status = "async p => (await fetch(p, {method: 'POST'})).status"
+        assert tab.evaluate(status, "/api/sessions") == 201
+        listed = tab.evaluate("async () => (await fetch('/api/sessions')).json()")
+        assert len(listed) == 1
+        assert tab.goto(f"{base}/?token=not-a-token").status == 401
+    finally:
+        context.close()
+    anonymous = browser.new_context()
+    try:
+        tab = anonymous.new_page()
+        assert tab.goto(f"{base}/").ok  # the page itself is open; its API calls are not
+        assert tab.evaluate("async () => (await fetch('/api/sessions')).status") == 401
+        tab.get_by_test_id("sessions").wait_for(state="attached")
+        tab.wait_for_function(
+            "() => document.getElementById('status').textContent.includes('token')"
+        )
+    finally:
+        anonymous.close()
+
+
+@pytest.mark.timeout(60)
+def test_page_headers_cookie_and_a_header_token_wins_over_the_cookie(base):
+    with client(base, token=None) as anon:
+        r = anon.get("/", params={"token": ALICE})
+        assert r.status_code == 303 and r.headers["location"] == "/"
+        cookie = r.headers["set-cookie"]
+        assert f"sandcell_token={ALICE}" in cookie and "HttpOnly" in cookie
+        assert "SameSite=strict" in cookie or "SameSite=Strict" in cookie
+        page = anon.get("/")
+        assert page.status_code == 200 and 'src="/static/page.js"' in page.text
+        assert page.headers["content-security-policy"] == (
+            "default-src 'self'; script-src 'self'; object-src 'none'; base-uri 'none'; "
+            "frame-ancestors 'none'"
+        )
+        assert "<script>" not in page.text and " on" not in page.text.replace(" one", "")
+        assert anon.get("/static/page.js").status_code == 200
+        assert anon.get("/", params={"token": "nope"}).status_code == 401
+    with client(base, token=None) as cookied:
+        cookied.cookies.set("sandcell_token", ALICE)
+        assert cookied.get("/api/sessions").status_code == 200
+        wrong = {"Authorization": "Bearer nope"}
+        assert cookied.get("/api/sessions", headers=wrong).status_code == 401
+        cookied.cookies.set("sandcell_token", "nope")
+        assert cookied.get("/api/sessions").status_code == 401
