@@ -4,6 +4,7 @@ model server. Without chromium or playwright these tests skip outside CI and fai
 
 import importlib.util
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -98,7 +99,7 @@ def answer_text(page) -> str:
 
 @pytest.mark.docker
 @pytest.mark.timeout(240)
-def test_upload_ask_steps_stream_chart_and_table_show_notebook_downloads(page, model):
+def test_upload_ask_steps_stream_chart_and_table_show_notebook_downloads(page, model, tmp_path):
     from playwright.sync_api import expect
 
     model.add(
@@ -127,7 +128,10 @@ def test_upload_ask_steps_stream_chart_and_table_show_notebook_downloads(page, m
     assert code.startswith("import pandas as pd") and "\nunits.plot.bar(); plt.show()\n" in code
     expect(page.get_by_test_id("sessions").locator("li")).to_have_count(1)
     SCREENSHOT.parent.mkdir(exist_ok=True)
-    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    # the README's picture: `SANDCELL_SCREENSHOT=1 make test` renews docs/serve.png
+    shot = SCREENSHOT if os.environ.get("SANDCELL_SCREENSHOT") else tmp_path / "serve.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.read_bytes()[:4] == b"\x89PNG"
     with page.expect_download() as downloading:
         page.get_by_test_id("download-notebook").click()
     download = downloading.value
