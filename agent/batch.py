@@ -161,9 +161,7 @@ class Batch:
                     records.append(record)
             except KeyboardInterrupt as stop:
                 self._stop(stops.TERMINATED if isinstance(stop, Terminated) else stops.INTERRUPTED)
-                workers.shutdown(wait=False, cancel_futures=True)
-                self._await_stopped(STOP_WAIT_S)
-                workers.shutdown(wait=True)
+                workers.shutdown(wait=True, cancel_futures=True)
                 raise
             finally:
                 self.bar.close()
@@ -181,25 +179,16 @@ class Batch:
             os.fsync(f.fileno())
         os.replace(temporary, self.output / RESULTS)  # atomic: a kill here loses nothing
 
-    def _await_stopped(self, seconds: float) -> None:
-        """Wait for the running jobs to end, interrupting them again each second: a cell that
-        started just after the stop is stopped too."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            with self._lock:
-                running = list(self._sessions)
-            if not running:
-                return
-            for session in running:
-                session.interrupt()
-            time.sleep(1.0)
-
     def _stop(self, reason: str) -> None:
+        """Start no more jobs; stop the running ones, within STOP_WAIT_S for them all."""
         with self._lock:
             self._stopping = reason
             running = list(self._sessions)
         for session in running:
-            session.cancel(reason)
+            session.cancel(reason)  # all at once, then each is waited for
+        deadline = time.monotonic() + STOP_WAIT_S
+        for session in running:
+            session.stop(reason, within=max(0.0, deadline - time.monotonic()))
 
     def _run_one(self, job: Job, pool: SandboxPool) -> dict:
         if self._stopping:  # queued before the stop: not started, and nothing recorded

@@ -195,10 +195,9 @@ class Loop:
 
     def _complete(self, watch: Watch, **extra: object) -> Reply:
         request = self.protocol.request(self.registry)
-        on_token = (lambda text: self._emit("token", text=text)) if self.on_event else None
         try:
             reply = self.model.complete(
-                self.messages, request["tools"], stop=request["stop"], on_token=on_token, **extra
+                self.messages, request["tools"], stop=request["stop"], on_token=self._token, **extra
             )
         except ToolsUnsupported as exc:
             if not self.auto or isinstance(self.protocol, ReactProtocol):
@@ -213,6 +212,13 @@ class Loop:
         watch.spent(reply.usage.total)
         self.usage = self.usage + reply.usage
         return reply
+
+    def _token(self, text: str) -> None:
+        """Each streamed token: shown to a UI, and where the question was cancelled the reply
+        is dropped at once (a 4096-token reply from a slow server would otherwise hold it)."""
+        if self.cancelled:
+            raise LimitReached(self.cancelled, "the question was stopped from outside")
+        self._emit("token", text=text)
 
     def _forced_answer(self, watch: Watch) -> tuple[str | None, str | None]:
         """One last call without tools, asking for the best answer from what is known."""

@@ -37,6 +37,10 @@ def trace_to_notebook(events: list[dict]) -> nbformat.NotebookNode:
             )
         elif kind == "step":
             nb.cells.extend(_step_cells(event))
+        elif kind == "inputs":
+            added = ", ".join(f"`/data/{i['name']}`" for i in recorded_inputs(
+                {"inputs": event.get("added", [])}))  # fmt: skip
+            nb.cells.append(new_markdown_cell(f"*Inputs added: {added}.*"))
         elif kind == "reset":
             nb.cells.append(new_markdown_cell("*The kernel was reset here: a fresh kernel.*"))
         elif kind == "final":

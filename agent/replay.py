@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.trace import read_trace, recorded_inputs
+from agent.trace import all_inputs, read_trace
 from sandbox import DockerSandbox, Execution, InputError, Inputs, Limits
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
@@ -75,7 +75,7 @@ def replay(trace: Path, inputs: list[Path] = (), image: str | None = None) -> Re
     try:
         events = read_trace(trace)
         session = next((e for e in events if e.get("type") == "session"), {})
-        recorded = recorded_inputs(session)
+        recorded = all_inputs(events)
     except UnicodeDecodeError:
         raise ReplayError(f"{trace} is not a trace: it is not UTF-8 text") from None
     except ValueError as exc:  # a line that is not JSON, inputs that are not paths

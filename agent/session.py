@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Self
@@ -84,6 +86,8 @@ class Session:
         sandbox: Sandbox | Callable[[], Sandbox] | None,
     ):
         self.agent, self.inputs = agent, inputs
+        self._idle = threading.Event()  # no question running
+        self._idle.set()
         self.folder = Path(output_dir or tempfile.mkdtemp(prefix="sandcell-session-"))
         self.folder.mkdir(parents=True, exist_ok=True)
         self.trace_path = self.folder / "trace.jsonl"
@@ -109,27 +113,39 @@ class Session:
                 background=agent.sandbox_start == BACKGROUND,
                 on_ready=lambda timing: self.trace.write("sandbox", **timing),
             )
-        self.registry = Registry(
-            [
-                python_tool(self.sandbox, on_output=self._output if agent.on_event else None),
-                calculator_tool,
-                file_metadata_tool(inputs, self.sandbox),
-                *agent.extra_tools,
-            ]
-        )
-        self.loop = Loop(
-            agent.model,
-            self.registry,
-            self.trace,
-            protocol=agent.protocol,
-            rules=agent.rules,
-            inputs_profile=inputs_profile(inputs),
-            on_event=agent.on_event,
-        )
+        try:
+            self.registry = Registry(
+                [
+                    python_tool(self.sandbox, on_output=self._output if agent.on_event else None),
+                    calculator_tool,
+                    file_metadata_tool(inputs, self.sandbox),
+                    *agent.extra_tools,
+                ]
+            )
+            self.loop = Loop(
+                agent.model,
+                self.registry,
+                self.trace,
+                protocol=agent.protocol,
+                rules=agent.rules,
+                inputs_profile=inputs_profile(inputs),
+                on_event=agent.on_event,
+            )
+        except BaseException:  # re-raised: the sandbox begun above must not outlive it
+            self.sandbox.close()
+            self.trace.close()
+            raise
 
     def ask(self, question: str) -> Result:
         """Answer one question. Ctrl-C (or SIGTERM) ends it with what was done kept: the trace,
         the notebook of the finished cells, the files; the result says it was interrupted."""
+        self._idle.clear()
+        try:
+            return self._ask(question)
+        finally:
+            self._idle.set()
+
+    def _ask(self, question: str) -> Result:
         result = self.loop.ask(question)
         if result.stop_reason in (stops.INTERRUPTED, stops.TERMINATED):
             self.sandbox.interrupt()  # the cell it cut short
@@ -164,10 +180,22 @@ class Session:
             shutil.rmtree(staging, ignore_errors=True)
 
     def cancel(self, reason: str = stops.INTERRUPTED) -> None:
-        """Stop the running question from another thread: its cell is interrupted and it ends
-        before the next model call (a batch shutting down, a front end's stop button)."""
+        """Stop the running question from another thread: its cell is interrupted, a reply
+        streaming in is dropped, and it ends before anything more runs."""
         self.loop.cancel(reason)
         self.sandbox.interrupt()
+
+    def stop(self, reason: str = stops.INTERRUPTED, within: float = 30.0) -> bool:
+        """Cancel the running question and wait for it to end, interrupting again each second
+        (a cell that started just after the cancel is stopped too); False if it did not end
+        within the time (chat and batch before they close the session)."""
+        self.cancel(reason)
+        deadline = time.monotonic() + within
+        while not self._idle.wait(1.0):
+            if time.monotonic() > deadline:
+                return False
+            self.sandbox.interrupt()
+        return True
 
     def _output(self, chunk: StreamChunk) -> None:
         """A running cell's stdout/stderr, to the UI as it arrives."""

@@ -16,7 +16,7 @@ class TraceWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
-        self._lock = threading.Lock()  # the sandbox's start is reported from its own thread
+        self._lock = threading.Lock()  # written from several threads: a question, routes, a reaper
 
     def write(self, type_: str, **fields: Any) -> None:
         if self._file is None:
@@ -66,9 +66,21 @@ def read_trace(path: str | Path) -> list[dict]:
     return events
 
 
+def all_inputs(events: list[dict]) -> list[dict]:
+    """Every input of a trace: the session's, then those added later (`inputs` events: the
+    uploads of a served session)."""
+    items = []
+    for event in events:
+        if event.get("type") == "session":
+            items += recorded_inputs(event)
+        elif event.get("type") == "inputs":
+            items += recorded_inputs({"inputs": event.get("added", [])})
+    return items
+
+
 def recorded_inputs(session_event: dict) -> list[dict]:
-    """The inputs a session event names: {"name", "path", "size", "sha256"} each. Traces
-    written before inputs were recorded whole hold plain paths; those get name and path."""
+    """The inputs an event names: {"name", "path", "size", "sha256"} each. Traces written
+    before inputs were recorded whole hold plain paths; those get name and path."""
     items = []
     for entry in session_event.get("inputs", []):
         if isinstance(entry, str):

@@ -242,6 +242,7 @@ def test_demo_exits_4_for_a_model_error_as_the_readme_says(monkeypatch, capsys, 
 def test_statuses_are_the_documented_numbers():
     assert (exits.OK, exits.STOPPED, exits.USAGE, exits.UNAVAILABLE, exits.MODEL) == (0, 1, 2, 3, 4)
     assert (exits.TIMEOUT, exits.DIED, exits.INTERRUPTED, exits.TERMINATED) == (124, 137, 130, 143)
+    assert exits.INTERNAL == 70
 
 
 @pytest.mark.parametrize(
@@ -252,7 +253,8 @@ def test_statuses_are_the_documented_numbers():
         (SandboxError("container would not start"), 3),
         (SandboxUnavailable("no image"), 3),
         (KeyboardInterrupt(), 130),
-        (ValueError("a bug"), 1),
+        (Terminated(), 143),
+        (ValueError("a bug"), 70),
     ],
 )
 def test_for_error(error, status):
@@ -318,6 +320,8 @@ def test_reported_words_known_errors_and_saves_a_bug_s_traceback(capsys, tmp_pat
         exits.Debug.enabled, exits.Debug.details_dir = False, None
 
 
+@pytest.mark.docker  # `run` checks the engine and starts its sandbox before the bug fires
+@pytest.mark.timeout(120)
 def test_an_internal_error_in_a_command_is_one_line_and_a_file(tmp_path, monkeypatch):
     """Through the real CLI: a bug inside `run` (here a profile that cannot be built at all)
     prints one line naming a file in the output folder that holds the traceback; --debug

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import click
 
+from agent import stops
 from agent.batch import RESULTS, Batch, JobsError, load_jobs, settled
 from agent.cli import exits
 from agent.cli.options import agent_options, build_limits, build_model, build_rules
@@ -86,4 +87,17 @@ def batch_cmd(jobs_file, output, workers, no_progress, opts):
     retried = [r for r in records if not settled(r)]
     if retried:
         click.echo(f"rerun the same command to retry the {len(retried)} unfinished jobs", err=True)
-    sys.exit(exits.STOPPED if failed or unanswered else exits.OK)
+    sys.exit(batch_status(failed + unanswered))
+
+
+def batch_status(unfinished: list[dict]) -> int:
+    """0 when every job answered; 4 (or 3) when every job that did not stopped because the
+    model endpoint (or the sandbox) failed, as `run` exits; else 1."""
+    reasons = {r.get("stop_reason") for r in unfinished}
+    if not unfinished:
+        return exits.OK
+    if reasons == {stops.MODEL_ERROR}:
+        return exits.MODEL
+    if reasons == {stops.SANDBOX_ERROR}:
+        return exits.UNAVAILABLE
+    return exits.STOPPED

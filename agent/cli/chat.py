@@ -19,6 +19,7 @@ from agent.cli.console import EventPrinter
 from agent.cli.options import (
     agent_options,
     build_agent,
+    check_output_folder,
     input_option,
     output_folder,
     overwrite_option,
@@ -47,7 +48,7 @@ def ask_interruptibly(session: Session, question: str, console: Console) -> Resu
     def work() -> None:
         try:
             outcome.append(session.ask(question))
-        except (ModelError, SandboxError) as error:
+        except BaseException as error:  # handed to the main thread below, never dropped
             outcome.append(error)
         finally:
             done.set()
@@ -60,26 +61,19 @@ def ask_interruptibly(session: Session, question: str, console: Console) -> Resu
         except KeyboardInterrupt as stop:
             if interrupted or isinstance(stop, Terminated):
                 reason = stops.TERMINATED if isinstance(stop, Terminated) else stops.INTERRUPTED
-                session.cancel(reason)
-                stop_within(done, session, 30)  # the trace stays whole: the question ends first
+                session.stop(reason, within=30)  # the trace stays whole: the question ends first
                 raise
             interrupted = True
             session.interrupt()
             console.print(
                 "\n[yellow]interrupted the running cell (Ctrl-C again ends the session)[/yellow]"
             )
-    if outcome and isinstance(outcome[0], Exception):
+    if outcome and isinstance(outcome[0], (ModelError, SandboxError)):
         console.print(f"[red]sandcell: {escape(str(outcome[0]))}[/red]")
         return None
+    if outcome and isinstance(outcome[0], BaseException):
+        raise outcome[0]  # a bug: exits.reported() says so in one line (exit 70)
     return outcome[0] if outcome else None
-
-
-def stop_within(done: threading.Event, session: Session, seconds: float) -> None:
-    """Wait for a cancelled question to end, interrupting again each second: a cell that
-    started just after the cancel is stopped too."""
-    deadline = time.monotonic() + seconds
-    while not done.wait(1.0) and time.monotonic() < deadline:
-        session.interrupt()
 
 
 def show_new_charts(result: Result, folder: Path, shown: set[str], console: Console) -> None:
@@ -145,9 +139,11 @@ def chat_cmd(inputs, output, overwrite, opts):
     console = Console(highlight=False)
     folder = output or Path("sandcell-out") / time.strftime("chat-%Y%m%d-%H%M%S")
     checked = Inputs.from_paths(inputs)  # a bad input is refused before anything is made
+    check_output_folder(folder, overwrite)
+    agent = build_agent(opts, EventPrinter(console))  # checked before --overwrite clears
     output_folder(folder, overwrite)
     exits.keep_details_in(folder)
-    session = build_agent(opts, EventPrinter(console)).session(checked, folder)
+    session = agent.session(checked, folder)
     names = ", ".join(item.sandbox_path for item in session.inputs) or "no input files"
     console.print(f"sandcell chat: {names}. /help for commands, Ctrl-D to leave.")
     shown: set[str] = set()

@@ -50,6 +50,10 @@ class OneLine(logging.Formatter):
     traceback a log record may carry is for --debug, not for the user's terminal."""
 
     def format(self, record: logging.LogRecord) -> str:
+        if record.exc_info and record.exc_info[1] is not None:  # kept in a file, named here
+            return (
+                f"sandcell: {record.getMessage()}; details in {_save_details(record.exc_info[1])}"
+            )
         return f"sandcell: {record.getMessage()}"
 
 
@@ -104,11 +108,10 @@ def _known(exc: BaseException) -> int | None:
 
 
 def for_error(exc: BaseException) -> int:
-    """InputError 2, ModelError 4, SandboxError (and SandboxUnavailable) 3, KeyboardInterrupt
-    130; any other
-    exception 1, as Python exits with for an uncaught one."""
+    """InputError 2, ModelError 4, SandboxError (and SandboxUnavailable) 3, Terminated 143,
+    KeyboardInterrupt 130; any other exception is a bug: 70."""
     status = _known(exc)
-    return STOPPED if status is None else status
+    return INTERNAL if status is None else status
 
 
 def for_result(result: Result) -> int:
@@ -152,8 +155,8 @@ def reported() -> Iterator[None]:
     except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
         raise  # click prints it and exits 2 (usage) or 1
     except (Exception, KeyboardInterrupt) as exc:
-        status = _known(exc)
-        if status is not None:
+        status = for_error(exc)
+        if status != INTERNAL:
             fail(str(exc) or "interrupted", status)
         if Debug.enabled:
             raise

@@ -49,18 +49,23 @@ def task_text(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 SANDCELL_FILES = ("answer.md", "trace.jsonl", "notebook.ipynb", "output", "figures", "workspace")
 
 
-def output_folder(folder: Path, overwrite: bool) -> Path:
-    """A folder for one run or chat. One already holding files is refused (old and new
-    results would mix) unless --overwrite, which removes what sandcell wrote there before
-    and nothing else."""
+def check_output_folder(folder: Path, overwrite: bool) -> None:
+    """A folder already holding files is refused (old and new results would mix) unless
+    --overwrite: a usage error, said before anything else is checked."""
     if folder.exists() and not folder.is_dir():
         raise click.UsageError(f"--output {folder} is a file; give a folder")
-    if folder.is_dir() and any(folder.iterdir()):
-        if not overwrite:
-            raise click.UsageError(
-                f"--output {folder} is not empty: its old results would mix with the new. "
-                "Give a new folder, or pass --overwrite to replace sandcell's files there."
-            )
+    if folder.is_dir() and any(folder.iterdir()) and not overwrite:
+        raise click.UsageError(
+            f"--output {folder} is not empty: its old results would mix with the new. "
+            "Give a new folder, or pass --overwrite to replace sandcell's files there."
+        )
+
+
+def output_folder(folder: Path, overwrite: bool) -> Path:
+    """A folder for one run or chat, checked as above; --overwrite removes what sandcell
+    wrote there before and nothing else."""
+    check_output_folder(folder, overwrite)
+    if folder.is_dir() and overwrite:
         for name in SANDCELL_FILES:
             path = folder / name
             if path.is_dir() and not path.is_symlink():

@@ -12,6 +12,7 @@ from agent.cli import exits
 from agent.cli.options import (
     agent_options,
     build_agent,
+    check_output_folder,
     input_option,
     output_folder,
     overwrite_option,
@@ -38,8 +39,7 @@ def run_cmd(task, inputs, output, overwrite, quiet, opts):
     """Run one task to its end (exit 0 when answered, else non-zero with the stop reason;
     Ctrl-C or SIGTERM keep what was done and exit 130 or 143)."""
     checked = Inputs.from_paths(inputs)  # a bad input is refused before anything is made
-    output_folder(output, overwrite)
-    exits.keep_details_in(output)
+    check_output_folder(output, overwrite)
     on_event = None
     if not quiet and sys.stderr.isatty():
         from rich.console import Console
@@ -49,7 +49,10 @@ def run_cmd(task, inputs, output, overwrite, quiet, opts):
         on_event = EventPrinter(
             Console(stderr=True, highlight=False), stream_tokens=False, show_answer=False
         )
-    result = build_agent(opts, on_event).run(task, inputs=checked, output_dir=output)
+    agent = build_agent(opts, on_event)  # model and engine checked before --overwrite clears
+    output_folder(output, overwrite)
+    exits.keep_details_in(output)
+    result = agent.run(task, inputs=checked, output_dir=output)
     write_answer(result, output)
     for warning in result.warnings:
         click.echo(f"sandcell: warning: {warning}", err=True)

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
+from sandbox import BackgroundSandbox, Inputs, Limits, Sandbox, SandboxError
 from sandbox.background import OnReady
 from sandbox.execution import Execution
 
@@ -34,7 +34,7 @@ class RenewableSandbox:
         self._lock = threading.RLock()  # an upload, a release and a start never interleave
         self._current: BackgroundSandbox | None = None
         self._released = False  # once released, every sandbox begun is a fresh kernel
-        self.renewals = 0  # fresh sandboxes begun after a release
+        self._closed = False  # closed with its session: nothing may start a container again
         self.wake()
 
     @property
@@ -46,6 +46,8 @@ class RenewableSandbox:
         """Begin a sandbox in the background unless one is there; True when it began one
         after a release (the kernel is then a fresh one)."""
         with self._lock:
+            if self._closed:
+                raise SandboxError("this session is closed; start a new one")
             if self._current is not None:
                 return False
             renewed, inputs = self._released, self.inputs
@@ -61,7 +63,6 @@ class RenewableSandbox:
                 return sandbox
 
             self._current = BackgroundSandbox(start, self.limits, inputs, on_ready=self._ready_now)
-            self.renewals += renewed
             return renewed
 
     def release(self) -> bool:
@@ -127,4 +128,6 @@ class RenewableSandbox:
         return self._live().export(host_dir, subdir) if self.used else []
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
         self.release()
