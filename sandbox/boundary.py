@@ -122,6 +122,16 @@ def split_markers(text: str) -> list[str | tuple[str, str]]:
 
 
 def parse_dropped(value: str) -> tuple[str, int]:
-    """A dropped marker's value: (source, count)."""
+    """A dropped marker's value: (source, count). Model code can print a marker too, so a
+    value that is not one the container writes raises ValueError."""
     source, _, count = value.partition(" ")
+    if source not in ("stdout", "stderr", RELAY) or not count.isdigit() or len(count) > 18:
+        raise ValueError(f"not a dropped marker: {value[:80]!r}")
     return source, int(count)
+
+
+def valid_spill(kind: str, value: str) -> bool:
+    """Whether a spill marker is one the container writes (a log path, or a byte count)."""
+    if kind == "spill":
+        return value.startswith(LOGS + "/") and ".." not in value.split("/")
+    return value.isdigit() and len(value) <= 18

@@ -172,10 +172,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
+EXEC_OUT_BYTES = 16 << 20  # stdout of a `docker exec`, unless the caller allows more
+EXEC_ERR_BYTES = 64 << 10  # its stderr: an error message, never more
+
+
 def exec_in(
-    container, cmd: list[str], stdin: bytes | None = None, max_out: int | None = None
+    container, cmd: list[str], stdin: bytes | None = None, max_out: int = EXEC_OUT_BYTES
 ) -> tuple[int, bytes, bytes]:
-    """Run cmd as the sandbox user; feed stdin; read at most max_out bytes of stdout."""
+    """Run cmd as the sandbox user; feed stdin; read at most max_out bytes of stdout and
+    EXEC_ERR_BYTES of stderr. Model code runs as the same uid and can write into the
+    helper's output, so both are bounded whatever the helper meant to send."""
     api = container.client.api
     exec_id = api.exec_create(
         container.id, cmd, stdin=stdin is not None, user=SANDBOX_USER, workdir=WORKSPACE
@@ -190,8 +196,9 @@ def exec_in(
         for stream, payload in _frames(raw):
             target = out if stream == 1 else err
             target += payload
-            if max_out is not None and len(out) > max_out:
+            if len(out) > max_out or len(err) > EXEC_ERR_BYTES:
                 del out[max_out:]
+                del err[EXEC_ERR_BYTES:]
                 break
     finally:
         raw.close()
@@ -215,13 +222,21 @@ def _frames(raw):
             buffer = buffer[8 + size :]
 
 
-def extract_tar(data: bytes, host_dir: Path) -> list[str]:
-    """Unpack a tar made inside the sandbox; the data filter refuses links out, devices
-    and absolute paths, so a hostile workspace cannot write outside host_dir."""
+def extract_tar(data: bytes, host_dir: Path, cap: int) -> list[str]:
+    """Unpack a tar made inside the sandbox. It is hostile input (model code can write into
+    the helper's stdout): only a plain tar is read (no decompression: a small bz2 could
+    unpack to any size), its files may add up to `cap` bytes, and the data filter refuses
+    links out, devices and absolute paths, so nothing lands outside host_dir."""
     host_dir.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-        members = [m for m in archive.getmembers() if m.isfile() or m.isdir()]
-        archive.extractall(host_dir, members=members, filter="data")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+            members = [m for m in archive.getmembers() if m.isfile() or m.isdir()]
+            total = sum(m.size for m in members)
+            if total > cap:
+                raise SandboxError(f"the workspace archive holds {total} bytes, over {cap}")
+            archive.extractall(host_dir, members=members, filter="data")
+    except (tarfile.TarError, EOFError, OSError) as error:
+        raise SandboxError(f"the workspace could not be copied: {error}") from None
     return sorted(m.name.removeprefix("./") for m in members if m.isfile())
 
 

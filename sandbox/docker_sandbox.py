@@ -230,13 +230,18 @@ class DockerSandbox:
 
     # -- files -----------------------------------------------------------------------
     def _files(self, *args: str, stdin: bytes | None = None, max_out: int | None = None) -> bytes:
-        """Run the image's file helper; its named errors come back as Python exceptions."""
-        code, out, err = ctr.exec_in(
-            self.container,
-            ["python3", boundary.FILES_PROGRAM, *args],
-            stdin=stdin,
-            max_out=max_out,
-        )
+        """Run the image's file helper; its named errors come back as Python exceptions, and
+        a helper that stalls or breaks (model code can stop it: same uid) as SandboxError."""
+        self._check_open()
+        try:
+            code, out, err = ctr.exec_in(
+                self.container,
+                ["python3", boundary.FILES_PROGRAM, *args],
+                stdin=stdin,
+                max_out=max_out or ctr.EXEC_OUT_BYTES,
+            )
+        except (OSError, docker.errors.DockerException) as error:
+            raise SandboxError(f"the file helper failed ({args[0]}): {error}") from None
         if code in (0, -1) and not (code == -1 and err):  # -1: stopped reading at max_out
             return out
         message = err.decode(errors="replace").strip()
@@ -244,12 +249,24 @@ class DockerSandbox:
         error = _FILE_ERRORS.get(kind, SandboxError)
         raise error(f"{args[0]} {args[1] if len(args) > 1 else ''}: {what or message}".strip())
 
+    def _json(self, *args: str):
+        """The helper's JSON answer; anything else (model code wrote into it) is an error."""
+        try:
+            return json.loads(self._files(*args))
+        except ValueError as error:
+            raise SandboxError(
+                f"the file helper's answer is not JSON ({args[0]}): {error}"
+            ) from None
+
     def stat(self, path: str) -> dict:
-        return json.loads(self._files("stat", _sandbox_path(path)))
+        info = self._json("stat", _sandbox_path(path))
+        if not isinstance(info, dict):
+            raise SandboxError(f"the file helper's stat of {path} is not an object")
+        return info
 
     def read(self, path: str, max_bytes: int | None = None) -> bytes:
         limit = -1 if max_bytes is None else max_bytes
-        return self._files("read", _sandbox_path(path), str(limit), max_out=max_bytes)
+        return self._files("read", _sandbox_path(path), str(limit), max_out=max_bytes or self._cap)
 
     def write(self, path: str, data: bytes) -> None:
         try:
@@ -258,19 +275,26 @@ class DockerSandbox:
             raise SandboxError(f"writing {path} failed: {error}") from None
 
     def files(self) -> list[dict]:
-        return json.loads(self._files("list"))
+        listed = self._json("list")
+        if not isinstance(listed, list):
+            raise SandboxError("the file helper's list of the workspace is not a list")
+        return listed
+
+    @property
+    def _cap(self) -> int:
+        """The most a read or an export takes: the workspace's size, and a little."""
+        return (self.limits.workspace_mb + 16) << 20
 
     def export(self, host_dir: str | Path, subdir: str = "") -> list[str]:
         """Copy the workspace (or one folder of it) to host_dir; returns the files copied.
         Links and special files are left behind, so nothing can point outside host_dir."""
-        cap = (self.limits.workspace_mb + 16) << 20
         try:
-            archive = self._files("tar", *([subdir] if subdir else []), max_out=cap)
+            archive = self._files("tar", *([subdir] if subdir else []), max_out=self._cap)
         except FileNotFoundError:
             if subdir:
                 return []  # the folder does not exist: nothing to export
             raise SandboxError("export failed: the workspace is missing") from None
-        return ctr.extract_tar(archive, Path(host_dir))
+        return ctr.extract_tar(archive, Path(host_dir), self._cap)
 
     def add_inputs(self, paths: Inputs | list[str | Path]) -> None:
         """Give a pool sandbox its input files (read-only under /data)."""

@@ -204,13 +204,20 @@ class Collector:
         return False
 
     def _marker(self, kind: str, value: str) -> None:
+        """A marker from the container. Model code can print one too: one that is not what
+        the container writes is dropped (it must neither crash the host nor point anywhere)."""
         ex = self.execution
+        try:
+            if kind != "dropped" and not boundary.valid_spill(kind, value):
+                raise ValueError(value)
+            source, count = boundary.parse_dropped(value) if kind == "dropped" else ("", 0)
+        except ValueError:
+            return
         if kind == "spill":
             ex.saved_output = value
         elif kind == "spill-full":
             ex.saved_truncated = int(value)
         else:
-            source, count = boundary.parse_dropped(value)
             if source == boundary.RELAY:  # a whole message, in bytes: not part of the stream
                 ex.dropped_bytes += count
                 return

@@ -38,12 +38,33 @@ def test_split_markers_keeps_order_and_leaves_other_text_alone():
 
 def test_the_host_collector_reads_what_the_container_writes():
     collector = Collector("code", cap=1000)
-    text = "a" + boundary.dropped_marker("stdout", 99) + boundary.spill_marker("/w/l.txt") + "b"
+    log = f"{boundary.LOGS}/cell-1.txt"
+    text = "a" + boundary.dropped_marker("stdout", 99) + boundary.spill_marker(log) + "b"
     collector.add({"msg_type": "stream", "content": {"name": "stdout", "text": text}})
     execution = collector.finish(0.1)
     assert execution.dropped_bytes == execution.cut_chars == 99
     assert execution.stdout == "a" + CUT_NOTE.format(n=99) + "b"
-    assert execution.saved_output == "/w/l.txt" and execution.saved_truncated is None
+    assert execution.saved_output == log and execution.saved_truncated is None
+
+
+def test_markers_model_code_prints_neither_crash_the_host_nor_point_anywhere():
+    """Model code can print what looks like a marker: bad counts, other streams, paths
+    outside the logs folder. The host drops those and keeps the cell's real output."""
+    forged = [
+        "\n\x1b[sandcell-spill-full oops]\n",
+        "\n\x1b[sandcell-dropped stdout abc]\n",
+        "\n\x1b[sandcell-dropped evil 5]\n",
+        "\n\x1b[sandcell-dropped stdout " + "9" * 5000 + "]\n",
+        "\n\x1b[sandcell-spill /etc/shadow]\n",
+        f"\n\x1b[sandcell-spill {boundary.LOGS}/../../etc/shadow]\n",
+    ]
+    collector = Collector("code", cap=1000)
+    for text in forged:
+        collector.add({"msg_type": "stream", "content": {"name": "stdout", "text": "ok " + text}})
+    execution = collector.finish(0.1)
+    assert execution.stdout == "ok " * len(forged)
+    assert execution.saved_output is None and execution.saved_truncated is None
+    assert execution.dropped_bytes == 0
 
 
 def _build_hash(tree: Path, extra: Path | None = None) -> str:
@@ -130,3 +151,37 @@ def test_the_image_carries_this_contract(image):
     assert done.stdout == (ROOT / "sandbox" / "boundary.py").read_bytes(), (
         "the image is older than sandbox/boundary.py: run `make image`"
     )
+
+
+def _tar(files: dict[str, bytes], mode: str = "w") -> bytes:
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode=mode) as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_export_takes_only_a_plain_tar_within_its_cap(tmp_path):
+    """What comes back from the container is hostile (model code can write into the file
+    helper's output): a compressed archive is not unpacked (a small bz2 could fill the host's
+    disk), files over the cap and garbage are a SandboxError, a plain tar is unpacked."""
+    from sandbox.container import extract_tar
+    from sandbox.errors import SandboxError
+
+    plain = _tar({"a.txt": b"hello"})
+    assert extract_tar(plain, tmp_path / "ok", cap=100) == ["a.txt"]
+    assert (tmp_path / "ok" / "a.txt").read_bytes() == b"hello"
+    bomb = _tar({"bomb.bin": b"\0" * (1 << 20)}, mode="w:bz2")
+    assert len(bomb) < 2000
+    with pytest.raises(SandboxError):
+        extract_tar(bomb, tmp_path / "bomb", cap=1 << 30)
+    assert not (tmp_path / "bomb" / "bomb.bin").exists()
+    with pytest.raises(SandboxError, match="over 100"):
+        extract_tar(_tar({"big.bin": b"x" * 101}), tmp_path / "big", cap=100)
+    with pytest.raises(SandboxError):
+        extract_tar(b"not a tar at all" * 100, tmp_path / "junk", cap=100)
