@@ -86,8 +86,10 @@ def keep_details_in(folder: Path) -> None:
     Debug.details_dir = folder
 
 
-def _known(exc: BaseException) -> int | None:
-    """The status of an error sandcell expects and words for the user; None for any other."""
+def for_error(exc: BaseException) -> int:
+    """InputError 2, ModelError 4, SandboxError (and SandboxUnavailable) 3, Terminated 143,
+    KeyboardInterrupt 130: the errors sandcell expects and words for the user. Any other
+    exception is a bug: 70."""
     if isinstance(exc, Terminated):
         return TERMINATED
     if isinstance(exc, KeyboardInterrupt):
@@ -104,14 +106,7 @@ def _known(exc: BaseException) -> int | None:
 
     if isinstance(exc, SandboxError):
         return UNAVAILABLE
-    return None
-
-
-def for_error(exc: BaseException) -> int:
-    """InputError 2, ModelError 4, SandboxError (and SandboxUnavailable) 3, Terminated 143,
-    KeyboardInterrupt 130; any other exception is a bug: 70."""
-    status = _known(exc)
-    return INTERNAL if status is None else status
+    return INTERNAL
 
 
 def for_result(result: Result) -> int:
