@@ -301,15 +301,23 @@ class DockerSandbox:
         if self.staging_dir is None:
             raise SandboxError("inputs of a started sandbox are fixed; pass them to DockerSandbox")
         more = Inputs.from_paths(paths)
-        self.inputs = self.inputs.extended(more)
-        for name, path in more.mounts().items():
-            target = self.staging_dir / name
-            try:
-                os.link(path, target)  # same filesystem: no copy at all
-            except OSError:
-                shutil.copyfile(path, target)
-            # No chmod: a hard link shares the user's inode (and its mode). The folder is
-            # mounted read-only, which is what protects the file.
+        combined = self.inputs.extended(more)  # a name taken already is refused here
+        placed: list[Path] = []
+        try:
+            for name, path in more.mounts().items():
+                target = self.staging_dir / name
+                try:
+                    os.link(path, target)  # same filesystem: no copy at all
+                except OSError:
+                    shutil.copyfile(path, target)
+                placed.append(target)
+                # No chmod: a hard link shares the user's inode (and its mode). The folder
+                # is mounted read-only, which is what protects the file.
+        except BaseException:  # re-raised: a failed add leaves the sandbox as it was
+            for target in placed:
+                target.unlink(missing_ok=True)
+            raise
+        self.inputs = combined
 
 
 def _oom_counter_file(host_pid: int | None) -> Path | None:
