@@ -74,6 +74,12 @@ class Loop:
         del self.messages[1:]
         self.answers.clear()
 
+    def restore(self, messages: list[dict], questions: int) -> None:
+        """Carry on a conversation recorded before (a served session after a server restart):
+        its messages after the system prompt, and the number of questions asked."""
+        self.messages[1:] = messages
+        self.questions = questions
+
     def ask(self, question: str) -> Result:
         self.questions += 1
         started, watch = time.monotonic(), Watch(self.rules)

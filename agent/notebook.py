@@ -21,9 +21,24 @@ def trace_to_notebook(events: list[dict]) -> nbformat.NotebookNode:
         "language": "python",
     }
     nb.metadata["language_info"] = {"name": "python"}
+    sessions = 0
     for event in events:
         kind = event.get("type")
-        if kind == "session":
+        if kind == "session" and sessions:  # the same session continued by a later process
+            nb.cells.append(
+                new_markdown_cell(
+                    f"*The session was continued here (model `{event.get('model')}`).*"
+                )
+            )
+        elif kind == "rebuilt":
+            nb.cells.append(
+                new_markdown_cell(
+                    f"*A fresh kernel was rebuilt here by re-running the {event.get('cells')} "
+                    f"cell(s) above ({event.get('skipped')} that had run into their time limit "
+                    "left out).*"
+                )
+            )
+        elif kind == "session":
             inputs = ", ".join(f"`/data/{i['name']}`" for i in recorded_inputs(event)) or "none"
             nb.cells.append(
                 new_markdown_cell(
@@ -31,6 +46,7 @@ def trace_to_notebook(events: list[dict]) -> nbformat.NotebookNode:
                     f"inputs: {inputs}."
                 )
             )
+            sessions += 1
         elif kind == "question":
             nb.cells.append(
                 new_markdown_cell(f"## Question {event.get('question')}\n\n{event.get('task', '')}")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.trace import all_inputs, read_trace
-from sandbox import DockerSandbox, Execution, InputError, Inputs, Limits
+from sandbox import DockerSandbox, Execution, InputError, Inputs, Limits, Sandbox
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 
@@ -25,6 +25,8 @@ class Cell:
     recorded: str  # normalised output as recorded
     replayed: str = ""
     reset_before: bool = False  # the session's kernel was reset (chat's /reset) before it
+    timed_out: bool = False  # as recorded: stopped at its deadline ...
+    restarted: bool = False  # ... and the kernel restarted to stop it
 
     @property
     def same(self) -> bool:
@@ -56,7 +58,9 @@ def recorded_cells(events: list[dict]) -> list[Cell]:
             if obs.get("tool") == "python" and obs.get("execution"):
                 ex = Execution.from_dict(obs["execution"])
                 question, step = event.get("question", 0), event.get("step", 0)
-                cells.append(Cell(question, step, ex.code, signature(ex), reset_before=reset))
+                cell = Cell(question, step, ex.code, signature(ex), reset_before=reset)
+                cell.timed_out, cell.restarted = ex.timed_out, ex.restarted
+                cells.append(cell)
                 reset = False
     return cells
 
@@ -104,8 +108,23 @@ def replay(trace: Path, inputs: list[Path] = (), image: str | None = None) -> Re
     cells = recorded_cells(events)
     if cells:  # no sandbox needed otherwise
         with DockerSandbox(limits, now, image or session.get("image")) as sandbox:
-            for cell in cells:
-                if cell.reset_before:
-                    sandbox.restart()
-                cell.replayed = signature(sandbox.run(cell.code))
+            rerun(sandbox, cells)
     return Replayed(cells, changed)
+
+
+def rerun(sandbox: Sandbox, cells: list[Cell], *, rebuild: bool = False) -> list[Cell]:
+    """Run the cells in order in SANDBOX, restarting its kernel where the session did. With
+    `rebuild` (bringing a fresh kernel to where a session left off, not comparing), a cell
+    recorded as stopped at its deadline is not run again: where its kernel was restarted the
+    kernel is restarted, else it is skipped. The cells not run."""
+    skipped = []
+    for cell in cells:
+        if cell.reset_before:
+            sandbox.restart()
+        if rebuild and cell.timed_out:
+            if cell.restarted:
+                sandbox.restart()
+            skipped.append(cell)
+            continue
+        cell.replayed = signature(sandbox.run(cell.code))
+    return skipped

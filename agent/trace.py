@@ -1,5 +1,6 @@
 """trace.jsonl: one JSON object a line, appended and flushed as each step happens, so a crash
-loses no finished step. Event types: session, sandbox, question, step, protocol, reset, final."""
+loses no finished step. Event types: session (one per process that ran the session), sandbox,
+question, step, protocol, reset, inputs, sandbox_released, rebuilt, final."""
 
 from __future__ import annotations
 

@@ -486,3 +486,100 @@ def test_sandcell_serve_on_sigterm_removes_every_container(tmp_path):
     assert proc.returncode == 143, err
     assert "terminated (SIGTERM)" in err and "Traceback" not in err
     assert container_labels(owner_label(proc.pid)) == []
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(300)
+def test_a_restarted_server_lists_its_sessions_and_continuing_one_rebuilds_the_kernel(
+    model, tmp_path
+):
+    data = tmp_path / "d"
+    with serving(config(model, data)) as base, client(base) as api:
+        sid = new_session(api)
+        assert upload(api, sid, ("sales.csv", SALES.read_bytes())).status_code == 201
+        code = "import pandas as pd\ndf = pd.read_csv('/data/sales.csv')\ntotal = int(df.units.sum())\nopen('/workspace/log.txt', 'a').write('x')"  # fmt: skip
+        assert execute(api, sid, code).json()["error"] is None
+        endless = execute(api, sid, "while True: pass", timeout=1).json()
+        assert endless["timed_out"] and not endless["restarted"]
+        model.add(python("total * 2"), lambda body: "Final Answer: " + last_tool_message(body))
+        first = ask(api, sid, "Twice the units?")[-1][1]["answer"]
+        untouched = new_session(api)  # no cell ran: continued without a rebuild
+    assert first == str(2 * int(pd.read_csv(SALES).units.sum()))
+
+    with serving(config(model, data)) as base, client(base) as api:
+        listed = {s["id"]: s for s in api.get("/api/sessions").json()}
+        assert set(listed) == {sid, untouched}
+        assert listed[sid]["resumed"] and listed[sid]["questions"] == 1
+        assert listed[sid]["inputs"] == ["sales.csv"] and listed[sid]["sandbox"] == "released"
+        with client(base, BOB) as bob:
+            assert bob.get("/api/sessions").json() == []
+            assert bob.get(f"/api/sessions/{sid}").status_code == 404
+
+        r = execute(api, sid, "total, len(df), open('/workspace/log.txt').read()")
+        assert r.json()["error"] is None, r.json()
+        assert "kernel is rebuilt by re-running its 3 recorded cell(s)" in r.headers["x-sandcell-warning"]  # fmt: skip
+        assert value(r) == f"({int(pd.read_csv(SALES).units.sum())}, 12, 'x')"
+        assert "x-sandcell-warning" not in execute(api, sid, "1").headers
+        # the conversation goes on: the model sees the question asked before the restart
+        model.add("Final Answer: noted")
+        assert ask(api, sid, "And now?")[-1][1]["answer"] == "noted"
+        said = [m["content"] for m in model.requests[-1]["messages"] if m["role"] == "user"]
+        assert said[0] == "Twice the units?" and said[-1] == "And now?"
+        assert api.get(f"/api/sessions/{sid}").json()["questions"] == 2
+
+        trace = [json.loads(x) for x in api.get(f"/api/sessions/{sid}/trace").text.splitlines()]
+        rebuilt = [e for e in trace if e["type"] == "rebuilt"]
+        assert [(e["cells"], e["skipped"]) for e in rebuilt] == [(3, 1)]
+        notebook = nbformat.reads(api.get(f"/api/sessions/{sid}/notebook").text, as_version=4)
+        nbformat.validate(notebook)
+        text = "\n".join(c.source for c in notebook.cells)
+        assert "continued here" in text and "rebuilt here" in text and "## Question 2" in text
+
+        assert "x-sandcell-warning" not in execute(api, untouched, "1").headers
+        assert api.delete(f"/api/sessions/{untouched}").status_code == 204
+        assert not (data / "alice" / untouched).exists()
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(300)
+def test_sigkill_of_the_server_then_a_restart_leaves_no_container_and_loses_no_session(tmp_path):
+    users = tmp_path / "users"
+    users.write_text(f"alice:{ALICE}\n")
+    script = tmp_path / "replies.json"
+    script.write_text(json.dumps(["Final Answer: hello"]))
+
+    def start(port: int) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), "--users", str(users),
+             "--data", str(tmp_path / "d"), "--pool", "1", "--replay", str(script)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert "API at" in proc.stdout.readline()
+        return proc
+
+    port = free_port()
+    killed = start(port)
+    try:
+        with client(f"http://127.0.0.1:{port}") as api:
+            sid = new_session(api)
+            assert execute(api, sid, "kept = 6 * 7").json()["error"] is None
+            wait_for(lambda: len(container_labels(owner_label(killed.pid))) == 2)
+    finally:
+        killed.kill()
+        killed.communicate(timeout=30)
+    assert len(container_labels(owner_label(killed.pid))) == 2  # left behind by the kill
+
+    port = free_port()
+    again = start(port)
+    try:
+        with client(f"http://127.0.0.1:{port}") as api:
+            wait_for(lambda: api.get("/api/health").status_code == 200, 30)
+            assert container_labels(owner_label(killed.pid)) == []
+            assert [s["id"] for s in api.get("/api/sessions").json()] == [sid]
+            assert value(execute(api, sid, "kept")) == "42"
+        again.send_signal(signal.SIGTERM)
+        out, err = again.communicate(timeout=90)
+    finally:
+        again.kill()
+    assert again.returncode == 143, err
+    assert container_labels(owner_label(again.pid)) == []

@@ -255,3 +255,37 @@ def test_page_headers_cookie_and_a_header_token_wins_over_the_cookie(base):
         assert cookied.get("/api/sessions", headers=wrong).status_code == 401
         cookied.cookies.set("sandcell_token", "nope")
         assert cookied.get("/api/sessions").status_code == 401
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(240)
+def test_after_a_server_restart_a_reopened_session_shows_its_past_and_rebuilds(
+    browser, model, tmp_path
+):
+    from playwright.sync_api import expect
+
+    model.add(python("kept = 6 * 7\nkept"), "Final Answer: kept is 42")
+    with serving(config(model, tmp_path / "data")) as base, client(base) as api:
+        sid = api.post("/api/sessions").json()["id"]
+        with api.stream("POST", f"/api/sessions/{sid}/messages", json={"content": "Keep 42"}) as r:
+            r.read()
+    model.add(python("kept + 1"), lambda body: "Final Answer: " + last_tool_message(body))
+    with serving(config(model, tmp_path / "data")) as base:
+        context = browser.new_context()
+        try:
+            tab = context.new_page()
+            tab.set_default_timeout(WAIT_MS)
+            tab.goto(f"{base}/?token={ALICE}")
+            listed = tab.get_by_test_id("sessions").get_by_role("button")
+            expect(listed).to_have_count(1)
+            expect(listed).to_contain_text("from before a restart")
+            listed.click()
+            steps = tab.locator("#steps")
+            expect(steps).to_contain_text("Keep 42")  # the past question and answer, shown again
+            expect(tab.get_by_test_id("answer")).to_contain_text("kept is 42")
+            expect(steps).to_contain_text("from before the server restarted")
+            ask(tab, "And one more?")
+            expect(steps).to_contain_text("kernel is rebuilt by re-running its 1 recorded cell")
+            expect(tab.get_by_test_id("answer").last).to_contain_text("43")
+        finally:
+            context.close()

@@ -104,7 +104,7 @@ def create_session(request: Request, user: User) -> dict:
 
 @router.get("/api/sessions")
 def list_sessions(request: Request, user: User) -> list[dict]:
-    return [served.info() for served in sessions_of(request).mine(user)]
+    return sessions_of(request).mine(user)
 
 
 @router.get("/api/sessions/{id}")

@@ -28,14 +28,18 @@ class RenewableSandbox:
         inputs: Inputs,
         prepare: Prepare | None = None,
         on_ready: OnReady | None = None,
+        released: bool = False,
     ):
         self.limits, self.inputs = limits, inputs
         self._acquire, self._prepare, self.on_ready = acquire, prepare, on_ready
         self._lock = threading.RLock()  # an upload, a release and a start never interleave
         self._current: BackgroundSandbox | None = None
-        self._released = False  # once released, every sandbox begun is a fresh kernel
+        # once released, every sandbox begun is a fresh kernel, `prepare`d; a session resumed
+        # after a server restart begins so, with no container until it is used
+        self._released = released
         self._closed = False  # closed with its session: nothing may start a container again
-        self.wake()
+        if not released:
+            self.wake()
 
     @property
     def live(self) -> bool:

@@ -12,9 +12,11 @@ from pathlib import Path
 from urllib.parse import quote
 
 from agent.loop import OnEvent
+from agent.replay import rerun
 from agent.seams import Result
-from agent.serve import files
+from agent.serve import files, resume
 from agent.serve.config import ServeConfig
+from agent.serve.resume import Past
 from agent.serve.sandboxes import RenewableSandbox
 from agent.session import FIGURES_DIR, Agent
 from sandbox import Execution, Inputs, SandboxError, SandboxPool
@@ -35,8 +37,22 @@ def _now() -> str:
 
 
 class ServedSession:
-    def __init__(self, sid: str, user: str, folder: Path, config: ServeConfig, pool: SandboxPool):
-        self.id, self.user, self.folder, self.created = sid, user, folder, _now()
+    def __init__(
+        self,
+        sid: str,
+        user: str,
+        folder: Path,
+        config: ServeConfig,
+        pool: SandboxPool,
+        past: Past | None = None,  # a session from before a server restart, continued
+    ):
+        self.id, self.user, self.folder = sid, user, folder
+        self.created = past.created if past else _now()
+        inputs = past.inputs if past else Inputs()
+        # cells that bring a fresh kernel to where the session left off, run as it first starts
+        self._rebuild = past.cells if past else []
+        self._resuming = past is not None
+        self.resumed = past is not None  # continued after a server restart
         self.url = f"/api/sessions/{sid}"
         self.inputs_dir = folder / files.INPUTS_DIR
         self.sink: OnEvent | None = None  # the running message's stream
@@ -48,7 +64,11 @@ class ServedSession:
         self.asking = False  # a question (not a cell of /execute) has the turn
         self.last_used = time.monotonic()
         self.sandbox = RenewableSandbox(
-            lambda inputs: pool.acquire(inputs), config.limits, Inputs(), prepare=self._restore
+            lambda inputs: pool.acquire(inputs),
+            config.limits,
+            inputs,
+            prepare=self._restore,
+            released=past is not None,  # no container until it is used
         )
         agent = Agent(
             config.model,
@@ -59,7 +79,9 @@ class ServedSession:
             on_event=self._emit,
         )
         try:
-            self.session = agent.session(Inputs(), folder, sandbox=self.sandbox)
+            self.session = agent.session(inputs, folder, sandbox=self.sandbox)
+            if past:
+                self.session.loop.restore(past.messages, past.questions)
         except BaseException:
             self.sandbox.close()  # its start began with it
             raise
@@ -89,6 +111,10 @@ class ServedSession:
         try:
             return self.session.ask(question)
         finally:
+            try:
+                resume.save_history(self.folder, self.session.messages)
+            except OSError as error:  # the answer stands; only a restart would miss it
+                log.warning("history of session %s not saved: %s", self.id, error)
             with self._turn_lock:
                 self.asking = False
                 # a cancel that came as the question ended must not stop the next one
@@ -136,6 +162,7 @@ class ServedSession:
             "sandbox": "live" if self.sandbox.live else "released",
             "inputs": self.session.inputs.names,
             "questions": self.session.loop.questions,
+            "resumed": self.resumed,
         }
 
     def url_of(self, host_path: str | Path) -> str:
@@ -205,6 +232,15 @@ class ServedSession:
         """Called as a message or cell begins; a warning when its sandbox is a fresh one."""
         if not self.sandbox.wake():
             return None
+        if self._resuming:
+            self._resuming = False
+            if not self._rebuild:
+                return None  # no cell had run: a fresh kernel is where it left off
+            return (
+                "the server restarted since this session was last used: its kernel is rebuilt "
+                f"by re-running its {len(self._rebuild)} recorded cell(s) (a cell that had run "
+                "into its time limit is not run again)"
+            )
         # a fresh kernel: recorded as chat's /reset is, so replay restarts its kernel here too
         self.session.trace.write("reset", question=self.session.loop.questions, reason="idle")
         return (
@@ -213,6 +249,15 @@ class ServedSession:
         )
 
     def _restore(self, sandbox: Sandbox) -> None:
+        """Ready a fresh sandbox: after a server restart its kernel is rebuilt by replay (the
+        cells make the files again); after an idle release the files are put back."""
+        if self._rebuild:
+            skipped = rerun(sandbox, self._rebuild, rebuild=True)
+            self.session.trace.write(
+                "rebuilt", cells=len(self._rebuild), skipped=len(skipped), reason="restart"
+            )
+            self._rebuild = []
+            return
         for host, inside in files.collected(self.folder):
             sandbox.write(inside, host.read_bytes())
 

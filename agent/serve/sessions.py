@@ -1,6 +1,7 @@
 """The served sessions, apart from HTTP: where each lives on disk, whose it is, and the
 server's limits: how many hold a sandbox at once (--max-sessions), and the release of idle
-sandboxes (--idle-minutes)."""
+sandboxes (--idle-minutes). Sessions left on disk by an earlier run of the server are listed
+again and continued when next used."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import shutil
 import threading
 import time
 
-from agent.serve import files
+from agent.serve import files, resume
 from agent.serve.config import ServeConfig
 from agent.serve.served import Busy, ServedSession
 from sandbox import SandboxError, SandboxPool
+from sandbox.container import engine, reap_orphans
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,11 @@ class Sessions:
     def __init__(self, config: ServeConfig):
         self.config = config
         config.data.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # containers of a server that was killed are gone before this one takes requests
+        removed = reap_orphans(engine())
+        if removed:
+            log.info("removed %d container(s) left by an earlier run", len(removed))
+        self._stored = {s.id: s for s in resume.stored_sessions(config.data)}
         self.pool = SandboxPool(config.pool, config.limits, config.image)
         self._by_id: dict[str, ServedSession] = {}
         self._lock = threading.Lock()
@@ -58,12 +65,33 @@ class Sessions:
 
     def get(self, user: str, sid: str) -> ServedSession:
         served = self._by_id.get(sid)
+        if served is None and sid in self._stored:
+            served = self._resume(user, sid)
         if served is None or served.user != user:
             raise NotFound(f"no session {sid}")
         return served
 
-    def mine(self, user: str) -> list[ServedSession]:
-        return [s for s in list(self._by_id.values()) if s.user == user]
+    def mine(self, user: str) -> list[dict]:
+        """The info of each of the user's sessions, oldest first."""
+        listed = [s.info() for s in list(self._by_id.values()) if s.user == user]
+        listed += [s.info() for s in list(self._stored.values()) if s.user == user]
+        return sorted(listed, key=lambda info: info["created"])
+
+    def _resume(self, user: str, sid: str) -> ServedSession | None:
+        """A session from before the restart, made live again (no container until used)."""
+        with self._lock:
+            stored = self._stored.get(sid)
+            if stored is None or stored.user != user:
+                return self._by_id.get(sid)  # resumed meanwhile, or not this user's
+            try:
+                past = resume.read_past(stored.folder)
+            except (OSError, ValueError) as error:  # InputError is a ValueError
+                log.warning("session %s cannot be continued: %s", sid, error)
+                raise NotFound(f"session {sid} cannot be continued: {error}") from None
+            served = ServedSession(sid, user, stored.folder, self.config, self.pool, past)
+            self._by_id[sid] = served
+            del self._stored[sid]
+            return served
 
     def renew(self, served: ServedSession) -> str | None:
         """Make sure the session has a sandbox (a released one takes a fresh one, if there
@@ -74,6 +102,12 @@ class Sessions:
             return served.renewed()
 
     def delete(self, user: str, sid: str) -> None:
+        stored = self._stored.get(sid)
+        if stored is not None and stored.user == user:
+            with self._lock:
+                self._stored.pop(sid, None)
+            shutil.rmtree(stored.folder, ignore_errors=True)
+            return
         served = self.get(user, sid)
         with self._lock:
             self._by_id.pop(sid, None)

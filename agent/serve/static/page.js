@@ -48,6 +48,7 @@ async function loadSessions() {
   for (const info of list) {
     const when = new Date(info.created).toLocaleString();
     const label = `${info.id.slice(0, 8)} · ${info.questions} question(s)` +
+      (info.resumed ? " · from before a restart" : "") +
       (info.inputs.length ? ` · ${info.inputs.join(", ")}` : "") + `\n${when}`;
     const button = el("button", { type: "button", text: label, title: info.id });
     if (state.session === info.id) button.classList.add("current");
@@ -66,13 +67,42 @@ function showSession(id, inputs) {
   ul.replaceChildren(...(inputs || []).map((name) => el("li", { text: `/data/${name}` })));
 }
 
-function openSession(info) {
+function reopenNote(info) {
+  if (info.resumed) {
+    return "This session is from before the server restarted: its kernel is rebuilt by " +
+      "re-running its recorded cells when you ask the next question or run a cell.";
+  }
+  if (info.sandbox === "released") {
+    return "This session was idle, so its sandbox was released: the next question starts a " +
+      "fresh kernel (its files are kept).";
+  }
+  return "Its kernel and variables are as you left them.";
+}
+
+function question(content) {
+  const q = el("div", { class: "step question" }, el("div", { class: "kind", text: "you" }));
+  q.append(el("div", { text: content }));
+  $("steps").append(q);
+}
+
+async function openSession(info) {
   showSession(info.id, info.inputs);
-  $("steps").replaceChildren(el("div", { class: "step note",
-    text: `Reopened session ${info.id}: ${info.questions} question(s) asked before. ` +
-      "Its kernel state is rebuilt when you ask the next one." }));
+  $("steps").replaceChildren();
   say("");
   loadSessions();
+  let text = "";
+  try {
+    text = await (await api("GET", `/api/sessions/${encodeURIComponent(info.id)}/trace`)).text();
+  } catch (e) { /* said */ }
+  if (state.session !== info.id) return; // another session was opened meanwhile
+  // the questions and answers so far, from the trace (as text: never parsed as HTML)
+  for (const line of text.split("\n")) {
+    let event;
+    try { event = JSON.parse(line); } catch (e) { continue; }
+    if (event.type === "question") question(String(event.task || ""));
+    if (event.type === "final") answer("answer", { answer: event.answer, stop_reason: event.stop_reason });
+  }
+  $("steps").append(el("div", { class: "step note", text: reopenNote(info) }));
 }
 
 async function ensureSession() {
@@ -253,9 +283,7 @@ async function send() {
   try { id = await ensureSession(); } catch (e) { return; }
   $("prompt").value = "";
   say("");
-  const q = el("div", { class: "step question" }, el("div", { class: "kind", text: "you" }));
-  q.append(el("div", { text: content }));
-  $("steps").append(q);
+  question(content);
   setRunning(true);
   try {
     const response = await api("POST", `/api/sessions/${id}/messages`,

@@ -1,0 +1,113 @@
+"""A served session's folder read back after a server restart: whose session it is, what the
+listing shows of it, and what continuing it needs (its inputs, its conversation, the cells
+that rebuild its kernel). The conversation is saved beside the trace after each question."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.replay import Cell, recorded_cells
+from agent.serve import files
+from agent.trace import all_inputs, read_trace
+from sandbox import Inputs
+
+log = logging.getLogger(__name__)
+HISTORY = "history.json"  # the messages after the system prompt, as of the last question
+SESSION_ID = re.compile(r"[0-9a-f]{16}")  # what Sessions.create names a session's folder
+
+
+@dataclass
+class Stored:
+    """A session on disk from before the server started; its info() is what a listing shows
+    until the session is used again."""
+
+    id: str
+    user: str
+    folder: Path
+    created: str
+    questions: int
+    inputs: list[str] = field(default_factory=list)
+
+    def info(self) -> dict:
+        return {
+            "id": self.id,
+            "created": self.created,
+            "running": False,
+            "sandbox": "released",
+            "inputs": self.inputs,
+            "questions": self.questions,
+            "resumed": True,
+        }
+
+
+@dataclass
+class Past:
+    created: str
+    inputs: Inputs
+    questions: int
+    messages: list[dict]
+    cells: list[Cell]
+
+
+def stored_sessions(data: Path) -> Iterator[Stored]:
+    """Every session under DATA/<user>/<id>/ that has a trace; one that cannot be read is
+    left where it is, with a warning, not listed."""
+    for trace in sorted(data.glob("*/*/trace.jsonl")):
+        folder = trace.parent
+        if not SESSION_ID.fullmatch(folder.name) or folder.parent.name.startswith("."):
+            continue
+        try:
+            events = read_trace(trace)
+            names = list(dict.fromkeys(item["name"] for item in all_inputs(events)))
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            log.warning(
+                "session folder %s not resumed: its trace cannot be read (%s)", folder, error
+            )
+            continue
+        if not events:
+            continue
+        questions = sum(1 for e in events if e.get("type") == "question")
+        created = str(events[0].get("time", ""))
+        yield Stored(folder.name, folder.parent.name, folder, created, questions, names)
+
+
+def read_past(folder: Path) -> Past:
+    """What continuing the session in FOLDER needs. Raises InputError when its uploads are
+    no longer usable (the message says which)."""
+    events = read_trace(folder / "trace.jsonl")
+    uploads = folder / files.INPUTS_DIR
+    # the recorded order, and only the uploads still there (the folder is the truth)
+    names = dict.fromkeys(item["name"] for item in all_inputs(events))
+    paths = {name: uploads / name for name in names if (uploads / name).is_file()}
+    return Past(
+        created=str(events[0].get("time", "")) if events else "",
+        inputs=Inputs.from_paths(paths),
+        questions=sum(1 for e in events if e.get("type") == "question"),
+        messages=_history(folder / HISTORY),
+        cells=recorded_cells(events),
+    )
+
+
+def save_history(folder: Path, messages: list[dict]) -> None:
+    """The conversation after the system prompt, whole or not at all."""
+    tmp = folder / f".{HISTORY}.tmp"
+    tmp.write_text(json.dumps(messages[1:], ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, folder / HISTORY)
+
+
+def _history(path: Path) -> list[dict]:
+    try:
+        messages = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return []  # no question finished before the restart
+    except (OSError, ValueError) as error:
+        log.warning("%s cannot be read (%s): the session goes on without its history", path, error)
+        return []
+    ok = isinstance(messages, list) and all(isinstance(m, dict) and "role" in m for m in messages)
+    return messages if ok else []
