@@ -2,7 +2,12 @@
 
 import importlib
 
-SECTIONS = ("agent", "batch", "session")  # beside the sandbox's: each in bench/<name>_bench.py
+SECTIONS = (
+    "agent",
+    "batch",
+    "session",
+    "serve",
+)  # beside the sandbox's: each in bench/<name>_bench.py
 
 
 def sections():

@@ -82,10 +82,13 @@ def concurrent_sandboxes(count: int) -> dict:
 
 
 def container_memory(sandbox: DockerSandbox) -> float:
-    stats = sandbox.container.stats(stream=False)
-    memory = stats.get("memory_stats", {})
-    cache = memory.get("stats", {}).get("cache", 0)
-    return (memory.get("usage", 0) - cache) / 2**20
+    return container_mb(sandbox.container)
+
+
+def container_mb(container) -> float:
+    """A container's memory without the page cache, in MB."""
+    memory = container.stats(stream=False).get("memory_stats", {})
+    return (memory.get("usage", 0) - memory.get("stats", {}).get("cache", 0)) / 2**20
 
 
 def flood_host_memory(gigabytes: float) -> dict:

@@ -29,7 +29,10 @@ def test_smoke_bench_writes_every_section(tmp_path):
     assert run.returncode == 0, run.stderr[-4000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["smoke"] is True
-    assert {"machine", "sandbox", "agent", "batch", "session", "seconds"} <= set(results)
+    assert {"machine", "sandbox", "agent", "batch", "session", "serve", "seconds"} <= set(results)
+    serve = results["serve"]
+    assert serve["api_s"]["n"] == serve["in_process_s"]["n"] >= 8 * 10
+    assert serve["idle_container_mb"] > 0 and serve["first_event_s"]["n"] == 3
     session = results["session"]
     assert len(session["background_s"]) == len(session["sandbox_first_s"]) == 2
     assert all(s > session["model_delay_s"] for s in session["background_s"])
