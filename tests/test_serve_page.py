@@ -47,8 +47,9 @@ def browser():
         if IN_CI:
             pytest.fail(f"CI=true but {problem}", pytrace=False)
         pytest.skip(f"browser test skipped: {problem}")
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    expect.set_options(timeout=WAIT_MS)  # not 5 s: a loaded 2-core machine starts sandboxes slowly
     with sync_playwright() as pw:
         launched = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:

@@ -32,7 +32,7 @@ def test_no_generated_request_gets_a_server_error(tmp_path):
         failures = []
 
         def send(case) -> None:
-            response = case.call(base_url=base, headers=AUTH)
+            response = case.call(base_url=base, headers=AUTH, timeout=120)  # a loaded machine
             if response.status_code >= 500:
                 failures.append((case.as_curl_command(), response.status_code, response.text[:300]))
 

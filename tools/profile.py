@@ -282,7 +282,10 @@ def _table(
         p.rows = t.rows
     else:
         parsed = len(text[: t.chars_parsed].encode(enc.codec, "replace")) or len(data)
-        p.rows, p.rows_exact = _rows(t.rows, False, parsed, p.size)
+        # the header is not a row: left out of both sides (from a few rows it skews the guess)
+        head = len(text[: text.find("\n") + 1].encode(enc.codec, "replace")) if t.header else 0
+        head = min(head, parsed)
+        p.rows, p.rows_exact = _rows(t.rows, False, parsed - head, p.size - head)
     note = "" if exact else f"in the first {t.rows:,} rows"
     for c in t.columns:
         detail = (
