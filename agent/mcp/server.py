@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 from mcp.server.fastmcp import Context, FastMCP
@@ -185,7 +185,7 @@ def build_server(cells: Cells, limits: Limits) -> FastMCP:
         return await agent_tool(ctx, "calculator", {"expression": expression})
 
     @mcp.tool()
-    async def list_files(ctx: Context) -> dict:
+    async def list_files(ctx: Context) -> dict[str, Any]:
         """List the input files (read-only, /data) and the files in /workspace, with sizes.
         Use to see what the code wrote or what is there to read."""
         cell = cell_of(ctx)
@@ -202,7 +202,7 @@ def build_server(cells: Cells, limits: Limits) -> FastMCP:
         path: Annotated[str, Field(description="/data/<name> or a /workspace path")],
         ctx: Context,
         max_bytes: Annotated[int, Field(gt=0, le=READ_MAX)] = READ_DEFAULT,
-    ) -> dict:
+    ) -> dict[str, Any]:
         """Read a file from /data or /workspace: UTF-8 text as it is, anything else as base64;
         at most max_bytes (truncated says whether more was there). For small files and
         results; profile big data files with describe_file or load them in run_python."""
@@ -238,7 +238,7 @@ def build_server(cells: Cells, limits: Limits) -> FastMCP:
         return f"wrote {len(data)} bytes to {where}"
 
     @mcp.tool()
-    async def export_outputs(ctx: Context) -> dict:
+    async def export_outputs(ctx: Context) -> dict[str, Any]:
         """Copy /workspace/output to the folder the server was started with (--output) and
         return the host paths. Call once the results are written there."""
         cell = cell_of(ctx)
@@ -250,4 +250,9 @@ def build_server(cells: Cells, limits: Limits) -> FastMCP:
         names = await blocking(cell.sandbox.export, cell.output, "output")
         return {"files": [str(cell.output / name) for name in names]}
 
+    # An unknown argument is an error, not silently dropped: the schemas say so, and the
+    # low-level server checks every call against them before FastMCP parses it.
+    for tool in mcp._tool_manager.list_tools():
+        tool.parameters["additionalProperties"] = False
+    mcp._mcp_server.call_tool(validate_input=True)(mcp.call_tool)
     return mcp
