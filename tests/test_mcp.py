@@ -85,7 +85,10 @@ def test_stdio_tools_state_charts_errors_and_bad_arguments():
             for bad in ({"code": 1}, {}, {"code": "1", "timeout_s": -1}, {"code": "1", "x": 2}):
                 refused = await session.call_tool("run_python", bad)
                 assert refused.isError, bad
-            assert "validation error" in text(await session.call_tool("run_python", {"code": 7}))
+            worded = text(await session.call_tool("run_python", {"code": 7}))
+            assert worded == "run_python: `code` must be a string, got number", worded
+            extra = text(await session.call_tool("run_python", {"code": "1", "x": 2}))
+            assert "unknown argument(s) `x`" in extra, extra
             assert text(await python(session, "x")) == "21"  # state kept through all of it
 
             calc = await session.call_tool("calculator", {"expression": "2^10 + 4 * 1,000"})

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
+from jsonschema import Draft202012Validator
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
 from mcp.types import CallToolResult, ImageContent, TextContent
@@ -29,6 +30,7 @@ from sandbox.render import render
 from tools import Registry, calculator_tool, file_metadata_tool
 from tools.paths import INPUT_ROOT, WORKSPACE_ROOT, parse_request
 from tools.registry import ToolError as SandcellToolError
+from tools.registry import schema_problem
 
 READ_DEFAULT, READ_MAX = 64 << 10, 1 << 20  # read_file: bytes by default, and at most
 
@@ -250,9 +252,21 @@ def build_server(cells: Cells, limits: Limits) -> FastMCP:
         names = await blocking(cell.sandbox.export, cell.output, "output")
         return {"files": [str(cell.output / name) for name in names]}
 
-    # An unknown argument is an error, not silently dropped: the schemas say so, and the
-    # low-level server checks every call against them before FastMCP parses it.
+    # Every call is checked against its tool's schema first, as the agent's registry checks
+    # its tools (errors in words); the schemas forbid unknown arguments, which FastMCP alone
+    # would drop silently. Validators are built once: the SDK's own check (jsonschema.validate)
+    # re-checks the schema on each call, 2 ms, as long as a whole trivial cell.
+    validators = {}
     for tool in mcp._tool_manager.list_tools():
         tool.parameters["additionalProperties"] = False
-    mcp._mcp_server.call_tool(validate_input=True)(mcp.call_tool)
+        validators[tool.name] = Draft202012Validator(tool.parameters)
+
+    async def checked_call(name: str, arguments: dict[str, Any]):
+        validator = validators.get(name)
+        problem = validator and schema_problem(validator, arguments or {})
+        if problem:  # the low-level server answers isError with this text
+            raise ToolError(f"{name}: {problem}")
+        return await mcp.call_tool(name, arguments)
+
+    mcp._mcp_server.call_tool(validate_input=False)(checked_call)
     return mcp
