@@ -251,6 +251,8 @@ def test_usage_errors_are_one_line():
     runner = CliRunner()
     users = runner.invoke(main, ["mcp", "--users", __file__], prog_name="sandcell")
     assert users.exit_code == 2 and "--users is for --http" in users.stderr
+    port = runner.invoke(main, ["mcp", "--port", "9000"], prog_name="sandcell")
+    assert port.exit_code == 2 and "--port is for --http" in port.stderr
     missing = runner.invoke(main, ["mcp", "--input", "/nonexistent.csv"], prog_name="sandcell")
     assert missing.exit_code == 2 and "does not exist" in missing.stderr
 

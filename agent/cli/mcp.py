@@ -74,8 +74,8 @@ def mcp_cmd(inputs, output, http, host, port, users, pool, max_sessions, idle_mi
     limits, checked = build_limits(opts), Inputs.from_paths(list(inputs))
     if output is not None and output.exists() and not output.is_dir():
         raise click.UsageError(f"--output {output} is a file; give a folder")
-    if not http and users:
-        raise click.UsageError("--users is for --http; stdio has one client, its parent process")
+    if not http:
+        _refuse_http_options()
     preflight()  # no engine or image: said now (exit 3), before any client waits on it
     if not http:
         cells = Cells(lambda: DockerSandbox(limits, checked), limits, checked, output, False)
@@ -125,6 +125,18 @@ def _exit_now(stop: BaseException) -> NoReturn:
     os._exit(exits.for_error(stop))
 
 
+HTTP_ONLY = ("host", "port", "users", "pool", "max_sessions", "idle_minutes")
+
+
+def _refuse_http_options() -> None:
+    """An HTTP option given to the stdio server would be ignored: say so instead."""
+    ctx = click.get_current_context()
+    for name in HTTP_ONLY:
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            flag = "--" + name.replace("_", "-")
+            raise click.UsageError(f"{flag} is for --http; stdio has one client, its parent")
+
+
 def _users(path: Path | None) -> dict[str, str]:
     from agent.serve.config import UsersError, load_users, one_user
 
@@ -139,7 +151,7 @@ def _serve_http(cells, limits, known, from_file, host, port, idle_minutes, max_s
     signal.signal(signal.SIGINT, signal.default_int_handler)
     import uvicorn
 
-    from agent.cli.serve import listening_socket
+    from agent.cli.serve import listening_socket, loopback
     from agent.mcp.http import PATH, http_app
     from agent.mcp.server import build_server
 
@@ -148,6 +160,12 @@ def _serve_http(cells, limits, known, from_file, host, port, idle_minutes, max_s
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{sock.getsockname()[1]}{PATH}"
     click.echo(f"sandcell mcp: streamable HTTP at {url}")
+    if not loopback(host):
+        click.echo(
+            f"sandcell mcp: warning: listening on {host}, beyond this machine; tokens travel "
+            "in clear text unless a TLS proxy stands in front",
+            err=True,
+        )
     if from_file:
         click.echo(f"sandcell mcp: {len(known)} users; clients send Authorization: Bearer TOKEN")
     else:

@@ -19,7 +19,7 @@ from agent.cli.options import agent_options, build_limits, build_model, build_ru
 GRACE_S = 5  # open streams get this long after Ctrl-C before they are cut
 
 
-def _loopback(host: str) -> bool:
+def loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -127,7 +127,7 @@ def serve_cmd(host, port, data, users, max_sessions, pool, idle_minutes, max_upl
     else:
         click.echo(f"sandcell serve: open {base}/?token={known[DEFAULT_USER]}")
         click.echo(f"sandcell serve: API clients send  Authorization: Bearer {known[DEFAULT_USER]}")
-    if not _loopback(host):
+    if not loopback(host):
         click.echo(
             f"sandcell serve: warning: listening on {host}, beyond this machine; tokens travel "
             "in clear text unless a TLS proxy stands in front",
