@@ -20,6 +20,8 @@ from click.testing import CliRunner
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import McpError
+from mcp.types import CancelledNotification, CancelledNotificationParams, ClientNotification
 
 from agent.cli import main
 from tests.containers import container_labels, owner_label
@@ -192,10 +194,44 @@ def test_stdio_files_inputs_are_read_only_and_exports_reach_the_output_folder(tm
     assert hashlib.sha256(data.read_bytes()).hexdigest() == digest  # inputs never modified
 
 
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+def test_stdio_a_cancelled_call_interrupts_its_cell():
+    async def scenario():
+        async with stdio() as session:
+            await python(session, "kept = 1")
+            request_id = session._request_id  # the SDK numbers requests; the next one's id
+            slow = "import time\nfor _ in range(300):\n    time.sleep(0.1)\nfinished = True"
+            outcome = []
+
+            async def call():
+                try:
+                    outcome.append(await python(session, slow))
+                except McpError as error:
+                    outcome.append(error.error.message)
+
+            async with anyio.create_task_group() as calls:
+                calls.start_soon(call)
+                await anyio.sleep(2)
+                cancel = CancelledNotification(
+                    params=CancelledNotificationParams(requestId=request_id, reason="test")
+                )
+                await session.send_notification(ClientNotification(cancel))
+            assert outcome == ["Request cancelled"]
+            started = time.monotonic()
+            after = await python(session, "('finished' in globals(), kept)")
+            assert text(after) == "(False, 1)"  # interrupted, not finished; state kept
+            assert time.monotonic() - started < 10  # not waiting out the 30 s cell
+
+    anyio.run(scenario)
+
+
 CLIENT = """
 import anyio, os, sys
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import McpError
+from mcp.types import CancelledNotification, CancelledNotificationParams, ClientNotification
 
 async def main():
     server = StdioServerParameters(command=sys.executable, args=["-m", "agent.cli", "mcp"],
