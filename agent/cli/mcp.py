@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -66,8 +67,7 @@ def mcp_cmd(inputs, output, http, host, port, users, pool, max_sessions, idle_mi
     """Serve the sandbox to MCP clients: run_python, describe_file, list_files, read_file,
     write_file, calculator, export_outputs. Over stdio by default (one sandbox for the
     process); --http serves streamable HTTP at /mcp with bearer tokens, a sandbox per session."""
-    from agent.mcp.server import Cells, build_server
-    from sandbox import DockerSandbox, Inputs, SandboxPool
+    from sandbox import Inputs
     from sandbox.container import preflight
 
     _quiet_sdk_logs()
@@ -78,26 +78,45 @@ def mcp_cmd(inputs, output, http, host, port, users, pool, max_sessions, idle_mi
         _refuse_http_options()
     preflight()  # no engine or image: said now (exit 3), before any client waits on it
     if not http:
-        cells = Cells(lambda: DockerSandbox(limits, checked), limits, checked, output, False)
-        # Ctrl-C raised where it lands, as SIGTERM is: asyncio's own handler would cancel the
-        # server and then wait forever on the stdin reader thread.
-        signal.signal(signal.SIGINT, _interrupt)
-        try:
-            build_server(cells, limits).run("stdio")
-        except (KeyboardInterrupt, Terminated) as stop:
-            cells.close_all()
-            _exit_now(stop)
-        finally:
-            cells.close_all()
+        _serve_stdio(limits, checked, output)
         return
-    known = _users(users)
-    warm = SandboxPool(size=pool, limits=limits)
-    cells = Cells(lambda: warm.acquire(checked), limits, checked, output, True)
+    users_known = _users(users)
+    settings = HttpSettings(
+        users_known, bool(users), host, port, pool, idle_minutes * 60, max_sessions
+    )
+    _serve_http(limits, checked, output, settings)
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    users: dict[str, str]  # name -> token
+    from_file: bool  # else one token was made, and is printed
+    host: str
+    port: int
+    pool: int
+    idle_s: float
+    max_sessions: int
+
+
+def _serve_stdio(limits, inputs, output) -> None:
+    from agent.mcp.server import Cells, build_server
+    from sandbox import DockerSandbox
+    from sandbox.pool import warmed
+
+    def start():  # pandas loaded before the first call, as for a Session's sandbox
+        return warmed(DockerSandbox(limits, inputs))
+
+    cells = Cells(start, limits, inputs, output, per_session_output=False)
+    # Ctrl-C raised where it lands, as SIGTERM is: asyncio's own handler would cancel the
+    # server and then wait forever on the stdin reader thread.
+    signal.signal(signal.SIGINT, _interrupt)
     try:
-        _serve_http(cells, limits, known, bool(users), host, port, idle_minutes, max_sessions)
+        build_server(cells, limits).run("stdio")
+    except (KeyboardInterrupt, Terminated) as stop:
+        cells.close_all()
+        _exit_now(stop)
     finally:
         cells.close_all()
-        warm.close()
 
 
 def _quiet_sdk_logs() -> None:
@@ -146,17 +165,30 @@ def _users(path: Path | None) -> dict[str, str]:
         raise click.UsageError(f"--users: {error}") from None
 
 
-def _serve_http(cells, limits, known, from_file, host, port, idle_minutes, max_sessions) -> None:
+def _serve_http(limits, inputs, output, settings: HttpSettings) -> None:
     # Ctrl-C stops it even when started with SIGINT ignored (`cmd &` from a script), as serve
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    from agent.mcp.server import Cells, build_server
+    from sandbox import SandboxPool
+
+    warm = SandboxPool(size=settings.pool, limits=limits)
+    cells = Cells(lambda: warm.acquire(inputs), limits, inputs, output, per_session_output=True)
+    try:
+        _run_uvicorn(build_server(cells, limits), settings)
+    finally:
+        cells.close_all()
+        warm.close()
+
+
+def _run_uvicorn(server, settings: HttpSettings) -> None:
     import uvicorn
 
     from agent.cli.serve import listening_socket, loopback
     from agent.mcp.http import PATH, http_app
-    from agent.mcp.server import build_server
 
-    app = http_app(build_server(cells, limits), known, host, idle_minutes * 60, max_sessions)
-    sock = listening_socket(host, port)
+    host, known = settings.host, settings.users
+    app = http_app(server, known, host, settings.idle_s, settings.max_sessions)
+    sock = listening_socket(host, settings.port)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{sock.getsockname()[1]}{PATH}"
     click.echo(f"sandcell mcp: streamable HTTP at {url}")
@@ -166,13 +198,13 @@ def _serve_http(cells, limits, known, from_file, host, port, idle_minutes, max_s
             "in clear text unless a TLS proxy stands in front",
             err=True,
         )
-    if from_file:
+    if settings.from_file:
         click.echo(f"sandcell mcp: {len(known)} users; clients send Authorization: Bearer TOKEN")
     else:
         click.echo(
             f"sandcell mcp: clients send  Authorization: Bearer {next(iter(known.values()))}"
         )
-    server = uvicorn.Server(
+    runner = uvicorn.Server(
         uvicorn.Config(
             app,
             log_level="warning",
@@ -182,6 +214,6 @@ def _serve_http(cells, limits, known, from_file, host, port, idle_minutes, max_s
         )
     )
     try:
-        server.run(sockets=[sock])  # re-raises Ctrl-C / SIGTERM once it has stopped
+        runner.run(sockets=[sock])  # re-raises Ctrl-C / SIGTERM once it has stopped
     finally:
         sock.close()
