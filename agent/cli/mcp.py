@@ -22,8 +22,6 @@ from agent.cli import exits
 from agent.cli.options import build_limits, input_option, limit_options
 from agent.seams import Terminated
 
-GRACE_S = 5  # open streams get this long after Ctrl-C before they are cut
-
 
 @click.command("mcp")
 @input_option("A file every sandbox sees read-only at /data/<name> (repeatable).")
@@ -174,46 +172,28 @@ def _serve_http(limits, inputs, output, settings: HttpSettings) -> None:
     warm = SandboxPool(size=settings.pool, limits=limits)
     cells = Cells(lambda: warm.acquire(inputs), limits, inputs, output, per_session_output=True)
     try:
-        _run_uvicorn(build_server(cells, limits), settings)
+        _serve_on_socket(build_server(cells, limits), settings)
     finally:
         cells.close_all()
         warm.close()
 
 
-def _run_uvicorn(server, settings: HttpSettings) -> None:
-    import uvicorn
-
-    from agent.cli.serve import listening_socket, loopback
+def _serve_on_socket(server, settings: HttpSettings) -> None:
+    from agent.cli.serve import listening_socket, run_until_stopped, warn_beyond_loopback
     from agent.mcp.http import PATH, http_app
 
     host, known = settings.host, settings.users
     app = http_app(server, known, host, settings.idle_s, settings.max_sessions)
     sock = listening_socket(host, settings.port)
     shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{sock.getsockname()[1]}{PATH}"
-    click.echo(f"sandcell mcp: streamable HTTP at {url}")
-    if not loopback(host):
-        click.echo(
-            f"sandcell mcp: warning: listening on {host}, beyond this machine; tokens travel "
-            "in clear text unless a TLS proxy stands in front",
-            err=True,
-        )
+    click.echo(f"sandcell mcp: streamable HTTP at http://{shown}:{sock.getsockname()[1]}{PATH}")
+    warn_beyond_loopback("mcp", host)
     if settings.from_file:
         click.echo(f"sandcell mcp: {len(known)} users; clients send Authorization: Bearer TOKEN")
     else:
-        click.echo(
-            f"sandcell mcp: clients send  Authorization: Bearer {next(iter(known.values()))}"
-        )
-    runner = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=GRACE_S,
-            lifespan="on",
-        )
-    )
+        token = next(iter(known.values()))
+        click.echo(f"sandcell mcp: clients send  Authorization: Bearer {token}")
     try:
-        runner.run(sockets=[sock])  # re-raises Ctrl-C / SIGTERM once it has stopped
+        run_until_stopped(app, sock)
     finally:
         sock.close()
