@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
 import httpx
@@ -334,7 +335,8 @@ async def http_session(url: str, token: str, end: bool = True):
 @pytest.mark.docker
 @pytest.mark.timeout(240)
 def test_http_sessions_are_isolated_need_a_token_and_sigterm_removes_every_container(tmp_path):
-    proc, url = start_http(tmp_path)
+    out = tmp_path / "out"
+    proc, url = start_http(tmp_path, "--output", str(out))
     label = owner_label(proc.pid)
 
     async def scenario():
@@ -363,6 +365,10 @@ def test_http_sessions_are_isolated_need_a_token_and_sigterm_removes_every_conta
             # Bob's session ended: its container goes (the pool refills to one warm)
             wait_for(lambda: len(container_labels(label)) == 2)
             assert text(await python(alice, "secret")) == "'alice'"
+            await python(alice, "open('/workspace/output/a.txt', 'w').write(secret)")
+            (exported,) = (await alice.call_tool("export_outputs", {})).structuredContent["files"]
+            assert exported.startswith(f"{out}/") and exported.endswith("/a.txt")  # DIR/<id>/
+            assert Path(exported).read_text() == "alice"
 
     try:
         for headers in ({}, bearer("not-a-token-of-this-server")):
