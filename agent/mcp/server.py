@@ -68,7 +68,7 @@ class Cells:
         self._lock = threading.Lock()
 
     def open(self) -> Cell:
-        sandbox = BackgroundSandbox(self.start, self.limits, self.inputs)  # initialize waits not
+        sandbox = BackgroundSandbox(self.start, self.limits, self.inputs)  # begun now, not awaited
         with self._lock:
             self._open.add(sandbox)
         registry = Registry([calculator_tool, file_metadata_tool(self.inputs, sandbox)])
