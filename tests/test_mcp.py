@@ -335,8 +335,9 @@ async def http_session(url: str, token: str, end: bool = True):
 @pytest.mark.docker
 @pytest.mark.timeout(240)
 def test_http_sessions_are_isolated_need_a_token_and_sigterm_removes_every_container(tmp_path):
-    out = tmp_path / "out"
-    proc, url = start_http(tmp_path, "--output", str(out))
+    out, data = tmp_path / "out", tmp_path / "sales.csv"
+    data.write_text("region,amount\nnorth,10\n")
+    proc, url = start_http(tmp_path, "--output", str(out), "--input", str(data))
     label = owner_label(proc.pid)
 
     async def scenario():
@@ -346,6 +347,8 @@ def test_http_sessions_are_isolated_need_a_token_and_sigterm_removes_every_conta
                     both.start_soon(python, alice, "secret = 'alice'")
                     both.start_soon(python, bob, "import time; time.sleep(0.5); other = 1")
                 assert text(await python(alice, "secret")) == "'alice'"
+                inputs = await python(bob, "open('/data/sales.csv').read().splitlines()[1]")
+                assert text(inputs) == "'north,10'"  # --input reaches every session
                 unseen = await python(bob, "secret")
                 assert unseen.isError and "NameError" in text(unseen)
                 assert len(container_labels(label)) == 3  # two sessions and the warm one
