@@ -2,12 +2,8 @@
 
 import importlib
 
-SECTIONS = (
-    "agent",
-    "batch",
-    "session",
-    "serve",
-)  # beside the sandbox's: each in bench/<name>_bench.py
+# beside the sandbox's: each in bench/<name>_bench.py
+SECTIONS = ("agent", "batch", "session", "serve", "mcp")
 
 
 def sections():

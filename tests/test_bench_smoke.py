@@ -29,10 +29,13 @@ def test_smoke_bench_writes_every_section(tmp_path):
     assert run.returncode == 0, run.stderr[-4000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["smoke"] is True
-    assert {"machine", "sandbox", "agent", "batch", "session", "serve", "seconds"} <= set(results)
+    want = {"machine", "sandbox", "agent", "batch", "session", "serve", "mcp", "seconds"}
+    assert want <= set(results)
     serve = results["serve"]
     assert serve["api_s"]["n"] == serve["in_process_s"]["n"] >= 8 * 10
     assert serve["idle_container_mb"] > 0 and serve["first_event_s"]["n"] == 3
+    mcp = results["mcp"]
+    assert mcp["mcp_stdio"]["n"] == mcp["docker_sandbox_run"]["n"] == 20 and mcp["ratio"] > 0
     session = results["session"]
     assert len(session["background_s"]) == len(session["sandbox_first_s"]) == 2
     assert all(s > session["model_delay_s"] for s in session["background_s"])
@@ -56,6 +59,7 @@ def test_smoke_bench_writes_every_section(tmp_path):
         "batch jobs per minute",
         "batch throughput, 2 workers vs 1",
         "session creation to first observation",
+        "trivial run_python through stdio MCP vs in-process DockerSandbox.run",
         "### Characters sent to the model, per task",
     ):
         assert row in report, row

@@ -31,7 +31,8 @@ def sandcell(*args: str, env: dict | None = None, stdin: str | None = None):
 def test_help_lists_every_command():
     helped = sandcell("--help")
     assert helped.exit_code == 0 and "Usage:" in helped.stdout
-    assert sorted(COMMANDS) == ["batch", "chat", "exec", "gc", "replay", "run", "serve", "tool"]
+    names = ["batch", "chat", "exec", "gc", "mcp", "replay", "run", "serve", "tool"]
+    assert sorted(COMMANDS) == names
     for name in COMMANDS:
         assert f"  {name} " in helped.stdout
 
@@ -44,6 +45,7 @@ HELP = {
     "run": ["--task", "--input", "--output", *MODEL_OPTIONS, *LIMIT_OPTIONS],
     "batch": ["JOBS_FILE", "--output", "--workers", "--no-progress", *MODEL_OPTIONS],
     "chat": ["--input", "--output", *MODEL_OPTIONS, *LIMIT_OPTIONS],
+    "mcp": ["--input", "--output", "--http", "--host", "--port", "--users", "--timeout", "--cpus"],
 }
 
 

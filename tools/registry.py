@@ -147,10 +147,16 @@ class Registry:
         return obs
 
     def _check(self, tool: Tool, args: dict) -> str | None:
-        errors = sorted(self._validators[tool.name].iter_errors(args), key=lambda e: list(e.path))
-        if not errors:
-            return None
-        return "; ".join(_explain(e, tool.parameters) for e in errors[:3])
+        return schema_problem(self._validators[tool.name], args)
+
+
+def schema_problem(validator: Draft202012Validator, args: object) -> str | None:
+    """What is wrong with args under the validator's schema, in words, or None. The validator
+    is built once per schema: `jsonschema.validate` checks the schema itself on every call."""
+    errors = sorted(validator.iter_errors(args), key=lambda e: list(e.path))
+    if not errors:
+        return None
+    return "; ".join(_explain(e, validator.schema) for e in errors[:3])
 
 
 def _parse_args(tool: Tool, args: dict | str | None) -> dict | Observation:

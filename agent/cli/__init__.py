@@ -15,6 +15,7 @@ COMMANDS = {  # name -> "module:attribute"
     "batch": "agent.cli.batch:batch_cmd",
     "chat": "agent.cli.chat:chat_cmd",
     "serve": "agent.cli.serve:serve_cmd",
+    "mcp": "agent.cli.mcp:mcp_cmd",
 }
 
 

@@ -134,6 +134,10 @@ _OPTIONS = [
         show_default=True,
         help="Seconds per question.",
     ),
+]
+
+# The sandbox limits: part of the agent options, and on their own for `mcp`.
+_LIMIT_OPTIONS = [
     click.option(
         "--timeout",
         "timeout_s",
@@ -154,31 +158,32 @@ _OPTIONS = [
 ]
 
 
-def agent_options(command):
-    """Add the model and limit options; the command receives them as `opts` (a dict)."""
-    names = [
-        "model_name",
-        "base_url",
-        "api_key",
-        "replay",
-        "protocol",
-        "temperature",
-        "max_tokens",
-        "max_steps",
-        "wall_s",
-        "timeout_s",
-        "memory_mb",
-        "cpus",
-    ]
+_MODEL_NAMES = ["model_name", "base_url", "api_key", "replay", "protocol", "temperature"]
+_MODEL_NAMES += ["max_tokens", "max_steps", "wall_s"]
+_LIMIT_NAMES = ["timeout_s", "memory_mb", "cpus"]
+
+
+def _gathered(command, options: list, names: list[str]):
+    """Add the options; the command receives them as `opts` (a dict)."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         opts = {name: kwargs.pop(name) for name in names}
         return command(*args, opts=opts, **kwargs)
 
-    for option in reversed(_OPTIONS):
+    for option in reversed(options):
         wrapper = option(wrapper)
     return wrapper
+
+
+def agent_options(command):
+    """Add the model and limit options; the command receives them as `opts` (a dict)."""
+    return _gathered(command, _OPTIONS + _LIMIT_OPTIONS, _MODEL_NAMES + _LIMIT_NAMES)
+
+
+def limit_options(command):
+    """Add the sandbox limit options only (--timeout, --memory, --cpus), as `opts`."""
+    return _gathered(command, _LIMIT_OPTIONS, _LIMIT_NAMES)
 
 
 def build_model(opts: dict) -> Model:

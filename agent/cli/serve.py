@@ -19,7 +19,7 @@ from agent.cli.options import agent_options, build_limits, build_model, build_ru
 GRACE_S = 5  # open streams get this long after Ctrl-C before they are cut
 
 
-def _loopback(host: str) -> bool:
+def loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -40,6 +40,32 @@ def listening_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise click.UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
     return sock
+
+
+def warn_beyond_loopback(command: str, host: str) -> None:
+    if not loopback(host):
+        click.echo(
+            f"sandcell {command}: warning: listening on {host}, beyond this machine; tokens "
+            "travel in clear text unless a TLS proxy stands in front",
+            err=True,
+        )
+
+
+def run_until_stopped(app, sock: socket.socket) -> None:
+    """uvicorn on the bound socket until Ctrl-C or SIGTERM, which it re-raises once it has
+    stopped gracefully (open requests get GRACE_S)."""
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,  # a URL may carry a token (the page's does)
+            timeout_graceful_shutdown=GRACE_S,
+            lifespan="on",
+        )
+    )
+    server.run(sockets=[sock])
 
 
 @click.command("serve")
@@ -92,8 +118,6 @@ def serve_cmd(host, port, data, users, max_sessions, pool, idle_minutes, max_upl
     # Ctrl-C stops the server even when it was started with SIGINT ignored (any `cmd &` from a
     # script is): uvicorn raises it again, with this handler, once it has stopped.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    import uvicorn
-
     from agent.serve import ServeConfig, create_app
     from agent.serve.config import DEFAULT_USER, UsersError, load_users, one_user
     from sandbox.container import preflight
@@ -127,23 +151,9 @@ def serve_cmd(host, port, data, users, max_sessions, pool, idle_minutes, max_upl
     else:
         click.echo(f"sandcell serve: open {base}/?token={known[DEFAULT_USER]}")
         click.echo(f"sandcell serve: API clients send  Authorization: Bearer {known[DEFAULT_USER]}")
-    if not _loopback(host):
-        click.echo(
-            f"sandcell serve: warning: listening on {host}, beyond this machine; tokens travel "
-            "in clear text unless a TLS proxy stands in front",
-            err=True,
-        )
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            log_level="warning",
-            access_log=False,  # the page's URL carries its token
-            timeout_graceful_shutdown=GRACE_S,
-            lifespan="on",
-        )
-    )
+    warn_beyond_loopback("serve", host)
     try:
-        server.run(sockets=[sock])  # re-raises Ctrl-C / SIGTERM once it has stopped
+        run_until_stopped(app, sock)
     finally:
         sessions = getattr(app.state, "sessions", None)
         if sessions is not None:  # a second Ctrl-C skips the app's own shutdown

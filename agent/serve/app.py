@@ -47,7 +47,7 @@ def create_app(config: ServeConfig) -> FastAPI:
         redoc_url=None,
     )
     app.state.config = config
-    app.state.tokens = {token: name for name, token in config.users.items()}
+    app.state.users = config.users  # name -> token
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")  # the page's JS and CSS
     app.add_middleware(

@@ -4,13 +4,13 @@ carry the token in the HttpOnly cookie `/?token=` set (COOKIE); a Bearer header 
 
 from __future__ import annotations
 
-import secrets
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
+from agent.serve.config import token_owner
 from agent.serve.served import ServedSession
 
 bearer = HTTPBearer(auto_error=False, description="a token from --users, or the one printed")
@@ -19,12 +19,7 @@ COOKIE = "sandcell_token"  # HttpOnly, SameSite=Strict: set by the page route fr
 
 
 def user_of(request: Request, token: str | None) -> str | None:
-    given = token.encode() if token else None
-    name = None
-    for known, user in request.app.state.tokens.items():  # every one: no timing hint
-        if given is not None and secrets.compare_digest(known.encode(), given):
-            name = user
-    return name
+    return token_owner(request.app.state.users, token)
 
 
 def current_user(request: Request, credentials: Credentials) -> str:

@@ -45,6 +45,16 @@ class ServeConfig:
         return int(self.max_upload_mb * (1 << 20))
 
 
+def token_owner(users: dict[str, str], token: str | None) -> str | None:
+    """The user whose token this is, or None; every token is compared (no timing hint)."""
+    given = token.encode() if token else None
+    name = None
+    for user, known in users.items():
+        if given is not None and secrets.compare_digest(known.encode(), given):
+            name = user
+    return name
+
+
 def one_user() -> dict[str, str]:
     """No --users file: one user with a fresh token, printed in the URL as Jupyter does."""
     return {DEFAULT_USER: secrets.token_urlsafe(24)}

@@ -1,0 +1,199 @@
+"""`sandcell mcp`: the sealed sandbox as an MCP server (agent.mcp), over stdio or HTTP.
+
+stdio: stdout is the protocol channel, so nothing else is printed there (messages go to
+stderr); one sandbox lives as long as the process, begun in the background so `initialize`
+answers at once, and closed when stdin ends, on Ctrl-C or on SIGTERM.
+--http: streamable HTTP at /mcp, one sandbox per MCP session from a warm pool."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+import click
+
+from agent.cli import exits
+from agent.cli.options import build_limits, input_option, limit_options
+from agent.seams import Terminated
+
+
+@click.command("mcp")
+@input_option("A file every sandbox sees read-only at /data/<name> (repeatable).")
+@click.option(
+    "--output",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder export_outputs copies /workspace/output to (with --http: DIR/<session>/).",
+)
+@click.option("--http", is_flag=True, help="Serve streamable HTTP at /mcp instead of stdio.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="--http: address.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8766, show_default=True)
+@click.option(
+    "--users",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="--http: file of users, one name:token a line [default: one token, printed].",
+)
+@click.option(
+    "--pool",
+    type=click.IntRange(0, 64),
+    default=2,
+    show_default=True,
+    help="--http: warm sandboxes kept ready for new sessions.",
+)
+@click.option(
+    "--max-sessions",
+    type=click.IntRange(1, 10_000),
+    default=8,
+    show_default=True,
+    help="--http: sessions at once; more answer 503.",
+)
+@click.option(
+    "--idle-minutes",
+    type=click.FloatRange(0, 7 * 24 * 60, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="--http: a session idle this long ends and its sandbox is removed.",
+)
+@limit_options
+@exits.reported()
+def mcp_cmd(inputs, output, http, host, port, users, pool, max_sessions, idle_minutes, opts):
+    """Serve the sandbox to MCP clients: run_python, describe_file, list_files, read_file,
+    write_file, calculator, export_outputs. Over stdio by default (one sandbox for the
+    process); --http serves streamable HTTP at /mcp with bearer tokens, a sandbox per session."""
+    from sandbox import Inputs
+    from sandbox.container import preflight
+
+    _quiet_sdk_logs()
+    limits, checked = build_limits(opts), Inputs.from_paths(list(inputs))
+    if output is not None and output.exists() and not output.is_dir():
+        raise click.UsageError(f"--output {output} is a file; give a folder")
+    if not http:
+        _refuse_http_options()
+    preflight()  # no engine or image: said now (exit 3), before any client waits on it
+    if not http:
+        _serve_stdio(limits, checked, output)
+        return
+    users_known = _users(users)
+    settings = HttpSettings(
+        users_known, bool(users), host, port, pool, idle_minutes * 60, max_sessions
+    )
+    _serve_http(limits, checked, output, settings)
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    users: dict[str, str]  # name -> token
+    from_file: bool  # else one token was made, and is printed
+    host: str
+    port: int
+    pool: int
+    idle_s: float
+    max_sessions: int
+
+
+def _serve_stdio(limits, inputs, output) -> None:
+    from agent.mcp.server import Cells, build_server
+    from sandbox import DockerSandbox
+    from sandbox.pool import warmed
+
+    def start():  # pandas loaded before the first call, as for a Session's sandbox
+        return warmed(DockerSandbox(limits, inputs))
+
+    cells = Cells(start, limits, inputs, output, per_session_output=False)
+    # Ctrl-C raised where it lands, as SIGTERM is: asyncio's own handler would cancel the
+    # server and then wait forever on the stdin reader thread.
+    signal.signal(signal.SIGINT, _interrupt)
+    try:
+        build_server(cells, limits).run("stdio")
+    except (KeyboardInterrupt, Terminated) as stop:
+        cells.close_all()
+        _exit_now(stop)
+    finally:
+        cells.close_all()
+
+
+def _quiet_sdk_logs() -> None:
+    """The SDK logs races of its own at a session's end as errors with tracebacks (a closed
+    stream in its SSE writer); the client sees every failure that matters in its responses,
+    so the terminal shows the SDK's records only with --debug, one line each as sandcell's."""
+    sdk = logging.getLogger("mcp")
+    sdk.handlers[:] = logging.getLogger("agent").handlers
+    sdk.propagate = False
+    sdk.setLevel(logging.DEBUG if exits.Debug.enabled else logging.CRITICAL)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _exit_now(stop: BaseException) -> NoReturn:
+    """Ctrl-C or SIGTERM on stdio: the SDK's stdin reader thread sits in a read() that only
+    the client can end, so a normal exit would wait for it forever; the sandbox is closed
+    already, so leave at once with the usual line and status."""
+    click.echo(f"sandcell: {str(stop) or 'interrupted'}", err=True)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(ValueError, OSError):  # the SDK may have closed stdout
+            stream.flush()
+    os._exit(exits.for_error(stop))
+
+
+HTTP_ONLY = ("host", "port", "users", "pool", "max_sessions", "idle_minutes")
+
+
+def _refuse_http_options() -> None:
+    """An HTTP option given to the stdio server would be ignored: say so instead."""
+    ctx = click.get_current_context()
+    for name in HTTP_ONLY:
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            flag = "--" + name.replace("_", "-")
+            raise click.UsageError(f"{flag} is for --http; stdio has one client, its parent")
+
+
+def _users(path: Path | None) -> dict[str, str]:
+    from agent.serve.config import UsersError, load_users, one_user
+
+    try:
+        return load_users(path) if path else one_user()
+    except (UsersError, UnicodeDecodeError) as error:
+        raise click.UsageError(f"--users: {error}") from None
+
+
+def _serve_http(limits, inputs, output, settings: HttpSettings) -> None:
+    # Ctrl-C stops it even when started with SIGINT ignored (`cmd &` from a script), as serve
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    from agent.mcp.server import Cells, build_server
+    from sandbox import SandboxPool
+
+    warm = SandboxPool(size=settings.pool, limits=limits)
+    cells = Cells(lambda: warm.acquire(inputs), limits, inputs, output, per_session_output=True)
+    try:
+        _serve_on_socket(build_server(cells, limits), settings)
+    finally:
+        cells.close_all()
+        warm.close()
+
+
+def _serve_on_socket(server, settings: HttpSettings) -> None:
+    from agent.cli.serve import listening_socket, run_until_stopped, warn_beyond_loopback
+    from agent.mcp.http import PATH, http_app
+
+    host, known = settings.host, settings.users
+    app = http_app(server, known, host, settings.idle_s, settings.max_sessions)
+    sock = listening_socket(host, settings.port)
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"sandcell mcp: streamable HTTP at http://{shown}:{sock.getsockname()[1]}{PATH}")
+    warn_beyond_loopback("mcp", host)
+    if settings.from_file:
+        click.echo(f"sandcell mcp: {len(known)} users; clients send Authorization: Bearer TOKEN")
+    else:
+        token = next(iter(known.values()))
+        click.echo(f"sandcell mcp: clients send  Authorization: Bearer {token}")
+    try:
+        run_until_stopped(app, sock)
+    finally:
+        sock.close()

@@ -1,0 +1,1 @@
+"""`sandcell mcp`: the sealed sandbox as an MCP server (stdio and streamable HTTP)."""

@@ -1,0 +1,424 @@
+"""`sandcell mcp` end to end: the real command in a subprocess, real sandboxes, and the MCP
+SDK's own client (stdio_client, streamable_http_client + ClientSession); no JSON-RPC by hand."""
+
+import base64
+import hashlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import httpx
+import psutil
+import pytest
+from click.testing import CliRunner
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import McpError
+from mcp.types import CancelledNotification, CancelledNotificationParams, ClientNotification
+
+from agent.cli import main
+from tests.containers import container_labels, owner_label
+from tests.serve_helpers import ALICE, BOB, wait_for
+
+SANDCELL = [sys.executable, "-m", "agent.cli"]
+TOOLS = {"run_python", "describe_file", "list_files", "read_file", "write_file"}
+TOOLS |= {"calculator", "export_outputs"}
+
+
+@asynccontextmanager
+async def stdio(*args: str):
+    """A ClientSession over stdio with `sandcell mcp ARGS` as the server process."""
+    server = StdioServerParameters(command=SANDCELL[0], args=[*SANDCELL[1:], "mcp", *args])
+    server.env = dict(os.environ)  # the SDK passes a bare environment otherwise
+    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+def text(result) -> str:
+    return "\n".join(c.text for c in result.content if c.type == "text")
+
+
+async def python(session: ClientSession, code: str, **extra):
+    return await session.call_tool("run_python", {"code": code, **extra})
+
+
+# -- stdio --------------------------------------------------------------------------------------
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
+def test_stdio_tools_state_charts_errors_and_bad_arguments():
+    async def scenario():
+        async with stdio("--timeout", "30") as session:
+            listed = {tool.name: tool for tool in (await session.list_tools()).tools}
+            assert set(listed) == TOOLS
+            for tool in listed.values():
+                assert tool.description and len(tool.description) > 40, tool.name
+                assert tool.inputSchema["type"] == "object"
+            run = listed["run_python"].inputSchema
+            assert run["required"] == ["code"] and run["properties"]["code"]["type"] == "string"
+            assert run["properties"]["timeout_s"]["anyOf"][0]["maximum"] == 30  # --timeout
+            assert listed["write_file"].inputSchema["required"] == ["path", "content"]
+            assert listed["list_files"].inputSchema.get("required", []) == []
+
+            assert not (await python(session, "x = 21")).isError
+            answer = await python(session, "x * 2")
+            assert not answer.isError and text(answer) == "42"
+
+            chart = await python(
+                session, "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"
+            )
+            images = [c for c in chart.content if c.type == "image"]
+            assert not chart.isError and len(images) == 1 and images[0].mimeType == "image/png"
+            assert base64.b64decode(images[0].data).startswith(b"\x89PNG\r\n\x1a\n")
+            assert "/workspace/figures/" in text(chart)
+
+            raised = await python(session, "1 / 0")
+            assert raised.isError and "ZeroDivisionError: division by zero" in text(raised)
+
+            for bad in ({"code": 1}, {}, {"code": "1", "timeout_s": -1}, {"code": "1", "x": 2}):
+                refused = await session.call_tool("run_python", bad)
+                assert refused.isError, bad
+            worded = text(await session.call_tool("run_python", {"code": 7}))
+            assert worded == "run_python: `code` must be a string, got number", worded
+            extra = text(await session.call_tool("run_python", {"code": "1", "x": 2}))
+            assert "unknown argument(s) `x`" in extra, extra
+            assert text(await python(session, "x")) == "21"  # state kept through all of it
+
+            calc = await session.call_tool("calculator", {"expression": "2^10 + 4 * 1,000"})
+            assert not calc.isError and text(calc) == "5024"
+            nowhere = await session.call_tool("export_outputs", {})
+            assert nowhere.isError and "--output DIR" in text(nowhere)
+
+    anyio.run(scenario)
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
+def test_stdio_an_endless_loop_times_out_within_the_grace_and_the_network_is_absent():
+    async def scenario():
+        async with stdio() as session:
+            await python(session, "kept = 5")
+            started = time.monotonic()
+            stuck = await python(session, "while True:\n    pass", timeout_s=2)
+            took = time.monotonic() - started
+            assert stuck.isError and "Timed out after 2 s" in text(stuck)
+            assert took < 2 + 3 + 5, took  # the deadline, the interrupt grace, some slack
+            assert text(await python(session, "kept + 1")) == "6"  # the next call works
+
+            fetched = await python(
+                session,
+                "import urllib.request\nurllib.request.urlopen('http://1.1.1.1', timeout=3)",
+            )
+            assert fetched.isError and "offline by design" in text(fetched)
+            probe = await python(
+                session,
+                "import socket\ns = socket.socket()\ntry:\n    s.connect(('1.1.1.1', 80))\n"
+                "except OSError as e:\n    print(type(e).__name__, e.errno)",
+            )
+            assert "Network is unreachable" in text(probe) or "101" in text(probe), text(probe)
+
+    anyio.run(scenario)
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
+def test_stdio_files_inputs_are_read_only_and_exports_reach_the_output_folder(tmp_path):
+    data = tmp_path / "sales.csv"
+    data.write_text("region,amount\nnorth,10\nsouth,32\n")
+    digest = hashlib.sha256(data.read_bytes()).hexdigest()
+    out = tmp_path / "out"
+
+    async def scenario():
+        async with stdio("--input", str(data), "--output", str(out)) as session:
+            call = session.call_tool
+            profile = await call("describe_file", {"path": "/data/sales.csv"})
+            assert not profile.isError and "region" in text(profile) and "2 rows" in text(profile)
+
+            wrote = await call("write_file", {"path": "output/note.txt", "content": "héllo"})
+            assert not wrote.isError and "/workspace/output/note.txt" in text(wrote)
+            made = await python(
+                session,
+                "import pandas as pd\ndf = pd.read_csv('/data/sales.csv')\n"
+                "df.to_csv('/workspace/output/total.csv', index=False)\nopen('/data/sales.csv', 'a')",
+            )
+            assert made.isError and ("Read-only" in text(made) or "Permission" in text(made))
+
+            listing = (await call("list_files", {})).structuredContent
+            paths = {f["path"]: f for f in listing["files"]}
+            assert paths["/data/sales.csv"]["read_only"] is True
+            assert {"/workspace/output/note.txt", "/workspace/output/total.csv"} <= set(paths)
+
+            read = (
+                await call("read_file", {"path": "/workspace/output/note.txt"})
+            ).structuredContent
+            assert read == {
+                "path": "/workspace/output/note.txt",
+                "encoding": "utf-8",
+                "content": "héllo",
+                "truncated": False,
+            }
+            cut = await call("read_file", {"path": "/data/sales.csv", "max_bytes": 6})
+            assert (
+                cut.structuredContent["content"] == "region" and cut.structuredContent["truncated"]
+            )
+            await python(session, "open('/workspace/blob.bin', 'wb').write(bytes(range(256)))")
+            blob = (await call("read_file", {"path": "blob.bin"})).structuredContent
+            assert blob["encoding"] == "base64"
+            assert base64.b64decode(blob["content"]) == bytes(range(256))
+
+            for tool, args in [
+                ("read_file", {"path": "/etc/passwd"}),
+                ("read_file", {"path": "/workspace/../etc/passwd"}),
+                ("write_file", {"path": "/data/sales.csv", "content": "x"}),
+                ("write_file", {"path": "/tmp/x", "content": "x"}),
+                ("read_file", {"path": "/workspace/output/note.txt", "max_bytes": 0}),
+            ]:
+                assert (await call(tool, args)).isError, (tool, args)
+
+            exported = await call("export_outputs", {})
+            assert not exported.isError
+            files = sorted(exported.structuredContent["files"])
+            assert files == [str(out / "note.txt"), str(out / "total.csv")]
+            assert (out / "total.csv").read_text().splitlines()[1] == "north,10"
+
+    anyio.run(scenario)
+    assert hashlib.sha256(data.read_bytes()).hexdigest() == digest  # inputs never modified
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+def test_stdio_a_cancelled_call_interrupts_its_cell():
+    async def scenario():
+        async with stdio() as session:
+            await python(session, "kept = 1")
+            request_id = session._request_id  # the SDK numbers requests; the next one's id
+            slow = "import time\nfor _ in range(300):\n    time.sleep(0.1)\nfinished = True"
+            outcome = []
+
+            async def call():
+                try:
+                    outcome.append(await python(session, slow))
+                except McpError as error:
+                    outcome.append(error.error.message)
+
+            async with anyio.create_task_group() as calls:
+                calls.start_soon(call)
+                await anyio.sleep(2)
+                cancel = CancelledNotification(
+                    params=CancelledNotificationParams(requestId=request_id, reason="test")
+                )
+                await session.send_notification(ClientNotification(cancel))
+            assert outcome == ["Request cancelled"]
+            started = time.monotonic()
+            after = await python(session, "('finished' in globals(), kept)")
+            assert text(after) == "(False, 1)"  # interrupted, not finished; state kept
+            assert time.monotonic() - started < 10  # not waiting out the 30 s cell
+
+    anyio.run(scenario)
+
+
+CLIENT = """
+import anyio, os, sys
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import McpError
+from mcp.types import CancelledNotification, CancelledNotificationParams, ClientNotification
+
+async def main():
+    server = StdioServerParameters(command=sys.executable, args=["-m", "agent.cli", "mcp"],
+                                   env=dict(os.environ))
+    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        result = await session.call_tool("run_python", {"code": "1 + 1"})
+        print("ready", result.content[0].text, flush=True)
+        await anyio.sleep(600)
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
+def test_ending_the_client_process_leaves_no_container(tmp_path):
+    script = tmp_path / "client.py"
+    script.write_text(textwrap.dedent(CLIENT))
+    client = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline().strip() == "ready 2"
+        (server,) = psutil.Process(client.pid).children(recursive=True)
+        label = owner_label(server.pid)
+        assert len(container_labels(label)) == 1
+        client.kill()  # no goodbye: the server sees its stdin end
+        client.wait(10)
+        server.wait(60)
+        assert container_labels(label) == []
+    finally:
+        client.kill()
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_stdio_server_on_sigterm_or_ctrl_c_removes_its_container(sig, status):
+    proc = subprocess.Popen(
+        [*SANDCELL, "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        wait_for(lambda: len(container_labels(owner_label(proc.pid))) == 1)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == status, err
+    assert out == b"" and b"Traceback" not in err  # stdout is the protocol's alone
+    assert container_labels(owner_label(proc.pid)) == []
+
+
+def test_usage_errors_are_one_line():
+    runner = CliRunner()
+    users = runner.invoke(main, ["mcp", "--users", __file__], prog_name="sandcell")
+    assert users.exit_code == 2 and "--users is for --http" in users.stderr
+    port = runner.invoke(main, ["mcp", "--port", "9000"], prog_name="sandcell")
+    assert port.exit_code == 2 and "--port is for --http" in port.stderr
+    missing = runner.invoke(main, ["mcp", "--input", "/nonexistent.csv"], prog_name="sandcell")
+    assert missing.exit_code == 2 and "does not exist" in missing.stderr
+
+
+# -- streamable HTTP ----------------------------------------------------------------------------
+
+
+def start_http(tmp_path, *extra: str) -> tuple[subprocess.Popen, str]:
+    users = tmp_path / "users.txt"
+    users.write_text(f"alice:{ALICE}\nbob:{BOB}\n")
+    proc = subprocess.Popen(
+        [*SANDCELL, "mcp", "--http", "--port", "0", "--users", str(users), "--pool", "1", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    first = proc.stdout.readline()
+    found = re.search(r"http://127\.0\.0\.1:\d+/mcp", first)
+    assert found, first + proc.stderr.read()
+    return proc, found.group(0)
+
+
+def bearer(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@asynccontextmanager
+async def http_session(url: str, token: str, end: bool = True):
+    """`end=False`: the client goes away without ending its session (no DELETE)."""
+    async with (
+        httpx.AsyncClient(headers=bearer(token), timeout=httpx.Timeout(30, read=300)) as http,
+        streamable_http_client(url, http_client=http, terminate_on_close=end) as (
+            read,
+            write,
+            session_id,
+        ),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session, session_id()
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(240)
+def test_http_sessions_are_isolated_need_a_token_and_sigterm_removes_every_container(tmp_path):
+    out, data = tmp_path / "out", tmp_path / "sales.csv"
+    data.write_text("region,amount\nnorth,10\n")
+    proc, url = start_http(tmp_path, "--output", str(out), "--input", str(data))
+    label = owner_label(proc.pid)
+
+    async def scenario():
+        async with http_session(url, ALICE) as (alice, alice_id):
+            async with http_session(url, BOB) as (bob, _):
+                async with anyio.create_task_group() as both:  # at once, each its own kernel
+                    both.start_soon(python, alice, "secret = 'alice'")
+                    both.start_soon(python, bob, "import time; time.sleep(0.5); other = 1")
+                assert text(await python(alice, "secret")) == "'alice'"
+                inputs = await python(bob, "open('/data/sales.csv').read().splitlines()[1]")
+                assert text(inputs) == "'north,10'"  # --input reaches every session
+                unseen = await python(bob, "secret")
+                assert unseen.isError and "NameError" in text(unseen)
+                assert len(container_labels(label)) == 3  # two sessions and the warm one
+
+                # Bob holding Alice's session id is refused, as if it did not exist
+                async with httpx.AsyncClient() as raw:
+                    stolen = await raw.post(
+                        url,
+                        json={},
+                        headers={
+                            **bearer(BOB),
+                            "mcp-session-id": alice_id,
+                            "accept": "application/json, text/event-stream",
+                        },
+                    )
+                assert stolen.status_code == 404
+            # Bob's session ended: its container goes (the pool refills to one warm)
+            wait_for(lambda: len(container_labels(label)) == 2)
+            assert text(await python(alice, "secret")) == "'alice'"
+            await python(alice, "open('/workspace/output/a.txt', 'w').write(secret)")
+            (exported,) = (await alice.call_tool("export_outputs", {})).structuredContent["files"]
+            assert exported.startswith(f"{out}/") and exported.endswith("/a.txt")  # DIR/<id>/
+            assert Path(exported).read_text() == "alice"
+
+    try:
+        for headers in ({}, bearer("not-a-token-of-this-server")):
+            refused = httpx.post(url, json={}, headers=headers)
+            assert refused.status_code == 401, headers
+            assert refused.headers["www-authenticate"].startswith("Bearer")
+        anyio.run(scenario)
+
+        signalled = []
+
+        async def hold_one_open():  # SIGTERM while a session and its sandbox are live
+            async with http_session(url, ALICE) as (session, _):
+                assert text(await python(session, "1 + 1")) == "2"
+                wait_for(lambda: len(container_labels(label)) == 2)
+                proc.send_signal(signal.SIGTERM)
+                signalled.append(True)
+                with anyio.move_on_after(60):
+                    while proc.poll() is None:
+                        await anyio.sleep(0.1)
+
+        try:
+            anyio.run(hold_one_open)
+        except Exception:  # the client's goodbye finds no server: only after the signal
+            if not signalled:
+                raise
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert "terminated (SIGTERM)" in err and "Traceback" not in err
+    assert container_labels(label) == []
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
+def test_http_a_session_its_client_left_ends_after_the_idle_time_with_its_container(tmp_path):
+    proc, url = start_http(tmp_path, "--idle-minutes", "0.05", "--pool", "0")  # 3 s
+    label = owner_label(proc.pid)
+
+    async def leave_without_ending():
+        async with http_session(url, ALICE, end=False) as (session, _):
+            assert text(await python(session, "1 + 1")) == "2"
+
+    try:
+        anyio.run(leave_without_ending)
+        assert len(container_labels(label)) == 1  # the session is still there
+        wait_for(lambda: container_labels(label) == [], seconds=30)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
