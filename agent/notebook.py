@@ -22,9 +22,11 @@ def trace_to_notebook(events: list[dict]) -> nbformat.NotebookNode:
     }
     nb.metadata["language_info"] = {"name": "python"}
     sessions = 0
-    for event in events:
+    for n, event in enumerate(events):
         kind = event.get("type")
         if kind == "session" and sessions:  # the same session continued by a later process
+            if not _did_anything(events[n + 1 :]):
+                continue  # a server restarted and the session was only looked at
             nb.cells.append(
                 new_markdown_cell(
                     f"*The session was continued here (model `{event.get('model')}`).*"
@@ -34,7 +36,7 @@ def trace_to_notebook(events: list[dict]) -> nbformat.NotebookNode:
             nb.cells.append(
                 new_markdown_cell(
                     f"*A fresh kernel was rebuilt here by re-running the {event.get('cells')} "
-                    f"cell(s) above ({event.get('skipped')} that had run into their time limit "
+                    f"cell(s) above ({event.get('skipped')} that had been stopped "
                     "left out).*"
                 )
             )
@@ -65,6 +67,16 @@ def trace_to_notebook(events: list[dict]) -> nbformat.NotebookNode:
             nb.cells.append(new_markdown_cell(f"{text}\n\n*Stopped: {event.get('stop_reason')}*"))
     nbformat.validate(nb)
     return nb
+
+
+def _did_anything(events: list[dict]) -> bool:
+    """Whether a process that took the session up again did anything with it."""
+    for event in events:
+        if event.get("type") == "session":
+            return False
+        if event.get("type") in ("question", "step", "inputs", "reset", "rebuilt"):
+            return True
+    return False
 
 
 def export_notebook(trace_path: str | Path, notebook_path: str | Path) -> Path:

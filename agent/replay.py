@@ -25,8 +25,9 @@ class Cell:
     recorded: str  # normalised output as recorded
     replayed: str = ""
     reset_before: bool = False  # the session's kernel was reset (chat's /reset) before it
-    timed_out: bool = False  # as recorded: stopped at its deadline ...
+    stopped: bool = False  # as recorded: stopped at its deadline or by an interrupt ...
     restarted: bool = False  # ... and the kernel restarted to stop it
+    duration_s: float = 0.0  # as recorded
 
     @property
     def same(self) -> bool:
@@ -59,7 +60,11 @@ def recorded_cells(events: list[dict]) -> list[Cell]:
                 ex = Execution.from_dict(obs["execution"])
                 question, step = event.get("question", 0), event.get("step", 0)
                 cell = Cell(question, step, ex.code, signature(ex), reset_before=reset)
-                cell.timed_out, cell.restarted = ex.timed_out, ex.restarted
+                cell.stopped, cell.restarted = (
+                    bool(ex.timed_out or ex.interrupted),
+                    bool(ex.restarted),
+                )
+                cell.duration_s = ex.duration_s
                 cells.append(cell)
                 reset = False
     return cells
@@ -115,16 +120,19 @@ def replay(trace: Path, inputs: list[Path] = (), image: str | None = None) -> Re
 def rerun(sandbox: Sandbox, cells: list[Cell], *, rebuild: bool = False) -> list[Cell]:
     """Run the cells in order in SANDBOX, restarting its kernel where the session did. With
     `rebuild` (bringing a fresh kernel to where a session left off, not comparing), a cell
-    recorded as stopped at its deadline is not run again: where its kernel was restarted the
-    kernel is restarted, else it is skipped. The cells not run."""
+    recorded as stopped (its deadline, or an interrupt) is not run again: where its kernel
+    was restarted the kernel is restarted, else it is skipped; and a cell that once ran
+    longer than today's deadline allows (an `execute` given its own timeout) gets the time
+    it took, twice over. The cells not run."""
     skipped = []
     for cell in cells:
         if cell.reset_before:
             sandbox.restart()
-        if rebuild and cell.timed_out:
+        if rebuild and cell.stopped:
             if cell.restarted:
                 sandbox.restart()
             skipped.append(cell)
             continue
-        cell.replayed = signature(sandbox.run(cell.code))
+        timeout = max(sandbox.limits.timeout_s, 2 * cell.duration_s + 5) if rebuild else None
+        cell.replayed = signature(sandbox.run(cell.code, timeout))
     return skipped

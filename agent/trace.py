@@ -21,13 +21,12 @@ class TraceWriter:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _cut_torn_tail(self.path)
         self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
         self._lock = threading.Lock()  # written from several threads: a question, routes, a reaper
         self._syncing = threading.Lock()  # a sync under way and close() never overlap
 
     def write(self, type_: str, **fields: Any) -> None:
-        if self._file is None:
-            raise ValueError(f"the trace {self.path} is closed")
         event = {
             "type": type_,
             "time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
@@ -35,6 +34,8 @@ class TraceWriter:
         event.update(fields)
         line = json.dumps(event, ensure_ascii=False, default=_plain) + "\n"
         with self._lock:
+            if self._file is None:
+                raise ValueError(f"the trace {self.path} is closed")
             self._file.write(line)
             self._file.flush()
         _SYNCER.mark(self)
@@ -57,6 +58,26 @@ class TraceWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """A last line that a crash cut short would swallow the next event appended: cut it."""
+    try:
+        f = path.open("rb+")
+    except FileNotFoundError:
+        return
+    with f:
+        end = pos = f.seek(0, os.SEEK_END)
+        while pos > 0:
+            step = min(pos, 1 << 16)
+            f.seek(pos - step)
+            newline = f.read(step).rfind(b"\n")
+            if newline >= 0:
+                pos += newline + 1 - step
+                break
+            pos -= step
+        if pos != end:
+            f.truncate(pos)
 
 
 class _Syncer:
@@ -106,10 +127,14 @@ def read_trace(path: str | Path) -> list[dict]:
             if not line.strip():
                 continue
             try:
-                events.append(json.loads(line))
+                event = json.loads(line)
             except json.JSONDecodeError:
                 if line.endswith("\n"):
                     raise ValueError(f"{path}:{n} is not a JSON trace event") from None
+                continue
+            if not isinstance(event, dict):
+                raise ValueError(f"{path}:{n} is not a JSON trace event (not an object)")
+            events.append(event)
     return events
 
 

@@ -9,8 +9,9 @@ import nbformat
 import pytest
 
 from agent import context
-from agent.notebook import export_notebook
+from agent.notebook import export_notebook, trace_to_notebook
 from agent.prompts import system_prompt
+from agent.replay import recorded_cells
 from agent.seams import Action, LimitReached
 from agent.stops import FAILURES, MAX_STEPS, REPEATED, TOKENS, WALL_TIME, Rules, Watch
 from agent.trace import TraceWriter, read_trace
@@ -177,6 +178,47 @@ def test_read_trace_skips_a_last_line_cut_by_a_crash(tmp_path):
     path = tmp_path / "trace.jsonl"
     path.write_text('{"type": "step", "step": 1}\n{"type": "step", "st')
     assert read_trace(path) == [{"type": "step", "step": 1}]
+
+
+def test_a_writer_cuts_a_torn_last_line_before_appending(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    path.write_text('{"type": "session"}\n{"type": "step", "st')  # a kill mid-write
+    with TraceWriter(path) as trace:  # a restarted server takes the session up again
+        trace.write("session")
+    assert [e["type"] for e in read_trace(path)] == ["session", "session"]
+
+
+def test_a_trace_line_that_is_not_an_object_is_not_a_trace(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    path.write_text('{"type": "session"}\n[1, 2]\n')
+    with pytest.raises(ValueError, match="not an object"):
+        read_trace(path)
+
+
+def test_replay_cells_know_what_was_stopped_and_how_long_each_took():
+    ran = Execution(code="x = 1", duration_s=3.5)
+    stopped = Execution(code="while True: pass", interrupted=True)
+    restarted = Execution(code="while True: pass", timed_out=True, restarted=True)
+    step = {"type": "step", "question": 1, "step": 1, "observations": [
+        {"tool": "python", "execution": e.to_dict()} for e in (ran, stopped, restarted)]}  # fmt: skip
+    cells = recorded_cells([{"type": "session"}, step])
+    assert [(c.stopped, c.restarted) for c in cells] == [
+        (False, False),
+        (True, False),
+        (True, True),
+    ]
+    assert cells[0].duration_s == 3.5
+
+
+def test_a_later_session_event_shows_in_the_notebook_only_when_it_did_something():
+    events = [
+        {"type": "session", "model": "m", "inputs": []},
+        {"type": "session", "model": "m2", "inputs": []},  # only looked at after a restart
+        {"type": "session", "model": "m3", "inputs": []},
+        {"type": "question", "question": 1, "task": "go on"},
+    ]
+    text = "\n".join(c.source for c in trace_to_notebook(events).cells)
+    assert text.count("continued here") == 1 and "`m3`" in text and "`m2`" not in text
 
 
 def test_notebook_has_thoughts_code_outputs_and_images(tmp_path):

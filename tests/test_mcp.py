@@ -292,6 +292,25 @@ def test_usage_errors_are_one_line():
     assert port.exit_code == 2 and "--port is for --http" in port.stderr
     missing = runner.invoke(main, ["mcp", "--input", "/nonexistent.csv"], prog_name="sandcell")
     assert missing.exit_code == 2 and "does not exist" in missing.stderr
+    for result in (users, port, missing):
+        errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+        assert len(errors) == 1 and "Traceback" not in result.stderr
+
+
+def test_export_never_replaces_an_input_or_files_already_in_the_output_folder(tmp_path):
+    data = tmp_path / "in.csv"
+    data.write_text("a\n1\n")
+    runner = CliRunner()
+    over = runner.invoke(
+        main, ["mcp", "--input", str(data), "--output", str(tmp_path), "--overwrite"]
+    )
+    assert over.exit_code == 2 and "holds an --input file" in over.stderr
+    assert data.read_text() == "a\n1\n"
+    full = tmp_path / "out"
+    full.mkdir()
+    (full / "notes.txt").write_text("mine")
+    kept = runner.invoke(main, ["mcp", "--output", str(full)])
+    assert kept.exit_code == 2 and "is not empty" in kept.stderr and "--overwrite" in kept.stderr
 
 
 # -- streamable HTTP ----------------------------------------------------------------------------

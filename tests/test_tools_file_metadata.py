@@ -206,6 +206,7 @@ def test_parse_request_components():
     assert parse_request("data.csv", names).area == "data"  # an input named like the root
     assert parse_request("results/out.csv", names).shown == "/workspace/results/out.csv"
     assert parse_request("workspace/out.csv", names).shown == "/workspace/out.csv"
+    assert parse_request(".", names).shown == parse_request("./", names).shown == "/workspace"
 
 
 def test_unchanged_files_are_cached_and_changed_files_reread(tree):

@@ -97,6 +97,8 @@ def parse_request(path: str, input_names: Iterable[str]) -> Target:
                 f"and /workspace can be inspected, e.g. {_examples(names)}"
             )
         return Target(parts[0], tuple(parts[1:]))
+    if not parts:  # "." or "./": the workspace itself
+        return Target(WORKSPACE_ROOT, ())
     if parts[0] == INPUT_ROOT and len(parts) > 1 and parts[1] in names:
         return Target(INPUT_ROOT, tuple(parts[1:]))
     if parts[0] in names:  # a bare input name: the file the model was told about

@@ -19,7 +19,13 @@ from typing import NoReturn
 import click
 
 from agent.cli import exits
-from agent.cli.options import build_limits, input_option, limit_options
+from agent.cli.options import (
+    build_limits,
+    check_output_folder,
+    input_option,
+    limit_options,
+    overwrite_option,
+)
 from agent.seams import Terminated
 
 
@@ -59,9 +65,12 @@ from agent.seams import Terminated
     show_default=True,
     help="--http: a session idle this long ends and its sandbox is removed.",
 )
+@overwrite_option
 @limit_options
 @exits.reported()
-def mcp_cmd(inputs, output, http, host, port, users, pool, max_sessions, idle_minutes, opts):
+def mcp_cmd(
+    inputs, output, http, host, port, users, pool, max_sessions, idle_minutes, overwrite, opts
+):
     """Serve the sandbox to MCP clients: run_python, describe_file, list_files, read_file,
     write_file, calculator, export_outputs. Over stdio by default (one sandbox for the
     process); --http serves streamable HTTP at /mcp with bearer tokens, a sandbox per session."""
@@ -70,8 +79,15 @@ def mcp_cmd(inputs, output, http, host, port, users, pool, max_sessions, idle_mi
 
     _quiet_sdk_logs()
     limits, checked = build_limits(opts), Inputs.from_paths(list(inputs))
-    if output is not None and output.exists() and not output.is_dir():
-        raise click.UsageError(f"--output {output} is a file; give a folder")
+    if output is not None:
+        # stdio exports into the folder itself: its files are not replaced unless asked;
+        # over HTTP each session exports into a fresh DIR/<session>/
+        check_output_folder(output, overwrite or http)
+        if any(i.path.resolve().is_relative_to(output.resolve()) for i in checked):
+            raise click.UsageError(
+                f"--output {output} holds an --input file, which an export could replace; "
+                "give an output folder apart from the inputs"
+            )
     if not http:
         _refuse_http_options()
     preflight()  # no engine or image: said now (exit 3), before any client waits on it

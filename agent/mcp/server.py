@@ -33,6 +33,7 @@ from tools.registry import ToolError as SandcellToolError
 from tools.registry import schema_problem
 
 READ_DEFAULT, READ_MAX = 64 << 10, 1 << 20  # read_file: bytes by default, and at most
+MAX_IMAGES = 8  # figures sent as image content per call; the rest are named, not sent
 
 INSTRUCTIONS = (
     "A sealed, offline Python sandbox (pandas, numpy, matplotlib, ...). Input files are "
@@ -103,11 +104,16 @@ async def blocking(function: Callable, *args, cancelled: Callable[[], None] | No
 def observation(execution, chars: int) -> CallToolResult:
     """The bounded observation as text, each figure as PNG image content; isError when the
     code raised, timed out or the kernel restarted (the text says which)."""
-    content: list = [TextContent(type="text", text=render(execution, chars))]
-    for result in execution.results:
-        png = result.data.get("image/png")
-        if png:
-            content.append(ImageContent(type="image", data=png.strip(), mimeType="image/png"))
+    text = render(execution, chars)
+    pngs = [r.data["image/png"] for r in execution.results if r.data.get("image/png")]
+    if len(pngs) > MAX_IMAGES:  # a loop of plt.show() must not flood the client's context
+        text += (
+            f"\n[{len(pngs) - MAX_IMAGES} more figure(s) not sent; every figure is saved "
+            "under /workspace/figures (list_files, read_file)]"
+        )
+    content: list = [TextContent(type="text", text=text)]
+    for png in pngs[:MAX_IMAGES]:
+        content.append(ImageContent(type="image", data=png.strip(), mimeType="image/png"))
     return CallToolResult(content=content, isError=not execution.ok)
 
 
@@ -159,12 +165,21 @@ def build_server(cells: Cells, limits: Limits) -> FastMCP:
         /data; write files to /workspace/output. Use for loading, cleaning, statistics and
         charts (each figure comes back as an image); not for plain arithmetic (calculator)."""
         cell = cell_of(ctx)
+        running, given_up = threading.Event(), threading.Event()
 
         def run():
             with cell.lock:
+                if given_up.is_set():  # cancelled while it waited for another call's cell
+                    return None
+                running.set()
                 return cell.sandbox.run(code, timeout_s)
 
-        execution = await blocking(run, cancelled=cell.sandbox.interrupt)
+        def cancel() -> None:
+            given_up.set()
+            if running.is_set():  # only its own cell: a queued call interrupts nothing
+                cell.sandbox.interrupt()
+
+        execution = await blocking(run, cancelled=cancel)
         return observation(execution, limits.observation_chars)
 
     @mcp.tool()

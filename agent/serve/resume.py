@@ -65,7 +65,7 @@ def stored_sessions(data: Path) -> Iterator[Stored]:
         try:
             events = read_trace(trace)
             names = list(dict.fromkeys(item["name"] for item in all_inputs(events)))
-        except (OSError, UnicodeDecodeError, ValueError) as error:
+        except (OSError, ValueError, KeyError, TypeError) as error:  # UnicodeDecodeError too
             log.warning(
                 "session folder %s not resumed: its trace cannot be read (%s)", folder, error
             )

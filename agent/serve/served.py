@@ -239,7 +239,7 @@ class ServedSession:
             return (
                 "the server restarted since this session was last used: its kernel is rebuilt "
                 f"by re-running its {len(self._rebuild)} recorded cell(s) (a cell that had run "
-                "into its time limit is not run again)"
+                "into its time limit or was stopped is not run again)"
             )
         # a fresh kernel: recorded as chat's /reset is, so replay restarts its kernel here too
         self.session.trace.write("reset", question=self.session.loop.questions, reason="idle")

@@ -85,7 +85,7 @@ class Sessions:
                 return self._by_id.get(sid)  # resumed meanwhile, or not this user's
             try:
                 past = resume.read_past(stored.folder)
-            except (OSError, ValueError) as error:  # InputError is a ValueError
+            except (OSError, ValueError, KeyError, TypeError) as error:  # InputError: a ValueError
                 log.warning("session %s cannot be continued: %s", sid, error)
                 raise NotFound(f"session {sid} cannot be continued: {error}") from None
             served = ServedSession(sid, user, stored.folder, self.config, self.pool, past)
@@ -102,10 +102,13 @@ class Sessions:
             return served.renewed()
 
     def delete(self, user: str, sid: str) -> None:
-        stored = self._stored.get(sid)
-        if stored is not None and stored.user == user:
-            with self._lock:
-                self._stored.pop(sid, None)
+        with self._lock:  # not while a request resumes it
+            stored = self._stored.get(sid)
+            if stored is not None and stored.user == user:
+                del self._stored[sid]
+            else:
+                stored = None
+        if stored is not None:
             shutil.rmtree(stored.folder, ignore_errors=True)
             return
         served = self.get(user, sid)
