@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
 import uuid
@@ -43,6 +44,7 @@ from sandbox.errors import SandboxUnavailable
 RESOURCE = "sandcell"  # the custom resource a sandbox node declares: sandboxes at once
 MAX_INPUT_MB = 512  # a job's inputs through the object store, at most
 NODE_RETRIES = 3  # runs of a job again after its worker or node died
+REFRESH_S = 2.0  # how often the driver looks for new nodes (and updates the bar's figures)
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,10 @@ class NodeRunner:
     def ready(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
-    def run(self, job: RemoteJob, blobs: dict) -> tuple[dict, dict[str, bytes]]:
+    def run(self, job: RemoteJob, blobs: dict) -> tuple[dict, dict[str, bytes]] | None:
+        """The job's record and files; None once stopping (not started, nothing recorded)."""
+        if self.running.stopping:
+            return None
         if self.model is None and job.replies is None:
             self.model = endpoint_model(self.settings, self.key_box)
         return run_here(
@@ -168,14 +173,18 @@ def _files(folder: Path) -> dict[str, bytes]:
     return found
 
 
+_runner: list = []  # this worker's node runner, looked up once
+
+
 def job_task(job: RemoteJob, blobs: dict, settings: Settings, key_box: list | None):
     """A job placed by Ray on a node with a free `sandcell` unit: run by that node's runner,
     or here with a fresh sandbox when the node has none (it joined after the batch began)."""
-    try:
-        runner = ray.get_actor(runner_name(ray.get_runtime_context().get_node_id()))
-    except ValueError:
-        return run_here(job, blobs, settings, key_box, None, Running())
-    return ray.get(runner.run.remote(job, blobs))
+    if not _runner:
+        try:
+            _runner.append(ray.get_actor(runner_name(ray.get_runtime_context().get_node_id())))
+        except ValueError:
+            return run_here(job, blobs, settings, key_box, None, Running())
+    return ray.get(_runner[0].run.remote(job, blobs))
 
 
 class RayBatch(Batch):
@@ -207,18 +216,28 @@ class RayBatch(Batch):
         self.runners: dict[str, object] = {}
         self._runner_class = ray.remote(NodeRunner)
         self.slots = 0
+        self._sigterm, self._restore_sigterm = False, None
+
+    def run(self) -> list[dict]:
+        """The batch as on one host, connected first: a cluster that is not there (or offers
+        no sandboxes) is said before the bar shows. The runners go away at the end."""
+        self._connect()
+        try:
+            return super().run()
+        finally:
+            self._close_runners()
+            ray.shutdown()
+            if self._restore_sigterm is not None:
+                signal.signal(signal.SIGTERM, self._restore_sigterm)
 
     def _execute(self, todo: list[Job]) -> list[dict]:
         if not todo:
             return []
-        self._connect(len(todo))
-        try:
-            return self._run_all(todo)
-        finally:
-            self._close_runners()
-            ray.shutdown()
+        self._refresh(len(todo))  # a runner per node, its pool sized for the jobs left
+        return self._run_all(todo)
 
-    def _connect(self, jobs: int) -> None:
+    def _connect(self) -> None:
+        _reachable(self.address)
         before = signal.getsignal(signal.SIGTERM)  # ray.init puts a plain exit there
         try:
             ray.init(
@@ -234,7 +253,15 @@ class RayBatch(Batch):
             ) from None
         finally:
             signal.signal(signal.SIGTERM, before)
-        self._refresh(jobs)
+        if callable(before):  # note a SIGTERM, then handle it as before (exits: Terminated)
+
+            def noted(signum, frame):
+                self._sigterm = True
+                before(signum, frame)
+
+            signal.signal(signal.SIGTERM, noted)
+            self._restore_sigterm = before
+        self._refresh(0)
         if not self.slots:
             raise SandboxUnavailable(
                 f"no node of the Ray cluster at {self.address} offers the `{RESOURCE}` "
@@ -247,7 +274,7 @@ class RayBatch(Batch):
         than its slots, so the next job's sandbox is ready when a job ends, and no more than
         the `jobs` left); the bar's nodes and slots in use."""
         nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get(RESOURCE)]
-        for node in nodes:
+        for node in nodes if jobs else ():
             node_id = node["NodeID"]
             if node_id in self.runners:
                 continue
@@ -259,6 +286,7 @@ class RayBatch(Batch):
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             ).remote(min(slots + 1, jobs), self.settings, self._key_box)
         self.slots = int(sum(n["Resources"][RESOURCE] for n in nodes))
+        self._refreshed = time.monotonic()
         free = ray.available_resources().get(RESOURCE, 0)
         with self._lock:
             self.counts.update(nodes=len(nodes), slots=f"{self.slots - int(free)}/{self.slots}")
@@ -298,11 +326,18 @@ class RayBatch(Batch):
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
                 for ref in ready:
                     records.append(self._collect(ref, pending.pop(ref)))
-                self._refresh(len(queue) + len(pending))
-                self.bar.set_postfix(self.counts, refresh=True)
+                if time.monotonic() - self._refreshed > REFRESH_S:
+                    self._refresh(len(queue) + len(pending))
+                    self.bar.set_postfix(self.counts, refresh=True)
         except KeyboardInterrupt as stop:
-            reason = stops.TERMINATED if isinstance(stop, Terminated) else stops.INTERRUPTED
-            records += self._stop_all(reason, pending)
+            # Ray's wait turns the Terminated our SIGTERM handler raises into a plain
+            # KeyboardInterrupt: the flag says which signal it was
+            terminated = isinstance(stop, Terminated) or self._sigterm
+            records += self._stop_all(
+                stops.TERMINATED if terminated else stops.INTERRUPTED, pending
+            )
+            if terminated and not isinstance(stop, Terminated):
+                raise Terminated() from None
             raise
         return records
 
@@ -376,9 +411,12 @@ class RayBatch(Batch):
             for ref in ready:
                 job = pending.pop(ref)
                 try:
-                    record, files = ray.get(ref)
+                    result = ray.get(ref)
                 except ray.exceptions.RayError:
-                    continue  # cancelled or lost: nothing recorded, a rerun runs it
+                    result = None  # cancelled or lost
+                if result is None:  # or not started: nothing recorded, a rerun runs it
+                    continue
+                record, files = result
                 write_folder(self.output / job.id, files)
                 self._record(record)
                 records.append(record)
@@ -396,6 +434,28 @@ class RayBatch(Batch):
             for runner in self.runners.values():
                 ray.kill(runner)
             self.runners.clear()
+
+
+def _reachable(address: str) -> None:
+    """ray.init waits minutes for a cluster address where nothing listens; a plain TCP
+    connect says so at once."""
+    target = address
+    if address == "auto":
+        try:
+            target = ray._private.utils.read_ray_address()  # the cluster `ray start` left here
+        except AttributeError:
+            return
+    if not target or "://" in target:
+        return  # no cluster here (ray.init says so) or a ray:// client address
+    host, _, port = target.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except (OSError, ValueError) as error:
+        raise SandboxUnavailable(
+            f"no Ray cluster answers at {target} ({getattr(error, 'strerror', None) or error}); "
+            "start one with `ray start --head --resources '{\"sandcell\": 2}'` or give the "
+            "head's address to --ray"
+        ) from None
 
 
 def write_folder(folder: Path, files: dict[str, bytes]) -> None:

@@ -302,3 +302,47 @@ def test_a_job_over_the_input_cap_fails_alone_and_shared_paths_runs_it(cluster, 
     lines = records(out)
     assert sorted(r["id"] for r in lines) == sorted(expected)
     check_answered(next(r for r in lines if r["id"] == "big"), out, expected)
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_stops_the_jobs_on_every_node_records_them_and_exits_143(cluster, tmp_path):
+    jobs_file, expected, _ = make_jobs(tmp_path, 4, sleep_s=60)
+    out = tmp_path / "out"
+    driver = subprocess.Popen(
+        batch_args(jobs_file, out, cluster),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    raylets = [n.all_processes["raylet"][0].process.pid for n in cluster.list_all_nodes()]
+    deadline = time.monotonic() + 120
+    while not all(job_task_workers(r) for r in raylets) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(job_task_workers(r) for r in raylets), "the jobs did not start on both nodes"
+    time.sleep(3)  # inside their 60-second cells
+    stopped = time.monotonic()
+    driver.send_signal(signal.SIGTERM)
+    stdout, stderr = driver.communicate(timeout=90)
+    assert driver.returncode == 143, stderr[-3000:]
+    assert time.monotonic() - stopped < 45  # the cells were interrupted, not waited for
+    lines = records(out)
+    assert len(lines) == 2 and {r["status"] for r in lines} == {"interrupted"}, lines
+    assert {r["stop_reason"] for r in lines} == {"terminated"}
+    for record in lines:
+        assert (out / record["id"] / "trace.jsonl").exists()  # what was done is kept
+
+
+def test_ray_flags_misused_or_no_cluster_are_one_line_errors(tmp_path):
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"id": "a", "task": "x"}\n')
+    base = [*SANDCELL, "batch", str(jobs), "--output", str(tmp_path / "o")]
+    env = {**os.environ, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
+    for more, status, message in (
+        (["--ray", "--workers", "3"], 2, "Error: --workers is for a batch on this host"),
+        (["--shared-paths"], 2, "Error: --shared-paths goes with --ray"),
+        (["--max-input-mb", "5"], 2, "Error: --max-input-mb goes with --ray"),
+        (["--ray", "127.0.0.1:1"], 3, "sandcell: no Ray cluster answers at 127.0.0.1:1"),
+    ):
+        run = subprocess.run([*base, *more], capture_output=True, text=True, timeout=60, env=env)
+        assert run.returncode == status and message in run.stderr, (more, run.stderr)
+        assert "Traceback" not in run.stderr
