@@ -15,7 +15,7 @@ ROOT = Path(__file__).parent.parent
 
 @pytest.mark.docker
 @pytest.mark.timeout(600)
-@pytest.mark.xdist_group("bench")
+@pytest.mark.xdist_group("ray")  # its Ray section starts a cluster: never beside another
 def test_smoke_bench_writes_every_section(tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "bench", "--smoke", "--out", str(tmp_path)],
@@ -29,7 +29,7 @@ def test_smoke_bench_writes_every_section(tmp_path):
     assert run.returncode == 0, run.stderr[-4000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["smoke"] is True
-    assert {"machine", "sandbox", "agent", "batch", "session", "seconds"} <= set(results)
+    assert {"machine", "sandbox", "agent", "batch", "session", "ray", "seconds"} <= set(results)
     session = results["session"]
     assert len(session["background_s"]) == len(session["sandbox_first_s"]) == 2
     assert all(s > session["model_delay_s"] for s in session["background_s"])
@@ -43,6 +43,8 @@ def test_smoke_bench_writes_every_section(tmp_path):
     assert set(results["agent"]["step_overhead"]) == {"tools", "react"}
     assert set(results["batch"]["runs"]) == {"1", "2"}
     assert all(r["jobs"] == 3 for r in results["batch"]["runs"].values())
+    assert set(results["ray"]["runs"]) == {"local", "ray_1", "ray_2"}
+    assert results["ray"]["overhead"] > 0 and results["ray"]["scaling"] > 0
 
     report = (tmp_path / "REPORT.md").read_text()
     assert "| what | figure | target | |" in report
@@ -53,6 +55,8 @@ def test_smoke_bench_writes_every_section(tmp_path):
         "batch jobs per minute",
         "batch throughput, 2 workers vs 1",
         "session creation to first observation",
+        "`batch --ray` per-job time vs local batch",
+        "`batch --ray` jobs per minute, 2 nodes × 1 slot vs 1 node × 1 slot",
         "### Characters sent to the model, per task",
     ):
         assert row in report, row
