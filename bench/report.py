@@ -2,7 +2,8 @@
 
 import importlib
 
-SECTIONS = ("agent", "batch", "session", "ray")  # beside the sandbox's: each in bench/<name>_bench.py
+# beside the sandbox's: each in bench/<name>_bench.py
+SECTIONS = ("agent", "batch", "session", "ray")
 
 
 def sections():
