@@ -24,9 +24,11 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -36,7 +38,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from agent import stops
 from agent.batch import STOP_WAIT_S, Batch, Job, Running, run_job
 from agent.scripted import ScriptedModel, load_script
-from agent.seams import Terminated
+from agent.seams import Model, Terminated
 from agent.stops import Rules
 from sandbox import InputError, Inputs, Limits, SandboxPool
 from sandbox.errors import SandboxUnavailable
@@ -78,17 +80,19 @@ class NodeRunner:
         self.settings, self.key_box = settings, key_box
         self.pool = SandboxPool(size=pool_size, limits=settings.limits)
         self.running = Running()
-        self.model = None  # one endpoint client for the node's jobs: it is thread-safe
+        self._model = None  # one endpoint client for the node's jobs: it is thread-safe
+        self._lock = threading.Lock()
 
-    def ready(self) -> str:
-        return ray.get_runtime_context().get_node_id()
+    def model(self):
+        with self._lock:
+            if self._model is None:
+                self._model = endpoint_model(self.settings, self.key_box)
+            return self._model
 
     def run(self, job: RemoteJob, blobs: dict) -> tuple[dict, dict[str, bytes]] | None:
         """The job's record and files; None once stopping (not started, nothing recorded)."""
         if self.running.stopping:
             return None
-        if self.model is None and job.replies is None:
-            self.model = endpoint_model(self.settings, self.key_box)
         return run_here(
             job, blobs, self.settings, self.key_box, self.pool, self.running, self.model
         )
@@ -114,7 +118,7 @@ def run_here(
     key_box: list | None,
     pool: SandboxPool | None,
     running: Running,
-    model=None,
+    model: Callable[[], Model] | None = None,
 ) -> tuple[dict, dict[str, bytes]]:
     """Run one job on this node through run_job, in a scratch folder removed afterwards; the
     record and the folder's files as bytes (relative path -> content)."""
@@ -131,10 +135,10 @@ def run_here(
             )
             return record | {"node": node}, {}
 
-        def make_model(_job: Job):
+        def make_model(_job: Job) -> Model:  # called inside run_job: its errors are recorded
             if job.replies is not None:
                 return ScriptedModel(job.replies, name=job.replay_name)
-            return model or endpoint_model(settings, key_box)
+            return model() if model else endpoint_model(settings, key_box)
 
         acquire = functools.partial(pool.acquire, inputs=inputs) if pool else None
         folder = work / "out"
@@ -383,12 +387,7 @@ class RayBatch(Batch):
         try:
             record, files = ray.get(ref)
         except ray.exceptions.RayError as error:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            return self._failed(
-                job,
-                f"{type(error).__name__}: the job did not come back from the Ray cluster after "
-                f"{NODE_RETRIES + 1} tries at most ({first})",
-            )
+            return self._failed(job, _lost(error))
         write_folder(self.output / job.id, files)
         self._record(record)
         return record
@@ -434,6 +433,21 @@ class RayBatch(Batch):
             for runner in self.runners.values():
                 ray.kill(runner)
             self.runners.clear()
+
+
+def _lost(error: Exception) -> str:
+    """Why a job did not come back: its worker, node or runner died on every try, or the
+    code on the node raised (a bug: run_job records the job's own failures)."""
+    cause = getattr(error, "cause", None)
+    if isinstance(error, ray.exceptions.RayTaskError) and not isinstance(
+        cause, ray.exceptions.RayError
+    ):
+        return f"{type(cause).__name__}: on its node: {cause}"
+    first = next(iter(str(cause or error).strip().splitlines()), "")
+    return (
+        f"{type(cause or error).__name__}: the job's Ray worker or node died on each of "
+        f"{NODE_RETRIES + 1} tries ({first})"
+    )
 
 
 def _reachable(address: str) -> None:
