@@ -18,6 +18,7 @@ OPENAI_API_KEY of its own environment."""
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import shutil
@@ -388,6 +389,8 @@ class RayBatch(Batch):
             record, files = ray.get(ref)
         except ray.exceptions.RayError as error:
             return self._failed(job, _lost(error))
+        if not self.settings.shared_paths:
+            files = driver_paths(files, job)
         write_folder(self.output / job.id, files)
         self._record(record)
         return record
@@ -470,6 +473,24 @@ def _reachable(address: str) -> None:
             "start one with `ray start --head --resources '{\"sandcell\": 2}'` or give the "
             "head's address to --ray"
         ) from None
+
+
+def driver_paths(files: dict[str, bytes], job: Job) -> dict[str, bytes]:
+    """The trace names each input where the driver read it, not at the node's scratch copy
+    (the same bytes, the same sha256), so `sandcell replay DIR/<id>/trace.jsonl` finds it."""
+    raw = files.get("trace.jsonl")
+    if not raw:
+        return files
+    head, newline, rest = raw.partition(b"\n")
+    event = json.loads(head)
+    if event.get("type") != "session":
+        return files
+    for item in event.get("inputs") or []:
+        source = job.inputs.get(item.get("name"))
+        if source is not None:
+            item["path"] = str(source.path)
+    line = json.dumps(event, ensure_ascii=False).encode()
+    return {**files, "trace.jsonl": line + newline + rest}
 
 
 def write_folder(folder: Path, files: dict[str, bytes]) -> None:

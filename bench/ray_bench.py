@@ -85,7 +85,7 @@ def run(smoke: bool) -> dict:
     from ray.cluster_utils import Cluster
 
     jobs, by_id = jobs_for(TASKS[:3] if smoke else TASKS)
-    passes = 1 if smoke else 2
+    passes = 1 if smoke else 3
     figures: dict[str, list[dict]] = {"local": [], "ray_1": [], "ray_2": []}
     with tempfile.TemporaryDirectory(prefix="sandcell-bench-scripts-") as folder:
         ray_jobs = scripted(jobs, by_id, Path(folder))

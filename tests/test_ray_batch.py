@@ -160,7 +160,10 @@ def check_answered(record, out, expected):
     assert (folder / "output" / "rows.txt").read_text() == str(rows)
     assert (folder / "output" / "sha256.txt").read_text() == sha256(csv)  # what the sandbox read
     assert (folder / "answer.md").exists() and (folder / "notebook.ipynb").exists()
-    assert json.loads((folder / "trace.jsonl").read_text().splitlines()[-1])["type"] == "final"
+    events = [json.loads(line) for line in (folder / "trace.jsonl").read_text().splitlines()]
+    assert events[-1]["type"] == "final"
+    (recorded,) = events[0]["inputs"]  # where the driver read it: `replay` finds it there
+    assert recorded["path"] == str(csv.resolve()) and recorded["sha256"] == sha256(csv)
 
 
 @pytest.mark.timeout(240)
@@ -187,6 +190,13 @@ def test_twelve_jobs_on_two_nodes_all_answered_and_the_key_never_written(cluster
     assert {r["node"] for r in lines} == nodes  # both nodes ran jobs
     assert {p: (sha256(p), p.stat().st_mode) for p in CSVS} == before  # inputs untouched
     assert "12 jobs: 12 answered" in run.stdout
+    replay = subprocess.run(
+        [*SANDCELL, "replay", str(out / "job-00" / "trace.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert replay.returncode == 0, replay.stdout + replay.stderr  # the same cells, the same output
     written = [out, cluster.head_node.get_session_dir_path()]
     leaks = subprocess.run(["grep", "-rl", KEY, *map(str, written)], capture_output=True, text=True)
     assert leaks.stdout == "" and KEY not in run.stdout + run.stderr
