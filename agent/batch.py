@@ -2,7 +2,8 @@
 
 Each job runs in its own sandbox from a warm pool; results land in DIR/<id>/ and one line of
 DIR/results.jsonl per job, appended and flushed as each job ends. A rerun skips the ids
-already in results.jsonl and redoes the rest, so a batch killed half-way loses nothing."""
+already in results.jsonl and redoes the rest, so a batch killed half-way loses nothing.
+`run_job` is the one job body: the threads here and a Ray node (agent/ray_batch.py) run it."""
 
 import functools
 import json
