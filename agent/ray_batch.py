@@ -226,8 +226,8 @@ class RayBatch(Batch):
     def run(self) -> list[dict]:
         """The batch as on one host, connected first: a cluster that is not there (or offers
         no sandboxes) is said before the bar shows. The runners go away at the end."""
-        self._connect()
         try:
+            self._connect()
             return super().run()
         finally:
             self._close_runners()
