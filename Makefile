@@ -11,7 +11,7 @@ export SANDCELL_IMAGE ?= sandcell-sandbox:latest
 install: $(STAMP)
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench,ray]'
 	touch $(STAMP)
 
 engine:

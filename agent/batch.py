@@ -2,7 +2,8 @@
 
 Each job runs in its own sandbox from a warm pool; results land in DIR/<id>/ and one line of
 DIR/results.jsonl per job, appended and flushed as each job ends. A rerun skips the ids
-already in results.jsonl and redoes the rest, so a batch killed half-way loses nothing."""
+already in results.jsonl and redoes the rest, so a batch killed half-way loses nothing.
+`run_job` is the one job body: the threads here and a Ray node (agent/ray_batch.py) run it."""
 
 import functools
 import json
@@ -11,8 +12,9 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from agent.scripted import ScriptedModel, ScriptError
 from agent.seams import Model, Terminated
 from agent.session import Agent
 from agent.stops import Rules
-from sandbox import InputError, Inputs, Limits, SandboxPool
+from sandbox import InputError, Inputs, Limits, Sandbox, SandboxPool
 
 RESULTS = "results.jsonl"
 STOP_WAIT_S = 60.0  # after Ctrl-C or SIGTERM, how long running jobs get to end
@@ -109,7 +111,89 @@ def finished(output: Path) -> dict[str, dict]:
     return done
 
 
+class Running:
+    """The sessions running now, so Ctrl-C or SIGTERM can stop them all; once stopping, a
+    session made afterwards is cancelled as it registers."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._sessions: set = set()
+        self.stopping: str | None = None  # the stop reason once Ctrl-C or SIGTERM came
+
+    @contextmanager
+    def tracked(self, session) -> Iterator[None]:
+        with self._lock:
+            self._sessions.add(session)
+            stopping = self.stopping
+        if stopping:  # the stop came while this session was being made
+            session.cancel(stopping)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._sessions.discard(session)
+
+    def stop(self, reason: str, within: float = STOP_WAIT_S) -> None:
+        """Start no more jobs; stop the running ones, within `within` seconds for them all."""
+        with self._lock:
+            self.stopping = reason
+            running = list(self._sessions)
+        for session in running:
+            session.cancel(reason)  # all at once, then each is waited for
+        deadline = time.monotonic() + within
+        for session in running:
+            session.stop(reason, within=max(0.0, deadline - time.monotonic()))
+
+
+def run_job(
+    job: Job,
+    folder: Path,
+    make_model: Callable[[Job], Model],
+    acquire: Callable[[], Sandbox] | None,
+    limits: Limits,
+    rules: Rules,
+    protocol: str,
+    running: Running,
+) -> dict:
+    """Run one job into `folder` (made afresh) and return its line of results.jsonl. The one
+    job body: the local batch calls it in a thread, a Ray node in its actor. `acquire` gives
+    the job's sandbox (a pool's); None starts a fresh one."""
+    if folder.exists():  # an unfinished earlier attempt: start clean
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    started = time.monotonic()
+    record = {"id": job.id, "task": job.task}
+    try:
+        agent = Agent(make_model(job), limits=limits, rules=rules, protocol=protocol)
+        # taken beside the job's first model request; the session closes it
+        with agent.session(job.inputs, folder, acquire) as session, running.tracked(session):
+            result = session.ask(job.task)
+        write_answer(result, folder)
+        interrupted = result.stop_reason in (stops.INTERRUPTED, stops.TERMINATED)
+        record.update(
+            status="answered" if result.answered else ("interrupted" if interrupted else "stopped"),
+            stop_reason=result.stop_reason,
+            answer=result.answer,
+            error=result.error,
+            detail=result.detail,
+            steps=result.steps,
+            files=[os.path.relpath(f, folder) for f in result.files],
+            tokens=result.usage.total,
+            warnings=result.warnings,
+        )
+    except Exception as error:  # one job's failure is recorded, never stops the batch
+        record.update(
+            status="failed", stop_reason="error", error=f"{type(error).__name__}: {error}"
+        )
+    record["duration_s"] = round(time.monotonic() - started, 2)
+    return record
+
+
 class Batch:
+    """The driver: which jobs are left, the progress bar, results.jsonl. `_execute` runs the
+    jobs (here in threads on this host; agent.ray_batch runs them on a Ray cluster) and hands
+    each record to `_record` as it ends."""
+
     def __init__(
         self,
         jobs: list[Job],
@@ -130,10 +214,9 @@ class Batch:
         )
         self.progress = progress
         self._lock = threading.Lock()
-        self.counts = {"done": 0, "failed": 0, "running": 0}
+        self.counts: dict = {"done": 0, "failed": 0, "running": 0}
         self.skipped = 0  # jobs finished by an earlier run
-        self._sessions: set = set()  # the sessions running now, to stop them on Ctrl-C
-        self._stopping: str | None = None  # the stop reason once Ctrl-C or SIGTERM came
+        self.running = Running()
 
     def run(self) -> list[dict]:
         """Every job not finished for good yet. Ctrl-C or SIGTERM stops the running jobs (their
@@ -150,6 +233,17 @@ class Batch:
             disable=not self.progress,
             dynamic_ncols=True,
         )
+        try:
+            records = self._execute(todo)
+        finally:
+            self.bar.close()
+        latest = {**done, **{r["id"]: r for r in records}}
+        ordered = [latest[j.id] for j in self.jobs if j.id in latest]
+        if len(ordered) < sum(1 for _ in _lines(self.output / RESULTS)):
+            self._rewrite(ordered)  # retried jobs left older lines: keep one line per job
+        return ordered
+
+    def _execute(self, todo: list[Job]) -> list[dict]:
         records = []
         with (
             # one more than the workers: the next job's sandbox is ready when a job ends
@@ -160,16 +254,12 @@ class Batch:
                 for record in workers.map(lambda job: self._run_one(job, pool), todo):
                     records.append(record)
             except KeyboardInterrupt as stop:
-                self._stop(stops.TERMINATED if isinstance(stop, Terminated) else stops.INTERRUPTED)
+                self.running.stop(
+                    stops.TERMINATED if isinstance(stop, Terminated) else stops.INTERRUPTED
+                )
                 workers.shutdown(wait=True, cancel_futures=True)
                 raise
-            finally:
-                self.bar.close()
-        latest = {**done, **{r["id"]: r for r in records}}
-        ordered = [latest[j.id] for j in self.jobs if j.id in latest]
-        if len(ordered) < sum(1 for _ in _lines(self.output / RESULTS)):
-            self._rewrite(ordered)  # retried jobs left older lines: keep one line per job
-        return ordered
+        return records
 
     def _rewrite(self, records: list[dict]) -> None:
         temporary = self.output / (RESULTS + ".tmp")
@@ -179,64 +269,15 @@ class Batch:
             os.fsync(f.fileno())
         os.replace(temporary, self.output / RESULTS)  # atomic: a kill here loses nothing
 
-    def _stop(self, reason: str) -> None:
-        """Start no more jobs; stop the running ones, within STOP_WAIT_S for them all."""
-        with self._lock:
-            self._stopping = reason
-            running = list(self._sessions)
-        for session in running:
-            session.cancel(reason)  # all at once, then each is waited for
-        deadline = time.monotonic() + STOP_WAIT_S
-        for session in running:
-            session.stop(reason, within=max(0.0, deadline - time.monotonic()))
-
     def _run_one(self, job: Job, pool: SandboxPool) -> dict:
-        if self._stopping:  # queued before the stop: not started, and nothing recorded
+        if self.running.stopping:  # queued before the stop: not started, and nothing recorded
             return {"id": job.id, "task": job.task, "status": "interrupted"}
-        folder = self.output / job.id
-        if folder.exists():  # an unfinished earlier attempt: start clean
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
         self._count("running", +1)
-        started = time.monotonic()
-        record = {"id": job.id, "task": job.task}
-        try:
-            agent = Agent(
-                self.make_model(job), limits=self.limits, rules=self.rules, protocol=self.protocol
-            )
-            # taken from the pool beside the job's first model request; the session closes it
-            acquire = functools.partial(pool.acquire, inputs=job.inputs)
-            with agent.session(job.inputs, folder, acquire) as session:
-                with self._lock:
-                    self._sessions.add(session)
-                    stopping = self._stopping
-                if stopping:  # the stop came while this session was being made
-                    session.cancel(stopping)
-                try:
-                    result = session.ask(job.task)
-                finally:
-                    with self._lock:
-                        self._sessions.discard(session)
-            write_answer(result, folder)
-            interrupted = result.stop_reason in (stops.INTERRUPTED, stops.TERMINATED)
-            record.update(
-                status="answered"
-                if result.answered
-                else ("interrupted" if interrupted else "stopped"),
-                stop_reason=result.stop_reason,
-                answer=result.answer,
-                error=result.error,
-                detail=result.detail,
-                steps=result.steps,
-                files=[os.path.relpath(f, folder) for f in result.files],
-                tokens=result.usage.total,
-                warnings=result.warnings,
-            )
-        except Exception as error:  # one job's failure is recorded, never stops the batch
-            record.update(
-                status="failed", stop_reason="error", error=f"{type(error).__name__}: {error}"
-            )
-        record["duration_s"] = round(time.monotonic() - started, 2)
+        acquire = functools.partial(pool.acquire, inputs=job.inputs)
+        record = run_job(
+            job, self.output / job.id, self.make_model, acquire,
+            self.limits, self.rules, self.protocol, self.running,
+        )  # fmt: skip
         self._record(record)
         return record
 

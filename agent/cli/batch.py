@@ -1,4 +1,4 @@
-"""`sandcell batch JOBS.jsonl --output DIR --workers N`."""
+"""`sandcell batch JOBS.jsonl --output DIR --workers N`, or `--ray [ADDRESS]` for a Ray cluster."""
 
 import sys
 from pathlib import Path
@@ -28,13 +28,48 @@ from sandbox.container import preflight
     show_default=True,
     help="Sandboxes running at once.",
 )
+@click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[ADDRESS]",
+    help="Run the jobs on a Ray cluster (ADDRESS, else RAY_ADDRESS, else auto); its nodes "
+    "declare --resources '{\"sandcell\": N}'. Needs pip install 'sandcell[ray]'.",
+)
+@click.option(
+    "--shared-paths",
+    is_flag=True,
+    help="With --ray: the nodes read the inputs at the same paths (a shared filesystem) "
+    "instead of getting them through Ray's object store.",
+)
+@click.option(
+    "--max-input-mb",
+    type=click.IntRange(1, 1 << 20),
+    default=512,
+    show_default=True,
+    help="With --ray: the most a job's inputs may add up to through the object store.",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs, CI).")
 @agent_options
 @exits.reported()
-def batch_cmd(jobs_file, output, workers, no_progress, opts):
+def batch_cmd(
+    jobs_file, output, workers, ray_address, shared_paths, max_input_mb, no_progress, opts
+):
     """Run every job of JOBS_FILE (one JSON object a line: {"id", "task", "inputs"}).
 
     Rerunning the same command skips jobs already in DIR/results.jsonl."""
+    explicit = click.get_current_context().get_parameter_source
+    if ray_address is None:
+        for name, flag in (("shared_paths", "--shared-paths"), ("max_input_mb", "--max-input-mb")):
+            if explicit(name) == click.core.ParameterSource.COMMANDLINE:
+                raise click.UsageError(f"{flag} goes with --ray (a batch on a Ray cluster)")
+    elif explicit("workers") == click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError(
+            "--workers is for a batch on this host; with --ray each node runs as many jobs at "
+            "once as its `sandcell` resource says"
+        )
     if opts["replay"]:
         raise click.UsageError(
             "batch takes no --replay (one script cannot serve every job): give each job its "
@@ -57,17 +92,20 @@ def batch_cmd(jobs_file, output, workers, no_progress, opts):
 
     if not any(job.replay for job in jobs):
         make_model(jobs[0])  # a bad endpoint or key fails now (exit 4), not once per job
-    preflight()  # so does a missing engine or image (exit 3)
-    batch = Batch(
-        jobs,
-        output,
-        workers,
-        make_model,
-        build_limits(opts),
-        build_rules(opts),
-        opts["protocol"],
-        progress=not no_progress,
-    )
+    if ray_address is not None:
+        batch = ray_batch(jobs, output, ray_address, shared_paths, max_input_mb, no_progress, opts)
+    else:
+        preflight()  # so does a missing engine or image (exit 3)
+        batch = Batch(
+            jobs,
+            output,
+            workers,
+            make_model,
+            build_limits(opts),
+            build_rules(opts),
+            opts["protocol"],
+            progress=not no_progress,
+        )
     records = batch.run()
     if batch.skipped:
         click.echo(f"skipped {batch.skipped} finished jobs (in {output / RESULTS} already)")
@@ -88,6 +126,33 @@ def batch_cmd(jobs_file, output, workers, no_progress, opts):
     if retried:
         click.echo(f"rerun the same command to retry the {len(retried)} unfinished jobs", err=True)
     sys.exit(batch_status(failed + unanswered))
+
+
+def ray_batch(jobs, output, address, shared_paths, max_input_mb, no_progress, opts):
+    """The same batch on a Ray cluster: the nodes check Docker and the image themselves."""
+    try:
+        from agent.ray_batch import RayBatch
+    except ImportError as error:
+        if error.name != "ray" and not (error.name or "").startswith("ray."):
+            raise
+        raise click.UsageError(
+            "--ray needs Ray on this host and on every node: pip install 'sandcell[ray]'"
+        ) from None
+    model = {k: opts[o] for k, o in (("model", "model_name"), ("base_url", "base_url"))}
+    model.update(temperature=opts["temperature"], max_tokens=opts["max_tokens"])
+    return RayBatch(
+        jobs,
+        output,
+        build_limits(opts),
+        build_rules(opts),
+        opts["protocol"],
+        model=model,
+        api_key=opts["api_key"],
+        address=address or None,
+        shared_paths=shared_paths,
+        max_input_mb=max_input_mb,
+        progress=not no_progress,
+    )
 
 
 def batch_status(unfinished: list[dict]) -> int:

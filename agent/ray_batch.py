@@ -1,0 +1,507 @@
+"""`sandcell batch JOBS --output DIR --ray [ADDRESS]`: the same batch on a Ray cluster.
+
+What a batch means does not change (the jobs file, DIR/<id>/, results.jsonl, resume, exit
+statuses): `RayBatch` is `agent.batch.Batch` with another `_execute`. Ray does the rest:
+- placement: each job is a task asking one unit of the custom resource `sandcell`, which a node
+  declares as it joins (`ray start ... --resources '{"sandcell": N}'`: N sandboxes at once);
+- the job body: on its node the task hands the job to that node's `NodeRunner` actor, which
+  keeps a warm SandboxPool and runs `agent.batch.run_job`, the code a local job runs;
+- retries: a task whose worker or node dies runs again elsewhere, NODE_RETRIES times at most;
+- bytes: inputs go out through the object store, each file read once by the driver (or are read
+  in place by the node with --shared-paths); the job's folder comes back as bytes and only the
+  driver writes DIR/<id>/ and its results line, once, whatever the retries.
+
+The API key never goes through runtime_env: Ray's runtime-env agent logs env_vars in plain
+text. The driver's key travels as an object in the object store; without one, a node uses the
+OPENAI_API_KEY of its own environment."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from agent import stops
+from agent.batch import STOP_WAIT_S, Batch, Job, Running, run_job
+from agent.scripted import ScriptedModel, load_script
+from agent.seams import Model, Terminated
+from agent.stops import Rules
+from sandbox import InputError, Inputs, Limits, SandboxPool
+from sandbox.errors import SandboxUnavailable
+
+RESOURCE = "sandcell"  # the custom resource a sandbox node declares: sandboxes at once
+MAX_INPUT_MB = 512  # a job's inputs through the object store, at most
+NODE_RETRIES = 3  # runs of a job again after its worker or node died
+REFRESH_S = 2.0  # how often the driver looks for new nodes (and updates the bar's figures)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every job of a batch shares, as sent to the nodes (never the API key)."""
+
+    limits: Limits
+    rules: Rules
+    protocol: str
+    model: dict  # OpenAIModel's arguments but the key: model, base_url, temperature, max_tokens
+    shared_paths: bool = False
+
+
+@dataclass(frozen=True)
+class RemoteJob:
+    id: str
+    task: str
+    inputs: dict[str, str]  # name under /data -> the driver's path
+    replies: list | None = None  # the job's script of replies, read by the driver
+    replay_name: str | None = None
+
+
+def runner_name(node_id: str) -> str:
+    return f"sandcell-node-{node_id}"
+
+
+class NodeRunner:
+    """One per node: its warm pool and the jobs running there (so a stop reaches them)."""
+
+    def __init__(self, pool_size: int, settings: Settings, key_box: list | None):
+        self.settings, self.key_box = settings, key_box
+        self.pool = SandboxPool(size=pool_size, limits=settings.limits)
+        self.running = Running()
+        self._model = None  # one endpoint client for the node's jobs: it is thread-safe
+        self._lock = threading.Lock()
+
+    def model(self):
+        with self._lock:
+            if self._model is None:
+                self._model = endpoint_model(self.settings, self.key_box)
+            return self._model
+
+    def run(self, job: RemoteJob, blobs: dict) -> tuple[dict, dict[str, bytes]] | None:
+        """The job's record and files; None once stopping (not started, nothing recorded)."""
+        if self.running.stopping:
+            return None
+        return run_here(
+            job, blobs, self.settings, self.key_box, self.pool, self.running, self.model
+        )
+
+    def stop(self, reason: str, within: float) -> None:
+        self.running.stop(reason, within)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def endpoint_model(settings: Settings, key_box: list | None):
+    from agent.models import OpenAIModel  # loads openai: on the nodes only
+
+    key = ray.get(key_box[0]) if key_box else None  # else OPENAI_API_KEY of the node
+    return OpenAIModel(**settings.model, api_key=key)
+
+
+def run_here(
+    job: RemoteJob,
+    blobs: dict,
+    settings: Settings,
+    key_box: list | None,
+    pool: SandboxPool | None,
+    running: Running,
+    model: Callable[[], Model] | None = None,
+) -> tuple[dict, dict[str, bytes]]:
+    """Run one job on this node through run_job, in a scratch folder removed afterwards; the
+    record and the folder's files as bytes (relative path -> content)."""
+    node = ray.get_runtime_context().get_node_id()
+    work = Path(tempfile.mkdtemp(prefix="sandcell-ray-"))
+    try:
+        try:
+            inputs = Inputs.from_paths(_inputs_here(job, blobs, work / "inputs", settings))
+        except InputError as error:
+            where = " (with --shared-paths every node reads the inputs at the driver's path)"
+            record = {"id": job.id, "task": job.task, "status": "failed", "stop_reason": "error"}
+            record["error"] = f"InputError: on node {node[:12]}: {error}" + (
+                where if settings.shared_paths else ""
+            )
+            return record | {"node": node}, {}
+
+        def make_model(_job: Job) -> Model:  # called inside run_job: its errors are recorded
+            if job.replies is not None:
+                return ScriptedModel(job.replies, name=job.replay_name)
+            return model() if model else endpoint_model(settings, key_box)
+
+        acquire = functools.partial(pool.acquire, inputs=inputs) if pool else None
+        folder = work / "out"
+        record = run_job(
+            Job(job.id, job.task, inputs), folder, make_model, acquire,
+            settings.limits, settings.rules, settings.protocol, running,
+        )  # fmt: skip
+        return record | {"node": node}, _files(folder)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _inputs_here(job: RemoteJob, blobs: dict, folder: Path, settings: Settings) -> dict:
+    """{name: path on this node}: the driver's paths (a shared filesystem), or the bytes from
+    the object store written to a scratch folder (read-only: the sandbox mounts them)."""
+    if settings.shared_paths:
+        return job.inputs
+    folder.mkdir(parents=True)
+    names = list(blobs)
+    paths = {}
+    for name, data in zip(names, ray.get([blobs[n] for n in names]), strict=True):
+        path = folder / name
+        path.write_bytes(data)
+        path.chmod(0o444)
+        paths[name] = path
+    return paths
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    found = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = Path(root, name)
+            if path.is_file() and not path.is_symlink():
+                found[str(path.relative_to(folder))] = path.read_bytes()
+    return found
+
+
+_runner: list = []  # this worker's node runner, looked up once
+
+
+def job_task(job: RemoteJob, blobs: dict, settings: Settings, key_box: list | None):
+    """A job placed by Ray on a node with a free `sandcell` unit: run by that node's runner,
+    or here with a fresh sandbox when the node has none (it joined after the batch began)."""
+    if not _runner:
+        try:
+            _runner.append(ray.get_actor(runner_name(ray.get_runtime_context().get_node_id())))
+        except ValueError:
+            return run_here(job, blobs, settings, key_box, None, Running())
+    return ray.get(_runner[0].run.remote(job, blobs))
+
+
+class RayBatch(Batch):
+    """The driver on a Ray cluster: the jobs left go out as tasks, at most twice the slots at
+    a time (so the object store holds the inputs of those only), and each result is written
+    as it comes back."""
+
+    def __init__(
+        self,
+        jobs: list[Job],
+        output: Path,
+        limits: Limits,
+        rules: Rules,
+        protocol: str = "auto",
+        *,
+        model: dict | None = None,
+        api_key: str | None = None,
+        address: str | None = None,
+        shared_paths: bool = False,
+        max_input_mb: int = MAX_INPUT_MB,
+        progress: bool = True,
+    ):
+        jobs = [replace(job, inputs=Inputs.from_paths(job.inputs)) for job in jobs]
+        super().__init__(jobs, output, 0, None, limits, rules, protocol, progress)
+        self.address = address or os.environ.get("RAY_ADDRESS") or "auto"
+        self.settings = Settings(limits, rules, protocol, dict(model or {}), shared_paths)
+        self.api_key, self.max_input_mb = api_key, max_input_mb
+        self.counts.update(nodes=0, slots="0/0")
+        self.runners: dict[str, object] = {}
+        self._runner_class = ray.remote(NodeRunner)
+        self.slots = 0
+        self._sigterm, self._restore_sigterm = False, None
+
+    def run(self) -> list[dict]:
+        """The batch as on one host, connected first: a cluster that is not there (or offers
+        no sandboxes) is said before the bar shows. The runners go away at the end."""
+        try:
+            self._connect()
+            return super().run()
+        finally:
+            self._close_runners()
+            ray.shutdown()
+            if self._restore_sigterm is not None:
+                signal.signal(signal.SIGTERM, self._restore_sigterm)
+
+    def _execute(self, todo: list[Job]) -> list[dict]:
+        if not todo:
+            return []
+        self._refresh(len(todo))  # a runner per node, its pool sized for the jobs left
+        return self._run_all(todo)
+
+    def _connect(self) -> None:
+        _reachable(self.address)
+        before = signal.getsignal(signal.SIGTERM)  # ray.init puts a plain exit there
+        try:
+            ray.init(
+                address=self.address,
+                namespace=f"sandcell-batch-{uuid.uuid4().hex[:12]}",  # runner names: this batch's
+                logging_level=logging.ERROR,
+                log_to_driver=False,  # a job's story is its trace; the bar stays readable
+            )
+        except ConnectionError as error:
+            raise SandboxUnavailable(
+                f"no Ray cluster answers at {self.address} ({error}); start one with "
+                "`ray start --head --resources '{\"sandcell\": 2}'` or give --ray ADDRESS"
+            ) from None
+        finally:
+            signal.signal(signal.SIGTERM, before)
+        if callable(before):  # note a SIGTERM, then handle it as before (exits: Terminated)
+
+            def noted(signum, frame):
+                self._sigterm = True
+                before(signum, frame)
+
+            signal.signal(signal.SIGTERM, noted)
+            self._restore_sigterm = before
+        self._refresh(0)
+        if not self.slots:
+            raise SandboxUnavailable(
+                f"no node of the Ray cluster at {self.address} offers the `{RESOURCE}` "
+                "resource; start each node that has Docker and the image with `ray start "
+                f"--address ... --resources '{{\"{RESOURCE}\": N}}'`"
+            )
+
+    def _refresh(self, jobs: int) -> None:
+        """Start a runner on each node that offers sandboxes and has none (its pool one more
+        than its slots, so the next job's sandbox is ready when a job ends, and no more than
+        the `jobs` left); the bar's nodes and slots in use."""
+        nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get(RESOURCE)]
+        for node in nodes if jobs else ():
+            node_id = node["NodeID"]
+            if node_id in self.runners:
+                continue
+            slots = int(node["Resources"][RESOURCE])
+            self.runners[node_id] = self._runner_class.options(
+                name=runner_name(node_id),
+                num_cpus=0,
+                max_concurrency=slots + 4,  # its jobs, and a stop or close beside them
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            ).remote(min(slots + 1, jobs), self.settings, self._key_box)
+        self.slots = int(sum(n["Resources"][RESOURCE] for n in nodes))
+        self._refreshed = time.monotonic()
+        free = ray.available_resources().get(RESOURCE, 0)
+        with self._lock:
+            self.counts.update(nodes=len(nodes), slots=f"{self.slots - int(free)}/{self.slots}")
+
+    @functools.cached_property
+    def _key_box(self) -> list | None:
+        """The key as an object, in a list so no task spec ever carries it inline."""
+        return [ray.put(self.api_key)] if self.api_key else None
+
+    def _run_all(self, todo: list[Job]) -> list[dict]:
+        task = ray.remote(job_task).options(
+            num_cpus=0,
+            resources={RESOURCE: 1},
+            max_retries=NODE_RETRIES,
+            # the node's runner gone under the job (its node is going down): run it again
+            retry_exceptions=[ray.exceptions.RayActorError],
+        )
+        uses: dict[Path, int] = {}
+        for job in todo:
+            for item in job.inputs:
+                uses[item.path] = uses.get(item.path, 0) + 1
+        stored: dict[Path, object] = {}  # path -> ObjectRef, while a job to send needs it
+        queue, pending, records = deque(todo), {}, []
+        try:
+            while queue or pending:
+                while queue and len(pending) < 2 * max(1, self.slots):
+                    job = queue.popleft()
+                    self._count("running", +1)
+                    refused = self._too_big(job)
+                    if refused:
+                        records.append(self._failed(job, refused))
+                        continue
+                    blobs = {} if self.settings.shared_paths else self._blobs(job, stored, uses)
+                    pending[task.remote(self._remote(job), blobs, self.settings, self._key_box)] = (
+                        job
+                    )
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+                for ref in ready:
+                    records.append(self._collect(ref, pending.pop(ref)))
+                if time.monotonic() - self._refreshed > REFRESH_S:
+                    self._refresh(len(queue) + len(pending))
+                    self.bar.set_postfix(self.counts, refresh=True)
+        except KeyboardInterrupt as stop:
+            # Ray's wait turns the Terminated our SIGTERM handler raises into a plain
+            # KeyboardInterrupt: the flag says which signal it was
+            terminated = isinstance(stop, Terminated) or self._sigterm
+            records += self._stop_all(
+                stops.TERMINATED if terminated else stops.INTERRUPTED, pending
+            )
+            if terminated and not isinstance(stop, Terminated):
+                raise Terminated() from None
+            raise
+        return records
+
+    def _too_big(self, job: Job) -> str | None:
+        if self.settings.shared_paths:
+            return None
+        size = sum(item.size or 0 for item in job.inputs)
+        if size <= self.max_input_mb << 20:
+            return None
+        return (
+            f"InputError: its inputs are {size / 2**20:.1f} MB, over the {self.max_input_mb} MB "
+            "a job may send through Ray's object store; raise --max-input-mb, or put the files "
+            "where every node reads them at the same path and pass --shared-paths"
+        )
+
+    def _blobs(self, job: Job, stored: dict, uses: dict) -> dict:
+        """{name: ObjectRef of the file's bytes}: each file read once, dropped by the driver
+        once no job left to send needs it (Ray keeps it while a sent job does)."""
+        blobs = {}
+        for item in job.inputs:
+            if item.path not in stored:
+                stored[item.path] = ray.put(item.path.read_bytes())
+            blobs[item.name] = stored[item.path]
+            uses[item.path] -= 1
+            if not uses[item.path]:
+                del stored[item.path]
+        return blobs
+
+    def _remote(self, job: Job) -> RemoteJob:
+        replies = None
+        if job.replay is not None:
+            replies = [entry for _, entry in load_script(job.replay)]
+        return RemoteJob(
+            job.id,
+            job.task,
+            {item.name: str(item.path) for item in job.inputs},
+            replies,
+            f"replay:{job.replay.name}" if job.replay else None,
+        )
+
+    def _collect(self, ref, job: Job) -> dict:
+        """The job's record; its folder written under DIR/<id>/ first, then its results line."""
+        try:
+            record, files = ray.get(ref)
+        except ray.exceptions.RayError as error:
+            return self._failed(job, _lost(error))
+        if not self.settings.shared_paths:
+            files = driver_paths(files, job)
+        write_folder(self.output / job.id, files)
+        self._record(record)
+        return record
+
+    def _failed(self, job: Job, error: str) -> dict:
+        record = {"id": job.id, "task": job.task, "status": "failed", "stop_reason": "error"}
+        record.update(error=error, duration_s=0.0)
+        self._record(record)
+        return record
+
+    def _stop_all(self, reason: str, pending: dict) -> list[dict]:
+        """Ctrl-C or SIGTERM: every node stops its running jobs, which come back interrupted
+        and are recorded (a rerun redoes them); jobs not started yet are cancelled."""
+        for runner in self.runners.values():
+            runner.stop.remote(reason, STOP_WAIT_S)
+        records = []
+        deadline = time.monotonic() + STOP_WAIT_S + 10
+        while pending and time.monotonic() < deadline:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            for ref in ready:
+                job = pending.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayError:
+                    result = None  # cancelled or lost
+                if result is None:  # or not started: nothing recorded, a rerun runs it
+                    continue
+                record, files = result
+                write_folder(self.output / job.id, files)
+                self._record(record)
+                records.append(record)
+        for ref in pending:
+            ray.cancel(ref)
+        return records
+
+    def _close_runners(self) -> None:
+        """Each runner removes its warm sandboxes; one whose node died is gone already."""
+        closing = [runner.close.remote() for runner in self.runners.values()]
+        try:
+            if closing:
+                ray.wait(closing, num_returns=len(closing), timeout=120)
+        finally:
+            for runner in self.runners.values():
+                ray.kill(runner)
+            self.runners.clear()
+
+
+def _lost(error: Exception) -> str:
+    """Why a job did not come back: its worker, node or runner died on every try, or the
+    code on the node raised (a bug: run_job records the job's own failures)."""
+    cause = getattr(error, "cause", None)
+    if isinstance(error, ray.exceptions.RayTaskError) and not isinstance(
+        cause, ray.exceptions.RayError
+    ):
+        return f"{type(cause).__name__}: on its node: {cause}"
+    first = next(iter(str(cause or error).strip().splitlines()), "")
+    return (
+        f"{type(cause or error).__name__}: the job's Ray worker or node died on each of "
+        f"{NODE_RETRIES + 1} tries ({first})"
+    )
+
+
+def _reachable(address: str) -> None:
+    """ray.init waits minutes for a cluster address where nothing listens; a plain TCP
+    connect says so at once."""
+    target = address
+    if address == "auto":
+        try:
+            target = ray._private.utils.read_ray_address()  # the cluster `ray start` left here
+        except AttributeError:
+            return
+    if not target or "://" in target:
+        return  # no cluster here (ray.init says so) or a ray:// client address
+    host, _, port = target.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except (OSError, ValueError) as error:
+        raise SandboxUnavailable(
+            f"no Ray cluster answers at {target} ({getattr(error, 'strerror', None) or error}); "
+            "start one with `ray start --head --resources '{\"sandcell\": 2}'` or give the "
+            "head's address to --ray"
+        ) from None
+
+
+def driver_paths(files: dict[str, bytes], job: Job) -> dict[str, bytes]:
+    """The trace names each input where the driver read it, not at the node's scratch copy
+    (the same bytes, the same sha256), so `sandcell replay DIR/<id>/trace.jsonl` finds it."""
+    raw = files.get("trace.jsonl")
+    if not raw:
+        return files
+    head, newline, rest = raw.partition(b"\n")
+    event = json.loads(head)
+    if event.get("type") != "session":
+        return files
+    for item in event.get("inputs") or []:
+        source = job.inputs.get(item.get("name"))
+        if source is not None:
+            item["path"] = str(source.path)
+    line = json.dumps(event, ensure_ascii=False).encode()
+    return {**files, "trace.jsonl": line + newline + rest}
+
+
+def write_folder(folder: Path, files: dict[str, bytes]) -> None:
+    """DIR/<id>/ from the bytes a node sent back (an earlier attempt's folder removed)."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    root = folder.resolve()
+    for name, data in files.items():
+        path = (folder / name).resolve()
+        if root not in path.parents:  # only paths under the folder, whatever a node sends
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)

@@ -1,0 +1,358 @@
+"""`sandcell batch --ray` on a real Ray cluster on this machine: two nodes on loopback
+(ray.cluster_utils), each declaring `sandcell: 1`, real sandboxes, scripted replies. Each test
+starts its own small cluster (no dashboard, 100 MB object store per node) and tears it down."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pandas as pd
+import psutil
+import pytest
+
+from sandbox.container import owner
+from tests.conftest import IN_CI
+from tests.containers import container_labels
+from tests.realdata import CSVS
+from tests.scripted_server import ScriptedServer
+
+try:
+    from ray import cluster_utils as ray_cluster_utils
+except ImportError:  # `make test` installs it; with CI=true a missing Ray is a failure
+    if IN_CI:
+        raise
+    pytest.skip("ray is not installed: pip install -e '.[ray]'", allow_module_level=True)
+
+pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("ray")]  # one cluster at a time
+SANDCELL = [sys.executable, "-m", "agent.cli"]
+NODE = {"num_cpus": 1, "resources": {"sandcell": 1}, "object_store_memory": 100 << 20}
+KEY = "sk-ray-test-6f1c0e9b2d"  # must reach the node, and appear nowhere in logs or results
+
+
+class Processes:
+    """Every process under this test process while the cluster runs (raylets, Ray workers,
+    the driver): the sandboxes they start carry their pids as owners."""
+
+    def __init__(self):
+        self.seen: set[int] = set()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self):
+        while not self._done.wait(0.2):
+            try:
+                self.seen.update(p.pid for p in psutil.Process().children(recursive=True))
+            except psutil.Error:
+                pass
+
+    def stop(self):
+        self._done.set()
+        self._thread.join()
+
+
+def ray_processes() -> list[psutil.Process]:
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "ray" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.fixture
+def cluster():
+    head = dict(
+        NODE,
+        include_dashboard=False,
+        # a removed node is noticed in seconds, not the default half a minute
+        _system_config={"health_check_period_ms": 1000, "health_check_failure_threshold": 3},
+    )
+    cluster = ray_cluster_utils.Cluster(initialize_head=True, connect=False, head_node_args=head)
+    processes = Processes()
+    try:
+        cluster.add_node(**NODE)
+        cluster.wait_for_nodes(timeout=60)
+        cluster.processes = processes
+        yield cluster
+    finally:
+        cluster.shutdown()
+        processes.stop()
+        deadline = time.monotonic() + 30
+        while ray_processes() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert ray_processes() == [], "Ray processes left after the cluster was shut down"
+        assert owned_by(processes.seen) == [], "sandbox containers left by the cluster"
+
+
+def owned_by(pids) -> list[dict]:
+    owners = {owner(pid) for pid in pids}
+    return [
+        labels for labels in container_labels("sandcell") if labels.get("sandcell.owner") in owners
+    ]
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def script(csv_name: str, sleep_s: float = 0) -> list:
+    """Count the rows of one CSV and hash the bytes the sandbox sees; answer with the count."""
+    code = (
+        f"import hashlib, os, time, pandas as pd\ntime.sleep({sleep_s})\n"
+        f"df = pd.read_csv('/data/{csv_name}')\nos.makedirs('/workspace/output', exist_ok=True)\n"
+        "open('/workspace/output/rows.txt', 'w').write(str(len(df)))\n"
+        f"digest = hashlib.sha256(open('/data/{csv_name}', 'rb').read()).hexdigest()\n"
+        "open('/workspace/output/sha256.txt', 'w').write(digest)\nprint(len(df))"
+    )
+    return [
+        {
+            "content": "Thought: count.",
+            "tool_calls": [{"name": "python", "arguments": {"code": code}}],
+        },
+        {"content": f"Final Answer: {csv_name} has ROWS rows."},
+    ]
+
+
+def make_jobs(tmp_path, count: int, sleep_s: float = 0, endpoint: set[int] = frozenset()):
+    """`count` jobs over the real CSVs; those in `endpoint` ask the model endpoint instead of
+    a script of their own. Returns the jobs file and {id: (csv, rows)}."""
+    lines, expected, server_script = [], {}, []
+    for i in range(count):
+        csv = CSVS[i % len(CSVS)]
+        rows = len(pd.read_csv(csv))
+        replies = script(csv.name, sleep_s)
+        replies[1]["content"] = replies[1]["content"].replace("ROWS", str(rows))
+        job = {"id": f"job-{i:02d}", "task": f"Rows of {csv.name}?", "inputs": [str(csv)]}
+        if i in endpoint:
+            server_script += replies
+        else:
+            (tmp_path / f"script-{i}.json").write_text(json.dumps(replies))
+            job["replay"] = f"script-{i}.json"
+        lines.append(json.dumps(job))
+        expected[job["id"]] = (csv, rows)
+    jobs_file = tmp_path / "jobs.jsonl"
+    jobs_file.write_text("\n".join(lines) + "\n")
+    return jobs_file, expected, server_script
+
+
+def batch_args(jobs_file, out, cluster, *more) -> list[str]:
+    return [*SANDCELL, "batch", str(jobs_file), "--output", str(out), "--ray", cluster.address,
+            "--no-progress", *more]  # fmt: skip
+
+
+def records(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def check_answered(record, out, expected):
+    csv, rows = expected[record["id"]]
+    assert record["status"] == "answered", record
+    assert record["answer"].endswith(f"has {rows} rows."), record
+    folder = out / record["id"]
+    assert (folder / "output" / "rows.txt").read_text() == str(rows)
+    assert (folder / "output" / "sha256.txt").read_text() == sha256(csv)  # what the sandbox read
+    assert (folder / "answer.md").exists() and (folder / "notebook.ipynb").exists()
+    events = [json.loads(line) for line in (folder / "trace.jsonl").read_text().splitlines()]
+    assert events[-1]["type"] == "final"
+    (recorded,) = events[0]["inputs"]  # where the driver read it: `replay` finds it there
+    assert recorded["path"] == str(csv.resolve()) and recorded["sha256"] == sha256(csv)
+
+
+@pytest.mark.timeout(240)
+def test_twelve_jobs_on_two_nodes_all_answered_and_the_key_never_written(cluster, tmp_path):
+    before = {p: (sha256(p), p.stat().st_mode) for p in CSVS}
+    jobs_file, expected, replies = make_jobs(tmp_path, 12, endpoint={5})
+    out = tmp_path / "out"
+    with ScriptedServer(replies, api_key=KEY) as server:
+        env = {**os.environ, "OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": server.url}
+        run = subprocess.run(
+            batch_args(jobs_file, out, cluster),
+            capture_output=True,
+            text=True,
+            timeout=200,
+            env=env,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert server.served == 2  # job-05 went through the endpoint, with the key
+    lines = records(out)
+    assert sorted(r["id"] for r in lines) == sorted(expected)  # one line per job
+    for record in lines:
+        check_answered(record, out, expected)
+    nodes = {n.node_id for n in cluster.list_all_nodes()}
+    assert {r["node"] for r in lines} == nodes  # both nodes ran jobs
+    assert {p: (sha256(p), p.stat().st_mode) for p in CSVS} == before  # inputs untouched
+    assert "12 jobs: 12 answered" in run.stdout
+    replay = subprocess.run(
+        [*SANDCELL, "replay", str(out / "job-00" / "trace.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert replay.returncode == 0, replay.stdout + replay.stderr  # the same cells, the same output
+    written = [out, cluster.head_node.get_session_dir_path()]
+    leaks = subprocess.run(["grep", "-rl", KEY, *map(str, written)], capture_output=True, text=True)
+    assert leaks.stdout == "" and KEY not in run.stdout + run.stderr
+
+
+def job_task_workers(raylet_pid: int) -> list[psutil.Process]:
+    """Ray workers under one raylet that are running a job (Ray titles them ray::job_task)."""
+    busy = []
+    for p in psutil.Process(raylet_pid).children(recursive=True):
+        try:
+            if "job_task" in " ".join(p.cmdline()):
+                busy.append(p)
+        except psutil.Error:
+            pass
+    return busy
+
+
+@pytest.mark.timeout(240)
+def test_a_node_removed_mid_job_its_job_is_answered_on_the_other(cluster, tmp_path):
+    jobs_file, expected, _ = make_jobs(tmp_path, 3, sleep_s=6)
+    out = tmp_path / "out"
+    driver = subprocess.Popen(
+        batch_args(jobs_file, out, cluster),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    head, node = cluster.list_all_nodes()
+    raylet = node.all_processes["raylet"][0].process.pid
+    deadline = time.monotonic() + 120
+    while not job_task_workers(raylet) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert job_task_workers(raylet), "no job started on the second node"
+    time.sleep(2)  # inside its 6-second cell
+    cluster.remove_node(node, allow_graceful=False)
+    stdout, stderr = driver.communicate(timeout=200)
+    assert driver.returncode == 0, stderr[-3000:]
+    lines = records(out)
+    assert sorted(r["id"] for r in lines) == sorted(expected)  # no duplicate line, none lost
+    for record in lines:
+        check_answered(record, out, expected)
+        assert record["node"] == head.node_id  # the removed node's job was run again here
+    subprocess.run([*SANDCELL, "gc"], check=True, capture_output=True, timeout=60)
+
+
+@pytest.mark.timeout(300)
+def test_driver_killed_mid_batch_rerun_redoes_no_finished_job(cluster, tmp_path):
+    jobs_file, expected, _ = make_jobs(tmp_path, 8, sleep_s=1)
+    out = tmp_path / "out"
+    first = subprocess.Popen(
+        batch_args(jobs_file, out, cluster), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    results = out / "results.jsonl"
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        if results.exists() and len(results.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.1)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    done_before = {json.loads(line)["id"]: line for line in results.read_text().splitlines()}
+    assert 3 <= len(done_before) < 8
+    second = subprocess.run(
+        batch_args(jobs_file, out, cluster), capture_output=True, text=True, timeout=200
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"skipped {len(done_before)} finished jobs" in second.stdout
+    lines = results.read_text().splitlines()
+    assert sorted(json.loads(line)["id"] for line in lines) == sorted(expected)
+    for line in lines:
+        record = json.loads(line)
+        if record["id"] in done_before:
+            assert line == done_before[record["id"]]  # not redone
+        check_answered(record, out, expected)
+    subprocess.run([*SANDCELL, "gc"], check=True, capture_output=True, timeout=60)
+
+
+@pytest.mark.timeout(240)
+def test_a_job_over_the_input_cap_fails_alone_and_shared_paths_runs_it(cluster, tmp_path):
+    jobs_file, expected, _ = make_jobs(tmp_path, 4)
+    big = tmp_path / "big.csv"
+    big.write_text("n\n" + "\n".join(str(i) for i in range(400_000)) + "\n")  # about 2.7 MB
+    (tmp_path / "script-big.json").write_text(
+        json.dumps(script("big.csv")).replace("ROWS", "400000")
+    )
+    big_job = {"id": "big", "task": "Rows?", "inputs": [str(big)], "replay": "script-big.json"}
+    with open(jobs_file, "a") as f:
+        f.write(json.dumps(big_job) + "\n")
+    expected["big"] = (big, 400_000)
+    out = tmp_path / "out"
+    run = subprocess.run(
+        batch_args(jobs_file, out, cluster, "--max-input-mb", "1"),
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert run.returncode == 1, run.stderr[-3000:]
+    by_id = {r["id"]: r for r in records(out)}
+    assert by_id["big"]["status"] == "failed"
+    message = "its inputs are 2.6 MB, over the 1 MB a job may send through Ray's object store"
+    assert message in by_id["big"]["error"] and message in run.stderr
+    for job_id in expected.keys() - {"big"}:
+        check_answered(by_id[job_id], out, expected)
+    # the nodes read the file where it is (one machine: the same paths); the rerun runs it alone
+    rerun = subprocess.run(
+        batch_args(jobs_file, out, cluster, "--max-input-mb", "1", "--shared-paths"),
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "skipped 4 finished jobs" in rerun.stdout
+    lines = records(out)
+    assert sorted(r["id"] for r in lines) == sorted(expected)
+    check_answered(next(r for r in lines if r["id"] == "big"), out, expected)
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_stops_the_jobs_on_every_node_records_them_and_exits_143(cluster, tmp_path):
+    jobs_file, expected, _ = make_jobs(tmp_path, 4, sleep_s=60)
+    out = tmp_path / "out"
+    driver = subprocess.Popen(
+        batch_args(jobs_file, out, cluster),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    raylets = [n.all_processes["raylet"][0].process.pid for n in cluster.list_all_nodes()]
+    deadline = time.monotonic() + 120
+    while not all(job_task_workers(r) for r in raylets) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(job_task_workers(r) for r in raylets), "the jobs did not start on both nodes"
+    time.sleep(3)  # inside their 60-second cells
+    stopped = time.monotonic()
+    driver.send_signal(signal.SIGTERM)
+    stdout, stderr = driver.communicate(timeout=90)
+    assert driver.returncode == 143, stderr[-3000:]
+    assert time.monotonic() - stopped < 45  # the cells were interrupted, not waited for
+    lines = records(out)
+    assert len(lines) == 2 and {r["status"] for r in lines} == {"interrupted"}, lines
+    assert {r["stop_reason"] for r in lines} == {"terminated"}
+    for record in lines:
+        assert (out / record["id"] / "trace.jsonl").exists()  # what was done is kept
+
+
+def test_ray_flags_misused_or_no_cluster_are_one_line_errors(tmp_path):
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"id": "a", "task": "x"}\n')
+    base = [*SANDCELL, "batch", str(jobs), "--output", str(tmp_path / "o")]
+    env = {**os.environ, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
+    for more, status, message in (
+        (["--ray", "--workers", "3"], 2, "Error: --workers is for a batch on this host"),
+        (["--shared-paths"], 2, "Error: --shared-paths goes with --ray"),
+        (["--max-input-mb", "5"], 2, "Error: --max-input-mb goes with --ray"),
+        (["--ray", "127.0.0.1:1"], 3, "sandcell: no Ray cluster answers at 127.0.0.1:1"),
+    ):
+        run = subprocess.run([*base, *more], capture_output=True, text=True, timeout=60, env=env)
+        assert run.returncode == status and message in run.stderr, (more, run.stderr)
+        assert "Traceback" not in run.stderr
