@@ -12,6 +12,7 @@ import time
 import uuid
 import warnings
 import weakref
+from dataclasses import replace
 from pathlib import Path
 
 import docker.errors
@@ -50,6 +51,8 @@ class DockerSandbox:
         staging: bool = False,
     ):
         self.limits = limits or Limits()
+        if runtime is not None:  # the same as Limits(runtime=...): one place holds it
+            self.limits = replace(self.limits, runtime=runtime)
         self.image = image or ctr.DEFAULT_IMAGE
         self.session = session or uuid.uuid4().hex[:12]
         self.inputs = Inputs.from_paths(inputs)
@@ -77,7 +80,6 @@ class DockerSandbox:
             self.conn_dir,
             mounts,
             self.session,
-            runtime,
             staging_dir=self.staging_dir,
         )
         self._finalizer.detach()

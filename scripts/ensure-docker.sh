@@ -9,9 +9,11 @@ set -euo pipefail
 RUNTIME="${RUNTIME:-}"
 DAEMON_JSON=/etc/docker/daemon.json
 # --network=none: runsc refuses a container without its own network namespace otherwise.
-# --host-uds=create: the kernel's relay binds its ipc sockets in the bind-mounted connection
-# folder (the container creates the socket files, the host connects); `open` is not enough.
-RUNSC_ARGS='["--network=none", "--host-uds=create"]'
+# --host-uds=all: the kernel's relay binds its ipc sockets in the bind-mounted connection
+# folder (`create`), and after a kernel restart the new relay must unlink the old socket
+# files there, which gVisor allows only with `open` too. No other host socket is reachable:
+# the only other bind mounts are the read-only input files.
+RUNSC_ARGS='["--network=none", "--host-uds=all"]'
 
 case "$RUNTIME" in
     "" | runc) RUNTIME="" ;;
@@ -19,10 +21,14 @@ case "$RUNTIME" in
     *) echo "sandcell: RUNTIME=$RUNTIME is not one this step installs (runsc, or none)" >&2; exit 2 ;;
 esac
 
-known() {  # the engine answers, and lists the runtime when one is asked for
+known() {  # the engine answers, and has the runtime asked for (runsc: with RUNSC_ARGS)
     local runtimes
-    runtimes=$(docker info --format '{{range $name, $_ := .Runtimes}}{{$name}} {{end}}' 2>/dev/null) || return 1
-    [ -z "$RUNTIME" ] || [[ " $runtimes " == *" $RUNTIME "* ]]
+    runtimes=$(docker info --format '{{json .Runtimes}}' 2>/dev/null) || return 1
+    [ -z "$RUNTIME" ] || python3 -c '
+import json, sys
+entry = json.loads(sys.argv[1]).get(sys.argv[2])
+sys.exit(entry is None or not set(json.loads(sys.argv[3])) <= set(entry.get("runtimeArgs") or []))
+' "$runtimes" "$RUNTIME" "$RUNSC_ARGS"
 }
 
 if known; then
@@ -32,7 +38,7 @@ fi
 if [ "$(id -u)" != 0 ] || [ ! -f /etc/debian_version ]; then
     if docker info >/dev/null 2>&1; then
         cat >&2 <<MSG
-sandcell: the Docker engine does not know the runtime "$RUNTIME" (gVisor).
+sandcell: the Docker engine has no runtime "$RUNTIME" (gVisor) with the arguments $RUNSC_ARGS.
   - Install runsc (https://gvisor.dev/docs/user_guide/install/; Debian: apt-get install runsc),
     then add it to $DAEMON_JSON:
       {"runtimes": {"runsc": {"path": "$(command -v runsc || echo /usr/bin/runsc)", "runtimeArgs": $RUNSC_ARGS}}}
