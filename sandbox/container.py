@@ -56,11 +56,12 @@ RUNSC_ARGS = ("--network=none", "--host-uds=all")
 ENGINE_HINT = "`make engine RUNTIME=runsc` installs and registers gVisor (root on Debian)"
 
 
-def check_runtime(client: docker.DockerClient, runtime: str | None) -> None:
+def check_runtime(client: docker.DockerClient, runtime: str | None) -> bool:
     """The engine knows `runtime` (None: its default), and a runsc one has the arguments the
-    sandbox needs; without them the kernel's sockets never appear and a start waits 60 s."""
+    sandbox needs; without them the kernel's sockets never appear and a start waits 60 s.
+    True when the runtime is gVisor's."""
     if runtime is None:
-        return
+        return False
     known = client.info().get("Runtimes") or {}
     if runtime not in known:
         raise SandboxUnavailable(
@@ -69,7 +70,7 @@ def check_runtime(client: docker.DockerClient, runtime: str | None) -> None:
         )
     entry = known[runtime] or {}
     if os.path.basename(entry.get("path", "")) != "runsc":
-        return
+        return False
     args = entry.get("runtimeArgs") or []
     uds = [a.split("=", 1)[1] for a in args if a.lstrip("-").startswith("host-uds=")]
     if not any(a.lstrip("-") == "network=none" for a in args) or "all" not in uds:
@@ -77,6 +78,7 @@ def check_runtime(client: docker.DockerClient, runtime: str | None) -> None:
             f"the runtime {runtime!r} (gVisor) is registered with {args or 'no arguments'}; the "
             f"sandbox needs {' '.join(RUNSC_ARGS)}. {ENGINE_HINT}."
         )
+    return True
 
 
 def preflight(image: str | None = None, runtime: str | None = None) -> None:
@@ -103,8 +105,7 @@ def start(
     staging_dir: Path | None = None,
 ):
     """Start a sealed container whose PID 1 (the supervisor) starts the kernel."""
-    check_image(client, image)
-    check_runtime(client, limits.runtime)
+    check_image(client, image)  # and DockerSandbox has checked limits.runtime
     volumes = {conn_dir: {"bind": boundary.CONNECTION_DIR, "mode": "rw"}}
     # The connection file is mounted over itself read-only: while a restart unseals the
     # folder, code still running cannot rename another file over it (a mount point) and so
@@ -221,12 +222,24 @@ EXEC_OUT_BYTES = 16 << 20  # stdout of a `docker exec`, unless the caller allows
 EXEC_ERR_BYTES = 64 << 10  # its stderr: an error message, never more
 
 
+# Under gVisor (runsc 2022-12) what Python writes to a `docker exec` stdout past its first
+# 64 KiB is lost (the host pipe takes short writes); through a pipe inside the sandbox and
+# `cat` it all arrives. The command's own exit status is kept (dash has no pipefail).
+THROUGH_CAT = 'exec 4>&1; s=$( { { "$@"; echo $? >&3; } | cat >&4; } 3>&1 ); exit "$s"'
+
+
 def exec_in(
-    container, cmd: list[str], stdin: bytes | None = None, max_out: int = EXEC_OUT_BYTES
+    container,
+    cmd: list[str],
+    stdin: bytes | None = None,
+    max_out: int = EXEC_OUT_BYTES,
+    through_cat: bool = False,
 ) -> tuple[int, bytes, bytes]:
     """Run cmd as the sandbox user; feed stdin; read at most max_out bytes of stdout and
     EXEC_ERR_BYTES of stderr. Model code runs as the same uid and can write into the
     helper's output, so both are bounded whatever the helper meant to send."""
+    if through_cat:
+        cmd = ["sh", "-c", THROUGH_CAT, "sh", *cmd]
     api = container.client.api
     exec_id = api.exec_create(
         container.id, cmd, stdin=stdin is not None, user=SANDBOX_USER, workdir=WORKSPACE
@@ -291,4 +304,6 @@ def check_running(container) -> None:
     except docker.errors.NotFound:
         raise SandboxError("the sandbox container is gone (removed from outside?)") from None
     if container.status != "running":
-        raise SandboxError(f"the sandbox container stopped (status {container.status})")
+        # Under gVisor the memory limit holds the whole sandbox: running out ends it all.
+        oom = ", out of memory" if container.attrs.get("State", {}).get("OOMKilled") else ""
+        raise SandboxError(f"the sandbox container stopped (status {container.status}{oom})")
