@@ -18,7 +18,14 @@ def sandcell(*args, runtime_env: str | None = None):
     env = {k: v for k, v in os.environ.items() if k != "SANDCELL_RUNTIME"}
     if runtime_env is not None:
         env["SANDCELL_RUNTIME"] = runtime_env
-    return subprocess.run([*SANDCELL, *args], capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(
+        [*SANDCELL, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 @pytest.mark.timeout(120)
@@ -32,7 +39,7 @@ def test_exec_under_the_runtime_asked_for(runtime):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("command", ["exec", "run", "batch"])
+@pytest.mark.parametrize("command", ["exec", "run", "chat", "batch", "serve", "mcp"])
 def test_unknown_runtime_exits_3_naming_the_make_target(command, tmp_path):
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text(
@@ -42,11 +49,16 @@ def test_unknown_runtime_exits_3_naming_the_make_target(command, tmp_path):
         "exec": ["exec", "-c", "1"],
         "run": ["run", "--task", "x", "--output", str(tmp_path / "out"), "--replay",
                 str(DEMO / "clean_sales.json")],
+        "chat": ["chat", "--output", str(tmp_path / "out"), "--replay",
+                 str(DEMO / "clean_sales.json")],
         "batch": ["batch", str(jobs), "--output", str(tmp_path / "results")],
+        "serve": ["serve", "--port", "0", "--data", str(tmp_path / "out"), "--replay",
+                  str(DEMO / "clean_sales.json")],
+        "mcp": ["mcp"],
     }[command]  # fmt: skip
     result = sandcell(*args, runtime_env="no-such-runtime")
     assert result.returncode == 3, result.stderr
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith("sandcell: the Docker engine has no runtime 'no-such-runtime'"), line
     assert "make engine RUNTIME=runsc" in line and "Traceback" not in result.stderr
-    assert not (tmp_path / "out").exists()  # refused before anything was made
+    assert not (tmp_path / "out").exists()  # refused before anything was made (or served)
