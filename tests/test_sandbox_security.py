@@ -651,9 +651,8 @@ print(json.dumps({
     if runtime == "runsc" and set(r.values()) == {"ALLOWED"}:
         # the log driver's cap holds what reaches PID 1's stdout: 8 MiB leave at most 2 MiB
         ok(shared, "f = open('/proc/1/fd/1', 'w')\nfor _ in range(8): f.write('x' * (1 << 20))")
-        shared.container.reload()
-        path = shared.container.attrs.get("LogPath")
-        assert path and os.path.getsize(path) < 2 << 20, path
+        kept = len(shared.container.logs())  # the log file itself may be mid-rotation
+        assert kept < 2 << 20, kept
         pytest.xfail(
             "known difference: gVisor's /proc (runsc 2022-12) lets code open /proc/1/fd/1 and 2 "
             "of the non-dumpable supervisor (same uid); the json-file cap bounds what lands"
