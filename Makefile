@@ -14,12 +14,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench,ray]'
 	touch $(STAMP)
 
-engine:
-	@scripts/ensure-docker.sh
+engine:  # RUNTIME=runsc: install gVisor's runsc too and register it with the engine
+	@RUNTIME=$(RUNTIME) scripts/ensure-docker.sh
 
 image: engine  # EXTRA=path/to/requirements.txt: more packages, downloaded here as wheels
 	@BASE=$(BASE) EXTRA=$(EXTRA) images/build.sh
 
+# the sandbox suites run under runc and under gVisor (`make test RUNTIME=` leaves gVisor out)
+test: RUNTIME ?= runsc
 test: install engine image
 	@scripts/ensure-chromium.sh  # the page's browser tests: Debian's chromium, never a download
 	$(PY) -m pytest -n 4 --dist loadgroup $(PYTEST_ARGS)

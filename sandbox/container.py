@@ -49,10 +49,45 @@ def check_image(client: docker.DockerClient, image: str) -> None:
         ) from None
 
 
-def preflight(image: str | None = None) -> None:
-    """Raise SandboxUnavailable now if no sandbox could start (no engine, no image): a front
-    end says so before it asks a model anything, though the container starts later."""
-    check_image(engine(), image or DEFAULT_IMAGE)
+# What gVisor's runsc needs to host this sandbox: its own (empty) network namespace, and
+# host Unix sockets in bind mounts: the relay creates its ipc sockets in the connection
+# folder, and after a kernel restart the next relay unlinks them, which needs `open` too.
+RUNSC_ARGS = ("--network=none", "--host-uds=all")
+ENGINE_HINT = "`make engine RUNTIME=runsc` installs and registers gVisor (root on Debian)"
+
+
+def check_runtime(client: docker.DockerClient, runtime: str | None) -> bool:
+    """The engine knows `runtime` (None: its default), and a runsc one has the arguments the
+    sandbox needs; without them the kernel's sockets never appear and a start waits 60 s.
+    True when the runtime is gVisor's."""
+    if runtime is None:
+        return False
+    known = client.info().get("Runtimes") or {}
+    if runtime not in known:
+        raise SandboxUnavailable(
+            f"the Docker engine has no runtime {runtime!r} (it has: {', '.join(sorted(known))}). "
+            f"{ENGINE_HINT}, or see the README's security model."
+        )
+    entry = known[runtime] or {}
+    if os.path.basename(entry.get("path", "")) != "runsc":
+        return False
+    args = entry.get("runtimeArgs") or []
+    uds = [a.split("=", 1)[1] for a in args if a.lstrip("-").startswith("host-uds=")]
+    if not any(a.lstrip("-") == "network=none" for a in args) or "all" not in uds:
+        raise SandboxUnavailable(
+            f"the runtime {runtime!r} (gVisor) is registered with {args or 'no arguments'}; the "
+            f"sandbox needs {' '.join(RUNSC_ARGS)}. {ENGINE_HINT}."
+        )
+    return True
+
+
+def preflight(image: str | None = None, runtime: str | None = None) -> None:
+    """Raise SandboxUnavailable now if no sandbox could start (no engine, no image, a runtime
+    the engine lacks): a front end says so before it asks a model anything, though the
+    container starts later."""
+    client = engine()
+    check_image(client, image or DEFAULT_IMAGE)
+    check_runtime(client, runtime)
 
 
 def owner(pid: int | None = None) -> str:
@@ -67,18 +102,26 @@ def start(
     conn_dir: str,
     inputs: dict[str, Path],
     session: str,
-    runtime: str | None = None,
     staging_dir: Path | None = None,
 ):
     """Start a sealed container whose PID 1 (the supervisor) starts the kernel."""
-    check_image(client, image)
+    check_image(client, image)  # and DockerSandbox has checked limits.runtime
     volumes = {conn_dir: {"bind": boundary.CONNECTION_DIR, "mode": "rw"}}
+    # The connection file is mounted over itself read-only: while a restart unseals the
+    # folder, code still running cannot rename another file over it (a mount point) and so
+    # choose the next kernel's key. The folder's sticky bit does that under runc, but
+    # gVisor's runsc (2022-12) lets a rename in a sticky folder replace the host's file.
+    connection_file = os.path.join(conn_dir, boundary.CONNECTION_FILE)
+    volumes[connection_file] = {
+        "bind": f"{boundary.CONNECTION_DIR}/{boundary.CONNECTION_FILE}",
+        "mode": "ro",
+    }
     for name, path in inputs.items():  # one file at a time, read-only: never a whole folder
         volumes[str(path)] = {"bind": f"{boundary.DATA}/{name}", "mode": "ro"}
     if staging_dir is not None:  # a pool sandbox: its inputs are placed here on acquire
         volumes[str(staging_dir)] = {"bind": boundary.DATA, "mode": "ro"}
-    container = client.containers.create(
-        image,
+    options = dict(
+        image=image,
         network_mode="none",
         read_only=True,
         tmpfs={
@@ -108,13 +151,16 @@ def start(
             SESSION_LABEL: session,
             HOST_DIR_LABEL: conn_dir,
         },
-        runtime=runtime,
+        runtime=limits.runtime,
         stop_signal=boundary.STOP.name,
     )
+    container = None
     try:
+        container = client.containers.create(**options)
         container.start()
-    except docker.errors.APIError as error:  # e.g. an unknown --runtime, a mount refused
-        container.remove(force=True)
+    except docker.errors.APIError as error:  # e.g. a mount refused, a runtime that fails
+        if container is not None:
+            container.remove(force=True)
         remove_host_dirs(conn_dir)
         raise SandboxError(
             f"the sandbox container would not start: {error.explanation or error}. "
@@ -176,12 +222,24 @@ EXEC_OUT_BYTES = 16 << 20  # stdout of a `docker exec`, unless the caller allows
 EXEC_ERR_BYTES = 64 << 10  # its stderr: an error message, never more
 
 
+# Under gVisor (runsc 2022-12) what Python writes to a `docker exec` stdout past its first
+# 64 KiB is lost (the host pipe takes short writes); through a pipe inside the sandbox and
+# `cat` it all arrives. The command's own exit status is kept (dash has no pipefail).
+THROUGH_CAT = 'exec 4>&1; s=$( { { "$@"; echo $? >&3; } | cat >&4; } 3>&1 ); exit "$s"'
+
+
 def exec_in(
-    container, cmd: list[str], stdin: bytes | None = None, max_out: int = EXEC_OUT_BYTES
+    container,
+    cmd: list[str],
+    stdin: bytes | None = None,
+    max_out: int = EXEC_OUT_BYTES,
+    through_cat: bool = False,
 ) -> tuple[int, bytes, bytes]:
     """Run cmd as the sandbox user; feed stdin; read at most max_out bytes of stdout and
     EXEC_ERR_BYTES of stderr. Model code runs as the same uid and can write into the
     helper's output, so both are bounded whatever the helper meant to send."""
+    if through_cat:
+        cmd = ["sh", "-c", THROUGH_CAT, "sh", *cmd]
     api = container.client.api
     exec_id = api.exec_create(
         container.id, cmd, stdin=stdin is not None, user=SANDBOX_USER, workdir=WORKSPACE
@@ -246,4 +304,6 @@ def check_running(container) -> None:
     except docker.errors.NotFound:
         raise SandboxError("the sandbox container is gone (removed from outside?)") from None
     if container.status != "running":
-        raise SandboxError(f"the sandbox container stopped (status {container.status})")
+        # Under gVisor the memory limit holds the whole sandbox: running out ends it all.
+        oom = ", out of memory" if container.attrs.get("State", {}).get("OOMKilled") else ""
+        raise SandboxError(f"the sandbox container stopped (status {container.status}{oom})")

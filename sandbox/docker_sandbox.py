@@ -12,6 +12,7 @@ import time
 import uuid
 import warnings
 import weakref
+from dataclasses import replace
 from pathlib import Path
 
 import docker.errors
@@ -50,10 +51,13 @@ class DockerSandbox:
         staging: bool = False,
     ):
         self.limits = limits or Limits()
+        if runtime is not None:  # the same as Limits(runtime=...): one place holds it
+            self.limits = replace(self.limits, runtime=runtime)
         self.image = image or ctr.DEFAULT_IMAGE
         self.session = session or uuid.uuid4().hex[:12]
         self.inputs = Inputs.from_paths(inputs)
         self.client = ctr.engine()
+        self.gvisor = ctr.check_runtime(self.client, self.limits.runtime)
         ctr.reap_orphans(self.client)
         self.conn_dir, info = kernel.make_connection_dir()
         # A pool sandbox gets its inputs later: it mounts a private, empty staging folder.
@@ -77,7 +81,6 @@ class DockerSandbox:
             self.conn_dir,
             mounts,
             self.session,
-            runtime,
             staging_dir=self.staging_dir,
         )
         self._finalizer.detach()
@@ -213,6 +216,9 @@ class DockerSandbox:
         if kernel.beating(self._client, self.conn_dir, self._info):
             return False
         ctr.check_running(self.container)
+        if self.gvisor:  # `docker top` of a runsc container lists host processes: ask inside
+            alive = f"cat /proc/[0-9]*/cmdline 2>/dev/null | grep -qa {boundary.KERNEL_MODULE}"
+            return ctr.exec_in(self.container, ["sh", "-c", alive])[0] != 0
         processes = self.container.top(ps_args="-eo pid,args").get("Processes") or []
         return not any(boundary.KERNEL_MODULE in " ".join(p) for p in processes)
 
@@ -239,6 +245,7 @@ class DockerSandbox:
                 ["python3", boundary.FILES_PROGRAM, *args],
                 stdin=stdin,
                 max_out=max_out or ctr.EXEC_OUT_BYTES,
+                through_cat=self.gvisor,
             )
         except (OSError, docker.errors.DockerException) as error:
             raise SandboxError(f"the file helper failed ({args[0]}): {error}") from None

@@ -1,4 +1,5 @@
-"""Resource limits of one sandbox, with defaults a CSV analysis needs."""
+"""Resource limits of one sandbox, with defaults a CSV analysis needs, and the container
+runtime that holds them."""
 
 from dataclasses import asdict, dataclass
 
@@ -18,6 +19,9 @@ class Limits:
     observation_chars: int = 4000  # what the model sees of one execution
     open_files: int = 1024
     interrupt_grace_s: float = 3.0  # after an interrupt, how long the kernel has to come back
+    # The engine's OCI runtime: None is its default (runc); "runsc" puts gVisor's kernel
+    # between model code and the host's. Checked against `docker info` before a start.
+    runtime: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,7 +1,9 @@
 """Shared fixtures. Docker tests skip outside CI when no engine or image is there (with the
-reason printed); with CI=true a missing engine or image is a failure."""
+reason printed); with CI=true a missing engine or image is a failure. The sandbox suites take
+`runtime`, so each of their tests runs under runc and again under gVisor's runsc."""
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -24,6 +26,41 @@ def docker_problem() -> str | None:
     if probe.returncode != 0:
         return f"the sandbox image {IMAGE} is missing (run `make image`)"
     return None
+
+
+RUNTIMES = ("runc", "runsc")
+
+
+@functools.cache
+def runtime_problem(runtime: str) -> str | None:
+    probe = subprocess.run(
+        ["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True
+    )
+    if probe.returncode == 0 and runtime not in json.loads(probe.stdout or "{}"):
+        return f"the engine has no {runtime} runtime (run `make engine RUNTIME={runtime}`)"
+    return None  # no engine at all: the docker marker says so
+
+
+@pytest.fixture(scope="module", params=RUNTIMES)
+def runtime(request) -> str:
+    """The OCI runtime a sandbox test runs under; runsc is skipped (failed in CI) when the
+    engine does not have it."""
+    problem = docker_problem() or runtime_problem(request.param)
+    if problem is not None:
+        if IN_CI:
+            pytest.fail(f"CI=true but {problem}", pytrace=False)
+        pytest.skip(f"{request.param} test skipped: {problem}")
+    return request.param
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist names each test's group
+def pytest_collection_modifyitems(items):
+    """A grouped test's runsc twin gets a group of its own, so the two runtimes' groups run on
+    different workers side by side instead of one after the other."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("runtime") == "runsc" and item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("runsc"))
 
 
 def pytest_runtest_setup(item):

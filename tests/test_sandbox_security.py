@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sandbox import DockerSandbox, Limits, render
+from sandbox import DockerSandbox, Limits, SandboxError, render
 
 pytestmark = pytest.mark.docker
 
@@ -57,6 +57,17 @@ def assert_host_unharmed(sb: DockerSandbox) -> None:
     assert sb.container.status == "running"
 
 
+def host_cgroup(sb: DockerSandbox, controller: str) -> Path:
+    """The container's folder of one cgroup v1 controller, read on the host: gVisor shows no
+    cgroup files inside, but the host's cgroup holds the whole sandbox all the same."""
+    pid = sb.container.attrs["State"]["Pid"]
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return Path("/sys/fs/cgroup", controller, path.lstrip("/"))
+    raise AssertionError(f"no {controller} cgroup for the container's pid {pid}")
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -84,17 +95,30 @@ def host_only(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def shared(host_only):
+def shared(host_only, runtime):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(SECRET_NAME, SECRET_VALUE)
         mp.setenv("DOCKER_HOST", "unix:///var/run/docker.sock")
-        sb = DockerSandbox(limits=FAST, inputs=[host_only["input"]])
+        sb = DockerSandbox(limits=FAST, inputs=[host_only["input"]], runtime=runtime)
     with sb:
         yield sb
     assert sha256(host_only["input"]) == host_only["sha"]
 
 
 shared_group = pytest.mark.xdist_group("security-shared")
+
+
+@shared_group
+@pytest.mark.timeout(60)
+def test_the_runtime_asked_for_is_the_one_running(shared, runtime):
+    """The engine says so, and so does the kernel the code sees: gVisor's Sentry answers
+    uname itself (an old, fixed release), runc shares the host's kernel."""
+    inside = ok(shared, "import os\nprint(os.uname().release)").strip()
+    assert shared.container.attrs["HostConfig"]["Runtime"] == runtime
+    if runtime == "runsc":
+        assert inside != os.uname().release, inside
+    else:
+        assert inside == os.uname().release, inside
 
 
 @shared_group
@@ -270,25 +294,49 @@ print(json.dumps({
     assert sha256(host_only["input"]) == host_only["sha"]
 
 
-@shared_group
-@pytest.mark.timeout(60)
-def test_non_root_without_capabilities_and_no_new_privs(shared):
-    r = probe(
-        shared,
-        """
-import json, os
+STATUS = """
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
 status = dict(l.split(":", 1) for l in open("/proc/self/status"))
+PR_GET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET = 39, 47, 1
 print(json.dumps({"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(),
                   "groups": os.getgroups(),
                   "caps": {k: int(status[k].strip(), 16) for k in
-                           ("CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb")},
-                  "nnp": status["NoNewPrivs"].strip(), "seccomp": status["Seccomp"].strip()}))
-""",
-    )
+                           ("CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb") if k in status},
+                  "ambient": [c for c in range(64)
+                              if libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET, c, 0, 0) == 1],
+                  "nnp": status.get("NoNewPrivs", "").strip(),
+                  "nnp_prctl": libc.prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0),
+                  "seccomp": status["Seccomp"].strip()}))
+"""
+
+
+@shared_group
+@pytest.mark.timeout(60)
+def test_non_root_without_capabilities_and_no_new_privs(shared, runtime):
+    r = probe(shared, STATUS)
     assert r["uid"] != 0 and r["euid"] != 0 and r["gid"] != 0 and 0 not in r["groups"], r
     assert all(v == 0 for v in r["caps"].values()), r
-    assert r["nnp"] == "1", r
-    assert r["seccomp"] == "2", r  # Docker's default seccomp filter is on
+    assert r["ambient"] == [], r
+    # gVisor's /proc/self/status has no CapAmb or NoNewPrivs line; prctl answers for both
+    expected = {"CapEff", "CapPrm", "CapInh", "CapBnd"} | (
+        {"CapAmb"} if runtime == "runc" else set()
+    )
+    assert set(r["caps"]) >= expected, r
+    assert r["nnp_prctl"] == 1 and r["nnp"] in ("1", "" if runtime == "runsc" else "1"), r
+
+
+@shared_group
+@pytest.mark.timeout(60)
+def test_docker_default_seccomp_filter_is_on(shared, runtime):
+    if runtime == "runsc":
+        pytest.skip(
+            "gVisor's Sentry serves the system calls itself and does not load Docker's seccomp "
+            "profile inside the sandbox (Seccomp: 0); runsc --oci-seccomp would, but under it "
+            "libzmq's threads fail with EPERM in runsc 2022-12. The Sentry's own seccomp "
+            "filter against the host kernel is gVisor's wall."
+        )
+    assert probe(shared, STATUS)["seccomp"] == "2"  # Docker's default seccomp filter is on
 
 
 @shared_group
@@ -327,7 +375,6 @@ print(json.dumps({
     "setuid0": attempt(lambda: os.setuid(0)),
     "setgid0": attempt(lambda: os.setgid(0)),
     "chroot": attempt(lambda: os.chroot("/tmp")),
-    "mknod": attempt(lambda: os.mknod("/tmp/sda", 0o600 | 0o060000, os.makedev(8, 0))),
     "devmem": attempt(lambda: open("/dev/mem", "rb").read(1)),
     "kmsg": attempt(lambda: open("/dev/kmsg", "rb").read(1)),
 }))
@@ -338,7 +385,49 @@ print(json.dumps({
 
 @shared_group
 @pytest.mark.timeout(60)
-def test_mount_unshare_fail(shared):
+def test_mknod_of_a_device_fails(shared, runtime, request):
+    if runtime == "runsc":  # strict: the day gVisor refuses it, this says so
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="known difference: runsc 2022-12 lets mknod make device nodes without "
+                "CAP_MKNOD; they reach only gVisor's own devices "
+                "(test_device_nodes_reach_no_host_device)",
+            )
+        )
+    r = probe(
+        shared,
+        TRY + 'print(json.dumps({"mknod": attempt(lambda: os.mknod("/tmp/sda-a", '
+        "0o600 | 0o060000, os.makedev(8, 0)))}))",
+    )
+    assert r["mknod"] != "ALLOWED", r
+
+
+@shared_group
+@pytest.mark.timeout(60)
+def test_device_nodes_reach_no_host_device(shared):
+    """Whatever mknod allows, a node for the host's disk, memory, kernel log or I/O ports
+    does not open: ENXIO (no such device), EACCES/EPERM, or mknod refused in the first place."""
+    r = probe(
+        shared,
+        TRY
+        + """
+out = {}
+for name, kind, major, minor in [("sda", 0o060000, 8, 0), ("mem", 0o020000, 1, 1),
+                                 ("kmsg", 0o020000, 1, 11), ("port", 0o020000, 1, 4)]:
+    p = f"/tmp/node-{name}"
+    made = attempt(lambda: os.mknod(p, 0o666 | kind, os.makedev(major, minor)))
+    out[name] = attempt(lambda: os.close(os.open(p, os.O_RDWR))) if made == "ALLOWED" else made
+    made == "ALLOWED" and os.unlink(p)
+print(json.dumps(out))
+""",
+    )
+    assert all(v != "ALLOWED" for v in r.values()), r
+
+
+@shared_group
+@pytest.mark.timeout(60)
+def test_mount_unshare_fail(shared, runtime):
     r = probe(
         shared,
         TRY
@@ -371,14 +460,22 @@ print(json.dumps({
 }))
 """,
     )
-    assert all(v != "ALLOWED" for v in r.values()), r
+    allowed = {k for k, v in r.items() if v == "ALLOWED"}
+    if runtime == "runsc" and allowed and allowed <= {k for k in r if k.startswith("unshare")}:
+        assert_next_cell_works(shared)
+        pytest.xfail(
+            f"known difference: runsc 2022-12 lets {sorted(allowed)} succeed (Docker's seccomp "
+            "profile is not loaded inside gVisor); the namespaces are the Sentry's own, and "
+            "every mount is still refused"
+        )
+    assert not allowed, r
     assert_next_cell_works(shared)
 
 
 @shared_group
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("target", ["supervisor.py", "relay.py"])
-def test_supervisor_and_relay_cannot_be_ptraced_or_read(shared, target):
+def test_supervisor_and_relay_cannot_be_ptraced_or_read(shared, target, runtime):
     """PID 1 and the relay to the host run as the kernel's uid; both are non-dumpable."""
     r = probe(
         shared,
@@ -411,7 +508,14 @@ print(json.dumps({
     )
     assert r.pop("tracer") == "0"
     assert target in r.pop("cmd")
-    assert all(v != "ALLOWED" for v in r.values()), r
+    allowed = {k for k, v in r.items() if v == "ALLOWED"}
+    if runtime == "runsc" and allowed and allowed <= {"environ", "root", "fd", "maps"}:
+        assert_next_cell_works(shared)  # ptrace and /proc/<pid>/mem are refused
+        pytest.xfail(
+            f"known difference: gVisor's /proc (runsc 2022-12) shows {sorted(allowed)} of a "
+            "non-dumpable process of the same uid; ptrace and its memory stay refused"
+        )
+    assert not allowed, r
     assert_next_cell_works(shared)
 
 
@@ -484,7 +588,7 @@ print(json.dumps({
 
 @shared_group
 @pytest.mark.timeout(60)
-def test_resource_limits_are_set(shared):
+def test_resource_limits_are_set(shared, runtime):
     r = probe(
         shared,
         """
@@ -509,6 +613,10 @@ print(json.dumps({"nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
     assert r["nofile"] == [limits.open_files, limits.open_files], r
     assert r["tmp"] == limits.tmp_mb << 20 and r["ws"] == limits.workspace_mb << 20, r
     assert r["shm"] <= 64 << 20, r
+    if runtime == "runsc":  # no cgroup files inside gVisor: the host's cgroup holds them
+        assert r["mem"] is None and r["pids"] is None, r
+        r["mem"] = (host_cgroup(shared, "memory") / "memory.limit_in_bytes").read_text()
+        r["pids"] = (host_cgroup(shared, "pids") / "pids.max").read_text().strip()
     assert int(r["mem"]) == limits.memory_mb << 20, r
     assert r["pids"] == str(limits.pids), r
     host = shared.container.attrs["HostConfig"]
@@ -520,7 +628,7 @@ print(json.dumps({"nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
 
 @shared_group
 @pytest.mark.timeout(60)
-def test_container_logs_bounded_and_pid1_stdout_unreachable(shared):
+def test_container_logs_bounded_and_pid1_stdout_unreachable(shared, runtime):
     log = shared.container.attrs["HostConfig"]["LogConfig"]
     assert log["Type"] == "none" or log["Config"].get("max-size"), log
     r = probe(
@@ -533,21 +641,39 @@ print(json.dumps({
 }))
 """,
     )
-    assert all(v != "ALLOWED" for v in r.values()), r
     # what the kernel writes to its own fds 1 and 2 does not reach `docker logs` either
     ok(
         shared,
         "import os\nfor _ in range(64): os.write(1, b'y' * 65536); os.write(2, b'z' * 65536)",
     )
     logs = shared.container.logs(tail=1000)
-    assert len(logs) < 64 << 10, len(logs)
+    assert len(logs) < 64 << 10 or r["pid1_out"] == "ALLOWED", len(logs)
+    if runtime == "runsc" and set(r.values()) == {"ALLOWED"}:
+        # the log driver's cap holds what reaches PID 1's stdout: 8 MiB leave at most 2 MiB
+        ok(shared, "f = open('/proc/1/fd/1', 'w')\nfor _ in range(8): f.write('x' * (1 << 20))")
+        kept = len(shared.container.logs())  # the log file itself may be mid-rotation
+        assert kept < 2 << 20, kept
+        pytest.xfail(
+            "known difference: gVisor's /proc (runsc 2022-12) lets code open /proc/1/fd/1 and 2 "
+            "of the non-dumpable supervisor (same uid); the json-file cap bounds what lands"
+        )
+    assert all(v != "ALLOWED" for v in r.values()), r
 
 
 # -- destructive probes: a fresh sandbox each ---------------------------------------------
 @pytest.mark.xdist_group("security-a")
 @pytest.mark.timeout(90)
-def test_signals_to_pid1_from_inside_are_ignored():
-    with DockerSandbox(limits=FAST) as sb:
+def test_signals_to_pid1_from_inside_are_ignored(runtime, request):
+    if runtime == "runsc":
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="known difference: runsc 2022-12 does not shield a PID namespace's init "
+                "from SIGKILL and SIGHUP sent inside it, and the supervisor runs as the kernel's "
+                "uid: model code can end its own sandbox (the host sees the container stop)",
+            )
+        )
+    with DockerSandbox(limits=FAST, runtime=runtime) as sb:
         before = ok(sb, "import os\nx = 41\nprint(os.getpid())").strip()
         r = probe(
             sb,
@@ -570,9 +696,21 @@ print(json.dumps(out))
 
 @pytest.mark.xdist_group("security-a")
 @pytest.mark.timeout(90)
-def test_fork_bomb_is_bounded_by_pids_limit():
-    limits = Limits(timeout_s=4, interrupt_grace_s=2, pids=64)
-    with DockerSandbox(limits=limits) as sb:
+def test_fork_bomb_is_bounded_by_pids_limit(runtime, request):
+    if runtime == "runsc":  # not strict: on a quiet machine the Sentry may survive it
+        request.applymarker(
+            pytest.mark.xfail(
+                raises=SandboxError,
+                reason="known difference: under gVisor the pids limit counts the Sentry's host "
+                "threads; a fork bomb exhausts them and the whole sandbox stops (the host sees "
+                "the container exit; nothing outlives it)",
+            )
+        )
+    # Under gVisor the pids cgroup counts the Sentry's host threads too (about 90 for an idle
+    # sandbox), so 64 cannot even start one; the default 256 bounds the bomb there.
+    pids = 64 if runtime == "runc" else Limits.pids
+    limits = Limits(timeout_s=4, interrupt_grace_s=2, pids=pids)
+    with DockerSandbox(limits=limits, runtime=runtime) as sb:
         ok(sb, "open('before.txt', 'w').write('kept')")
         ex = sb.run(
             "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
@@ -580,7 +718,7 @@ def test_fork_bomb_is_bounded_by_pids_limit():
         )
         assert ex.timed_out and (ex.interrupted or ex.restarted == "timeout"), render(ex)
         assert len(render(ex, 2000)) <= 2000
-        assert sb.container.attrs["HostConfig"]["PidsLimit"] == 64
+        assert sb.container.attrs["HostConfig"]["PidsLimit"] == pids
         # the bomb's processes are gone, the workspace is intact, the next cell works
         r = probe(
             sb,
@@ -594,9 +732,18 @@ def test_fork_bomb_is_bounded_by_pids_limit():
 
 @pytest.mark.xdist_group("security-b")
 @pytest.mark.timeout(90)
-def test_memory_bomb_restarts_kernel_reported_as_out_of_memory():
+def test_memory_bomb_restarts_kernel_reported_as_out_of_memory(runtime, request):
+    if runtime == "runsc":
+        request.applymarker(
+            pytest.mark.xfail(
+                raises=SandboxError,
+                reason="known difference: under gVisor the memory limit holds the whole sandbox "
+                "(Sentry, and the tmpfs workspace in its memory): the host's OOM killer ends "
+                "the container, reported as 'stopped ... out of memory', workspace lost",
+            )
+        )
     limits = Limits(timeout_s=20, interrupt_grace_s=2, memory_mb=300)
-    with DockerSandbox(limits=limits) as sb:
+    with DockerSandbox(limits=limits, runtime=runtime) as sb:
         ok(sb, "x = 1\nopen('kept.txt', 'w').write('kept')")
         ex = sb.run("b = []\nwhile True:\n    b.append(bytearray(16 << 20))\n")
         assert ex.restarted == "out of memory", render(ex)
@@ -610,9 +757,9 @@ def test_memory_bomb_restarts_kernel_reported_as_out_of_memory():
 
 @pytest.mark.xdist_group("security-c")
 @pytest.mark.timeout(90)
-def test_disk_fill_of_tmp_and_workspace_hits_enospc_within_tmpfs_sizes():
+def test_disk_fill_of_tmp_and_workspace_hits_enospc_within_tmpfs_sizes(runtime):
     limits = Limits(timeout_s=20, interrupt_grace_s=2, tmp_mb=32, workspace_mb=48)
-    with DockerSandbox(limits=limits) as sb:
+    with DockerSandbox(limits=limits, runtime=runtime) as sb:
         r = probe(
             sb,
             """
@@ -656,9 +803,9 @@ print(json.dumps({"tmp": fill("/tmp/fill"), "ws": fill("/workspace/fill"),
 
 @pytest.mark.xdist_group("security-c")
 @pytest.mark.timeout(90)
-def test_huge_single_file_and_thousands_of_small_files():
+def test_huge_single_file_and_thousands_of_small_files(runtime):
     limits = Limits(timeout_s=30, interrupt_grace_s=2, workspace_mb=64)
-    with DockerSandbox(limits=limits) as sb:
+    with DockerSandbox(limits=limits, runtime=runtime) as sb:
         r = probe(
             sb,
             TRY
@@ -732,8 +879,8 @@ class PeakRss:
 
 @pytest.mark.xdist_group("security-d")
 @pytest.mark.timeout(120)
-def test_one_gigabyte_print_keeps_host_memory_bounded():
-    with DockerSandbox(limits=Limits(timeout_s=60, interrupt_grace_s=2)) as sb:
+def test_one_gigabyte_print_keeps_host_memory_bounded(runtime):
+    with DockerSandbox(limits=Limits(timeout_s=60, interrupt_grace_s=2), runtime=runtime) as sb:
         assert_next_cell_works(sb)  # warm up the client before measuring
         with PeakRss() as rss:
             ex = sb.run(
@@ -753,10 +900,10 @@ def test_one_gigabyte_print_keeps_host_memory_bounded():
 
 @pytest.mark.xdist_group("security-d")
 @pytest.mark.timeout(120)
-def test_output_sent_around_the_kernel_cap_is_capped_on_the_host():
+def test_output_sent_around_the_kernel_cap_is_capped_on_the_host(runtime):
     """Model code can restore ipykernel's writer or publish raw stream messages; the host
     cap must hold on its own (256 MiB in 1 MiB messages: 1 GiB takes a minute under load)."""
-    with DockerSandbox(limits=Limits(timeout_s=60, interrupt_grace_s=2)) as sb:
+    with DockerSandbox(limits=Limits(timeout_s=60, interrupt_grace_s=2), runtime=runtime) as sb:
         assert_next_cell_works(sb)
         with PeakRss() as rss:
             ex = sb.run(
@@ -773,9 +920,9 @@ def test_output_sent_around_the_kernel_cap_is_capped_on_the_host():
 
 @pytest.mark.xdist_group("security-b")
 @pytest.mark.timeout(60)
-def test_endless_loop_times_out_interrupted_state_kept():
+def test_endless_loop_times_out_interrupted_state_kept(runtime):
     # a generous grace: on a busy machine the interrupt itself may take a second or two
-    with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=8)) as sb:
+    with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=8), runtime=runtime) as sb:
         ok(sb, "x = 41")
         ex = sb.run("while True:\n    pass\n")
         assert ex.timed_out and ex.interrupted and ex.restarted is None, render(ex)
@@ -789,8 +936,8 @@ def test_endless_loop_times_out_interrupted_state_kept():
 
 @pytest.mark.xdist_group("security-c")
 @pytest.mark.timeout(60)
-def test_loop_ignoring_sigint_restarts_kernel_keeps_files():
-    with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=2)) as sb:
+def test_loop_ignoring_sigint_restarts_kernel_keeps_files(runtime):
+    with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=2), runtime=runtime) as sb:
         ok(sb, "x = 41\nopen('kept.txt', 'w').write('kept')")
         ex = sb.run(
             "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass\n"
@@ -806,8 +953,8 @@ def test_loop_ignoring_sigint_restarts_kernel_keeps_files():
 
 @pytest.mark.xdist_group("security-a")
 @pytest.mark.timeout(60)
-def test_background_process_does_not_outlive_its_timed_out_cell():
-    with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=2)) as sb:
+def test_background_process_does_not_outlive_its_timed_out_cell(runtime):
+    with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=2), runtime=runtime) as sb:
         ex = sb.run('''
 import subprocess, sys, time
 child = """
@@ -858,9 +1005,12 @@ print(json.dumps({"others": others}))
 
 @pytest.mark.xdist_group("security-b")
 @pytest.mark.timeout(90)
-def test_cpu_quota_holds_for_spinning_processes():
+def test_cpu_quota_holds_for_spinning_processes(runtime):
+    if runtime == "runsc":
+        cpu_quota_from_the_host(runtime)
+        return
     limits = Limits(timeout_s=20, interrupt_grace_s=2, cpus=0.5)
-    with DockerSandbox(limits=limits) as sb:
+    with DockerSandbox(limits=limits, runtime=runtime) as sb:
         r = probe(
             sb,
             """
@@ -886,12 +1036,37 @@ print(json.dumps({"quota": quota, "period": period, "cpus": used / wall}))
         assert_next_cell_works(sb)
 
 
+def cpu_quota_from_the_host(runtime: str) -> None:
+    """The same bound under gVisor, which shows no cgroup files inside: the quota and the
+    CPU time used are read from the container's cgroup on the host."""
+    with DockerSandbox(
+        limits=Limits(timeout_s=20, interrupt_grace_s=2, cpus=0.5), runtime=runtime
+    ) as sb:
+        cpu = host_cgroup(sb, "cpu")
+        quota = int((cpu / "cpu.cfs_quota_us").read_text())
+        period = int((cpu / "cpu.cfs_period_us").read_text())
+        usage = host_cgroup(sb, "cpuacct") / "cpuacct.usage"
+        u0, t0 = int(usage.read_text()), time.monotonic()
+        ok(
+            sb,
+            "import multiprocessing, time\n"
+            "def spin(seconds):\n    end = time.monotonic() + seconds\n"
+            "    while time.monotonic() < end:\n        pass\n"
+            "procs = [multiprocessing.Process(target=spin, args=(3,)) for _ in range(4)]\n"
+            "for p in procs: p.start()\nfor p in procs: p.join()",
+        )
+        cpus = (int(usage.read_text()) - u0) / 1e9 / (time.monotonic() - t0)
+        assert quota / period == pytest.approx(0.5), (quota, period)
+        assert cpus <= 0.5 * 1.2, cpus
+        assert_next_cell_works(sb)
+
+
 @pytest.mark.xdist_group("security-d")
 @pytest.mark.timeout(120)
-def test_kernel_json_cannot_be_swapped_during_a_restart():
+def test_kernel_json_cannot_be_swapped_during_a_restart(runtime):
     """While a hard restart unseals the connection directory, model code still running must
     not replace the host's connection file (it would own the next kernel's key)."""
-    with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=1)) as sb:
+    with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=1), runtime=runtime) as sb:
         original = Path(sb.conn_dir, "kernel.json").read_bytes()
         ex = sb.run(
             """
@@ -919,11 +1094,11 @@ while True:
 @pytest.mark.xdist_group("security-d")
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("frames, frame_mb", [(24, 8), (1, 100)], ids=["24x8MiB", "1x100MiB"])
-def test_huge_kernel_messages_are_dropped_inside_the_container(frames, frame_mb):
+def test_huge_kernel_messages_are_dropped_inside_the_container(frames, frame_mb, runtime):
     """ZMQ holds a whole multipart message in the receiver's memory (MAXMSGSIZE bounds one
     frame, not how many): the relay inside the container receives it and drops it, and the
     rest of the cell's output still arrives."""
-    with DockerSandbox(limits=Limits(timeout_s=30, interrupt_grace_s=2)) as sb:
+    with DockerSandbox(limits=Limits(timeout_s=30, interrupt_grace_s=2), runtime=runtime) as sb:
         assert_next_cell_works(sb)
         with PeakRss() as rss:
             ex = sb.run(

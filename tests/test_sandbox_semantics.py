@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import replace
 
 import docker
 import pytest
@@ -31,8 +32,8 @@ def input_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def sb(input_file):
-    with DockerSandbox(limits=FAST, inputs=[input_file]) as sandbox:
+def sb(input_file, runtime):
+    with DockerSandbox(limits=FAST, inputs=[input_file], runtime=runtime) as sandbox:
         yield sandbox
 
 
@@ -232,8 +233,8 @@ def test_render_caps_with_head_tail_and_names_saved_output(sb):
 # -- fresh sandboxes ----------------------------------------------------------------------
 @pytest.mark.xdist_group("semantics-b")
 @pytest.mark.timeout(60)
-def test_interrupt_from_another_thread_keeps_state():
-    with DockerSandbox(limits=Limits(timeout_s=30, interrupt_grace_s=2)) as box:
+def test_interrupt_from_another_thread_keeps_state(runtime):
+    with DockerSandbox(limits=Limits(timeout_s=30, interrupt_grace_s=2), runtime=runtime) as box:
         assert box.run("x = 41").ok
         timer = threading.Timer(1.0, box.interrupt)
         timer.start()
@@ -246,8 +247,8 @@ def test_interrupt_from_another_thread_keeps_state():
 
 @pytest.mark.xdist_group("semantics-b")
 @pytest.mark.timeout(60)
-def test_restart_clears_state_and_keeps_files():
-    with DockerSandbox(limits=FAST) as box:
+def test_restart_clears_state_and_keeps_files(runtime):
+    with DockerSandbox(limits=FAST, runtime=runtime) as box:
         assert box.run("x = 1\nopen('kept.txt', 'w').write('kept')").ok
         assert box.run("None").execution_count > 1
         # Several times: connecting during a restart once reached the dying old kernel.
@@ -261,8 +262,8 @@ def test_restart_clears_state_and_keeps_files():
 
 @pytest.mark.xdist_group("semantics-c")
 @pytest.mark.timeout(120)
-def test_pool_hands_out_fresh_distinct_sandboxes_with_inputs(input_file):
-    with SandboxPool(size=2, limits=FAST) as pool:
+def test_pool_hands_out_fresh_distinct_sandboxes_with_inputs(input_file, runtime):
+    with SandboxPool(size=2, limits=replace(FAST, runtime=runtime)) as pool:
         first = pool.acquire(inputs=[input_file], timeout=60)
         second = pool.acquire(inputs=[input_file], timeout=60)
         try:
@@ -293,10 +294,10 @@ def test_pool_hands_out_fresh_distinct_sandboxes_with_inputs(input_file):
 
 @pytest.mark.xdist_group("semantics-c")
 @pytest.mark.timeout(60)
-def test_no_container_left_after_close():
+def test_no_container_left_after_close(runtime):
     session = f"test-{uuid.uuid4().hex[:8]}"
     labels = (ctr.LABEL, f"sandcell.session={session}")
-    box = DockerSandbox(limits=FAST, session=session)
+    box = DockerSandbox(limits=FAST, session=session, runtime=runtime)
     assert len(container_labels(*labels, running_only=True)) == 1
     conn_dir = box.conn_dir
     assert box.run("1").ok
@@ -309,14 +310,15 @@ def test_no_container_left_after_close():
 
 @pytest.mark.xdist_group("semantics-c")
 @pytest.mark.timeout(90)
-def test_orphan_of_a_dead_owner_is_reaped():
+def test_orphan_of_a_dead_owner_is_reaped(runtime):
     client = docker.from_env()
     session = f"orphan-{uuid.uuid4().hex[:8]}"
-    alive = DockerSandbox(limits=FAST)  # started first: a live owner's container is kept
+    # started first: a live owner's container is kept
+    alive = DockerSandbox(limits=FAST, runtime=runtime)
     # a process that starts a sandbox and dies without cleaning up
     script = (
         "import json, os\nfrom sandbox import DockerSandbox, Limits\n"
-        f"box = DockerSandbox(limits=Limits(), session={session!r})\n"
+        f"box = DockerSandbox(limits=Limits(), session={session!r}, runtime={runtime!r})\n"
         "print(json.dumps({'id': box.container.id, 'conn': box.conn_dir}), flush=True)\n"
         "os._exit(0)\n"
     )

@@ -95,13 +95,14 @@ def batch_cmd(
     if ray_address is not None:
         batch = ray_batch(jobs, output, ray_address, shared_paths, max_input_mb, no_progress, opts)
     else:
-        preflight()  # so does a missing engine or image (exit 3)
+        limits = build_limits(opts)
+        preflight(runtime=limits.runtime)  # so does a missing engine, image or runtime (exit 3)
         batch = Batch(
             jobs,
             output,
             workers,
             make_model,
-            build_limits(opts),
+            limits,
             build_rules(opts),
             opts["protocol"],
             progress=not no_progress,

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from agent.cli import exits
-from agent.cli.options import MEMORY_MB, TIMEOUT_S, input_option
+from agent.cli.options import MEMORY_MB, TIMEOUT_S, input_option, runtime_option
 from sandbox import DockerSandbox, Limits
 from sandbox.execution import StreamChunk
 from sandbox.render import render
@@ -28,11 +28,12 @@ def print_live(chunk: StreamChunk) -> None:
     default=None,
     help="Copy the workspace (figures, files the code wrote) to this folder.",
 )
+@runtime_option
 @click.option("--json", "as_json", is_flag=True, help="Print the Execution as JSON.")
 @click.option("-c", "code", default=None, help="The code to run.")
 @click.argument("file", required=False, type=click.File("r"))
 @exits.reported()
-def exec_cmd(inputs, timeout, memory, output, as_json, code, file):
+def exec_cmd(inputs, timeout, memory, output, runtime, as_json, code, file):
     """Run Python in a fresh sandbox and print the observation.
 
     The code comes from -c CODE, from FILE, or from standard input (FILE = -).
@@ -41,7 +42,9 @@ def exec_cmd(inputs, timeout, memory, output, as_json, code, file):
     if (code is None) == (file is None):
         raise click.UsageError("give the code either with -c CODE or as FILE (- for stdin)")
     source = code if code is not None else file.read()
-    overrides = {k: v for k, v in (("timeout_s", timeout), ("memory_mb", memory)) if v}
+    overrides = {
+        k: v for k, v in (("timeout_s", timeout), ("memory_mb", memory), ("runtime", runtime)) if v
+    }
     limits = replace(Limits(), **overrides)
     live = None if as_json else print_live  # stdout and stderr as the code prints them
     with DockerSandbox(limits=limits, inputs=list(inputs)) as sandbox:

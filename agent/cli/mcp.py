@@ -90,7 +90,9 @@ def mcp_cmd(
             )
     if not http:
         _refuse_http_options()
-    preflight()  # no engine or image: said now (exit 3), before any client waits on it
+    preflight(
+        runtime=limits.runtime
+    )  # no engine, image or runtime: exit 3, before any client waits
     if not http:
         _serve_stdio(limits, checked, output)
         return

@@ -39,6 +39,20 @@ MEMORY_MB = click.IntRange(128, 1 << 20)
 CPUS = click.FloatRange(0.01, float(os.cpu_count() or 1))
 
 
+def runtime_option(command):
+    """--runtime NAME: the engine's OCI runtime for the sandbox (runsc: gVisor). Any name the
+    engine registered is fine, so it is checked against `docker info` before a start (exit 3
+    naming `make engine RUNTIME=runsc`), not against a fixed list here."""
+    return click.option(
+        "--runtime",
+        envvar="SANDCELL_RUNTIME",
+        default=None,
+        metavar="NAME",
+        help="Container runtime for the sandbox, e.g. runsc (gVisor) [default: the engine's; "
+        "env SANDCELL_RUNTIME].",
+    )(command)
+
+
 def task_text(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A --task that says something: empty or blank text is a usage error."""
     if value is not None and not value.strip():
@@ -155,12 +169,13 @@ _LIMIT_OPTIONS = [
         help="Sandbox memory in MB.",
     ),
     click.option("--cpus", type=CPUS, default=Limits.cpus, show_default=True),
+    runtime_option,
 ]
 
 
 _MODEL_NAMES = ["model_name", "base_url", "api_key", "replay", "protocol", "temperature"]
 _MODEL_NAMES += ["max_tokens", "max_steps", "wall_s"]
-_LIMIT_NAMES = ["timeout_s", "memory_mb", "cpus"]
+_LIMIT_NAMES = ["timeout_s", "memory_mb", "cpus", "runtime"]
 
 
 def _gathered(command, options: list, names: list[str]):
@@ -182,7 +197,7 @@ def agent_options(command):
 
 
 def limit_options(command):
-    """Add the sandbox limit options only (--timeout, --memory, --cpus), as `opts`."""
+    """Add the sandbox limit options only (--timeout, --memory, --cpus, --runtime), as `opts`."""
     return _gathered(command, _LIMIT_OPTIONS, _LIMIT_NAMES)
 
 
@@ -208,10 +223,11 @@ def build_agent(opts: dict, on_event=None) -> Agent:
     from sandbox.container import preflight
 
     model = build_model(opts)
-    preflight()
+    limits = build_limits(opts)
+    preflight(runtime=limits.runtime)
     return Agent(
         model,
-        limits=build_limits(opts),
+        limits=limits,
         rules=build_rules(opts),
         protocol=opts["protocol"],
         on_event=on_event,
@@ -220,7 +236,11 @@ def build_agent(opts: dict, on_event=None) -> Agent:
 
 def build_limits(opts: dict) -> Limits:
     return replace(
-        Limits(), timeout_s=opts["timeout_s"], memory_mb=opts["memory_mb"], cpus=opts["cpus"]
+        Limits(),
+        timeout_s=opts["timeout_s"],
+        memory_mb=opts["memory_mb"],
+        cpus=opts["cpus"],
+        runtime=opts["runtime"] or None,  # SANDCELL_RUNTIME= (empty) is the engine's default
     )
 
 

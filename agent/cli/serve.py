@@ -127,12 +127,13 @@ def serve_cmd(host, port, data, users, max_sessions, pool, idle_minutes, max_upl
     except (UsersError, UnicodeDecodeError) as error:
         raise click.UsageError(f"--users: {error}") from None
     model = build_model(opts)
-    preflight()  # no engine or image: said now (exit 3), not at the first message
+    limits = build_limits(opts)
+    preflight(runtime=limits.runtime)  # no engine, image or runtime: said now (exit 3)
     config = ServeConfig(
         model=model,
         users=known,
         data=data,
-        limits=build_limits(opts),
+        limits=limits,
         rules=build_rules(opts),
         protocol=opts["protocol"],
         max_sessions=max_sessions,
