@@ -964,8 +964,9 @@ for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
 n = 0
 while True:
     n += 1
-    with open('/workspace/counter', 'w') as f:
-        f.write(str(n))
+    with open('/workspace/counter.tmp', 'w') as f:  # whole or not at all: a kill may land
+        f.write(str(n))                                # between a truncate and its write
+    os.replace('/workspace/counter.tmp', '/workspace/counter')
     time.sleep(0.05)
 """
 subprocess.Popen([sys.executable, "-c", child], start_new_session=True,
