@@ -90,13 +90,14 @@ def mcp_cmd(
             )
     if not http:
         _refuse_http_options()
-    preflight(
-        runtime=limits.runtime
-    )  # no engine, image or runtime: exit 3, before any client waits
+    # no engine, image or runtime: exit 3, before any client waits
+    preflight(runtime=limits.runtime)
     if not http:
         _serve_stdio(limits, checked, output)
         return
-    users_known = _users(users)
+    from agent.cli.serve import users_of
+
+    users_known = users_of(users)
     settings = HttpSettings(
         users_known, bool(users), host, port, pool, idle_minutes * 60, max_sessions
     )
@@ -170,15 +171,6 @@ def _refuse_http_options() -> None:
         if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
             flag = "--" + name.replace("_", "-")
             raise click.UsageError(f"{flag} is for --http; stdio has one client, its parent")
-
-
-def _users(path: Path | None) -> dict[str, str]:
-    from agent.serve.config import UsersError, load_users, one_user
-
-    try:
-        return load_users(path) if path else one_user()
-    except (UsersError, UnicodeDecodeError) as error:
-        raise click.UsageError(f"--users: {error}") from None
 
 
 def _serve_http(limits, inputs, output, settings: HttpSettings) -> None:

@@ -68,6 +68,16 @@ def run_until_stopped(app, sock: socket.socket) -> None:
     server.run(sockets=[sock])
 
 
+def users_of(path: Path | None) -> dict[str, str]:
+    """--users FILE read (a usage error names the bad line), or one user with a new token."""
+    from agent.serve.config import UsersError, load_users, one_user
+
+    try:
+        return load_users(path) if path else one_user()
+    except (UsersError, UnicodeDecodeError) as error:
+        raise click.UsageError(f"--users: {error}") from None
+
+
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
@@ -119,13 +129,10 @@ def serve_cmd(host, port, data, users, max_sessions, pool, idle_minutes, max_upl
     # script is): uvicorn raises it again, with this handler, once it has stopped.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     from agent.serve import ServeConfig, create_app
-    from agent.serve.config import DEFAULT_USER, UsersError, load_users, one_user
+    from agent.serve.config import DEFAULT_USER
     from sandbox.container import preflight
 
-    try:
-        known = load_users(users) if users else one_user()
-    except (UsersError, UnicodeDecodeError) as error:
-        raise click.UsageError(f"--users: {error}") from None
+    known = users_of(users)
     model = build_model(opts)
     limits = build_limits(opts)
     preflight(runtime=limits.runtime)  # no engine, image or runtime: said now (exit 3)
