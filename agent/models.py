@@ -6,7 +6,19 @@ between chunks, not for the whole reply, so a slow server that keeps sending nev
 Each reply is capped (max_tokens, 4096 unless --max-tokens or SANDCELL_MAX_TOKENS say), so a
 local model that never stops still ends. 429, 5xx, timeouts and connection errors are retried
 until the first token arrives; a reply that stops mid-way is one clear error, not a retry
-queued behind a server still busy with the first request."""
+queued behind a server still busy with the first request.
+
+What real servers do unlike the OpenAI API, and what is done about it here (each has a test in
+tests/test_agent_models.py, and tests/test_realmodel.py runs llama-cpp-python's server):
+- tools sent without tool_choice are ignored by llama-cpp-python's chatml-function-calling
+  format: tool_choice "auto" is always sent with tools (OpenAI's default anyway);
+- a tool_choice an endpoint refuses ("required" on older vLLM and on llama-cpp-python, which
+  fails it with an empty HTTP 500) is dropped, once, and not sent again;
+- llama-cpp-python answers an error in a streamed request (context too long, a tool call it
+  cannot stream) with a 200 and a connection closed before any chunk: that request is sent once
+  more unstreamed, which gets the real error or the reply (a read timeout of an unstreamed
+  request is not retried: nothing says the server is done with it);
+- no usage in streamed replies (stream_options ignored): usage is then estimated, and marked."""
 
 from __future__ import annotations
 
@@ -16,6 +28,7 @@ import logging
 import os
 import random
 import time
+import types
 from collections.abc import Callable
 
 import openai
@@ -41,6 +54,11 @@ _TOOL_WORDS = ("tool", "function")  # in a 400 body: the endpoint refused the to
 
 class _BadBody(Exception):
     """The endpoint answered 200 with something that is not a chat completion."""
+
+
+class _Dropped(Exception):
+    """The endpoint answered 200 to a streamed request, then closed the stream before any
+    chunk (llama-cpp-python's way of reporting any error in one): it is no longer busy."""
 
 
 class _Broken(Exception):
@@ -75,6 +93,7 @@ class OpenAIModel:
         self.max_tokens = _max_tokens(max_tokens)
         self._cap = "max_tokens"  # "max_completion_tokens" once the endpoint asks for it
         self._usage_option = True  # stream_options.include_usage, until the endpoint refuses it
+        self._refused_choices: set[str] = set()  # tool_choice values the endpoint refused
         self.max_retries, self.retry_base_s, self._sleep = max_retries, retry_base_s, sleep
         # local servers ignore the key, but the client insists on one
         self.client = openai.OpenAI(
@@ -97,8 +116,10 @@ class OpenAIModel:
         request: dict = {"model": self.name, "messages": messages}
         if tools:
             request["tools"] = tools
-            if tool_choice:
-                request["tool_choice"] = tool_choice
+            choice = tool_choice if tool_choice not in self._refused_choices else None
+            choice = choice or ("auto" if "auto" not in self._refused_choices else None)
+            if choice:
+                request["tool_choice"] = choice
         if stop:
             request["stop"] = stop[:4]  # the API takes at most four
         if self.temperature is not None:
@@ -136,29 +157,72 @@ class OpenAIModel:
     # -- one request -----------------------------------------------------------------------
 
     def _send(self, request: dict, on_token: OnToken | None) -> Reply:
-        while True:  # each field below is given up at most once
+        whole = False
+        while True:  # each fallback below is taken at most once
             try:
-                return self._stream(request, on_token)
-            except openai.BadRequestError as exc:
-                said = str(exc)
-                if "max_tokens" in request and "max_completion_tokens" in said:
+                return self._whole(request, on_token) if whole else self._stream(request, on_token)
+            except _Dropped:
+                # asked again unstreamed: the server's real error, or the reply (a tool call
+                # llama-cpp-python's chatml-function-calling cannot stream); only this request,
+                # so text replies go on streaming
+                log.info(
+                    "%s closed a streamed reply before any chunk: asking unstreamed", self.base_url
+                )
+                whole = True
+            except openai.APIStatusError as exc:
+                said, choice = str(exc), request.get("tool_choice")
+                if (
+                    exc.status_code == 400
+                    and "max_tokens" in request
+                    and ("max_completion_tokens" in said)
+                ):
                     # OpenAI's o-series and gpt-5 models take only max_completion_tokens
                     log.info("%s takes max_completion_tokens, not max_tokens", self.base_url)
                     self._cap = "max_completion_tokens"
                     request["max_completion_tokens"] = request.pop("max_tokens")
-                elif self._usage_option and "stream_options" in said:
+                elif exc.status_code == 400 and self._usage_option and "stream_options" in said:
                     # strict servers refuse the field; usage is then estimated
                     log.info("%s refuses stream_options: %s", self.base_url, _short(exc))
                     self._usage_option = False
+                elif (
+                    choice and choice not in self._refused_choices and _refuses_choice(exc, choice)
+                ):
+                    log.info("%s refuses tool_choice %r: %s", self.base_url, choice, _short(exc))
+                    self._refused_choices.add(choice)
+                    del request["tool_choice"]
+                    if "auto" not in self._refused_choices:
+                        request["tool_choice"] = "auto"
                 else:
                     raise
+
+    def _whole(self, request: dict, on_token: OnToken | None) -> Reply:
+        """One request unstreamed, for a server that can answer it only that way. Nothing
+        arrives before the end, so a read timeout may leave the server busy: not retried."""
+        try:
+            done = self.client.chat.completions.create(**request)
+        except openai.APITimeoutError:
+            raise _Broken(
+                f"the model endpoint {self.base_url} sent no reply within {self.timeout_s:g} s "
+                "to a request it can only answer unstreamed; not retried, since the server may "
+                "still be busy with it. Lower --max-tokens [env SANDCELL_MAX_TOKENS] (now "
+                f"{self.max_tokens}), or use --protocol react, whose replies stream."
+            ) from None
+        except (json.JSONDecodeError, openai.APIResponseValidationError) as exc:
+            raise _BadBody(f"the reply is not a chat completion: {exc}") from exc
+        if not getattr(done, "choices", None):
+            raise _BadBody("the reply held no choice")
+        got = _Assembly(on_token)
+        got.add_message(done.choices[0], done.usage)
+        return got.reply()
 
     def _stream(self, request: dict, on_token: OnToken | None) -> Reply:
         started = time.monotonic()
         got = _Assembly(on_token)
+        opened = False  # the endpoint answered 200 and the stream began
         try:
             extra = {"stream_options": {"include_usage": True}} if self._usage_option else {}
             with self.client.chat.completions.create(**request, stream=True, **extra) as stream:
+                opened = True
                 for chunk in stream:
                     got.add(chunk)
         except (json.JSONDecodeError, openai.APIResponseValidationError) as exc:
@@ -168,6 +232,8 @@ class OpenAIModel:
         except openai.APIStatusError:
             raise  # refused before the stream began
         except openai.APIError as exc:  # timed out, connection lost, an error event
+            if opened and not got.seen_choice and _closed(exc):
+                raise _Dropped() from None
             if not got.chunks:
                 raise
             if isinstance(exc, openai.APITimeoutError):
@@ -179,7 +245,7 @@ class OpenAIModel:
                 why = f"it sent an error: {_short(exc)}"
             raise _Broken(self._cut_short(got, started, why)) from None
         if not got.seen_choice:
-            raise _BadBody("the stream held no chat-completion chunk")
+            raise _Dropped()  # a 200 and an empty stream: what went wrong is not said
         if got.finish is None:  # the connection closed cleanly, but before the reply ended
             if got.chunks:
                 why = "the stream ended without a finish_reason"
@@ -311,6 +377,22 @@ class _Assembly:
                 self.chars += len(name) + len(arguments)
         self.chunks += self.chars > before or bool(delta.tool_calls)
 
+    def add_message(self, choice: object, usage: object) -> None:
+        """An unstreamed reply, taken as one big chunk: on_token sees it all at once."""
+        message = choice.message
+        calls = [
+            _Delta(index=i, id=c.id, function=c.function)
+            for i, c in enumerate(getattr(message, "tool_calls", None) or [])
+        ]
+        delta = _Delta(
+            content=message.content,
+            reasoning_content=getattr(message, "reasoning_content", None),
+            tool_calls=calls,
+        )
+        self.add(
+            _Delta(choices=[_Delta(delta=delta, finish_reason=choice.finish_reason)], usage=usage)
+        )
+
     def _index(self, tc: object) -> int:
         if isinstance(tc.index, int):
             return tc.index
@@ -340,6 +422,32 @@ class _Assembly:
         arrived = "".join(self.reasoning) + "".join(self.text)
         arrived += "".join(f" {s['name']}({s['arguments']}" for _, s in sorted(self.calls.items()))
         return arrived if len(arrived) <= n else "..." + arrived[-(n - 3) :]
+
+
+class _Delta(types.SimpleNamespace):
+    """An unstreamed reply's parts dressed as a chunk, so one assembly serves both."""
+
+    def __getattr__(self, name: str) -> None:
+        return None
+
+
+def _closed(exc: Exception) -> bool:
+    """The connection closed or broke (not a timeout, not an error event the server sent)."""
+    return isinstance(exc, openai.APIConnectionError) and not isinstance(
+        exc, openai.APITimeoutError
+    )
+
+
+def _refuses_choice(exc: openai.APIStatusError, choice: str) -> bool:
+    """A refusal of the request's tool_choice: a 400/422 naming it, or the bare HTTP 500 that
+    llama-cpp-python's chatml-function-calling answers "required" with (a failed assertion,
+    so an empty message). Any other 500 is an ordinary server error, retried as such."""
+    if exc.status_code in (400, 422):
+        return "tool_choice" in str(exc)
+    body = exc.body if isinstance(exc.body, dict) else {}
+    error = body.get("error", body)
+    said = error.get("message") if isinstance(error, dict) else body
+    return exc.status_code == 500 and choice != "auto" and not said
 
 
 def _max_tokens(given: int | None) -> int:
