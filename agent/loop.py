@@ -211,9 +211,15 @@ class Loop:
             if timed:  # a reply still streaming at the wall time is dropped, as on a cancel
                 watch.check_wall()
 
+        deadline = watch.started + self.rules.wall_s if timed else None
         try:
             reply = self.model.complete(
-                self.messages, request["tools"], stop=request["stop"], on_token=on_token, **extra
+                self.messages,
+                request["tools"],
+                stop=request["stop"],
+                on_token=on_token,
+                deadline=deadline,
+                **extra,
             )
         except ToolsUnsupported as exc:
             if not self.auto or isinstance(self.protocol, ReactProtocol):
@@ -226,6 +232,10 @@ class Loop:
             )
             extra.pop("tool_choice", None)
             return self._complete(watch, timed, **extra)
+        except ModelError:
+            if timed:  # the reply was given up at the wall time: that is what ended it
+                watch.check_wall()
+            raise
         watch.spent(reply.usage.total)
         self.usage = self.usage + reply.usage
         return reply
@@ -242,8 +252,8 @@ class Loop:
         self.messages.append({"role": "user", "content": prompts.FORCED_ANSWER})
         choice = {"tool_choice": "none"} if self.protocol.name == "tools" else {}
         try:
-            reply = self._complete(watch, **choice)
-        except ModelError as exc:
+            reply = self._complete(watch, timed=True, **choice)
+        except (ModelError, LimitReached) as exc:  # the wall time, or a cancel, mid-reply
             return None, str(exc)
         answer = answer_from_text(reply.text, self.registry)
         self.messages.append({"role": "assistant", "content": reply.text})

@@ -15,9 +15,15 @@ tests/test_agent_models.py, and tests/test_realmodel.py runs llama-cpp-python's 
 - a tool_choice an endpoint refuses ("required" on older vLLM and on llama-cpp-python, which
   fails it with an empty HTTP 500) is dropped, once, and not sent again;
 - llama-cpp-python answers an error in a streamed request (context too long, a tool call it
-  cannot stream) with a 200 and a connection closed before any chunk: that request is sent once
+  cannot stream) by closing the connection before any chunk (after its 200, or with no response
+  at all): that request is sent once
   more unstreamed, which gets the real error or the reply (a read timeout of an unstreamed
   request is not retried: nothing says the server is done with it);
+- an assistant message with tool calls and null content is refused (HTTP 500, pydantic
+  "validation errors"): it is sent with content "", and such a 500 is not retried;
+- max_tokens ignored (llama-cpp-python's chatml-function-calling with tool_choice "auto"): a
+  streamed reply is cut once it has sent more chunks than max_tokens allows; an unstreamed
+  one is bounded by the caller's deadline (the question's wall time);
 - no usage in streamed replies (stream_options ignored): usage is then estimated, and marked."""
 
 from __future__ import annotations
@@ -57,8 +63,8 @@ class _BadBody(Exception):
 
 
 class _Dropped(Exception):
-    """The endpoint answered 200 to a streamed request, then closed the stream before any
-    chunk (llama-cpp-python's way of reporting any error in one): it is no longer busy."""
+    """The endpoint closed a streamed request before any chunk, with no response or after its
+    200 (llama-cpp-python's way of reporting any error in one): it is no longer busy."""
 
 
 class _Broken(Exception):
@@ -95,11 +101,13 @@ class OpenAIModel:
         self._usage_option = True  # stream_options.include_usage, until the endpoint refuses it
         self._refused_choices: set[str] = set()  # tool_choice values the endpoint refused
         self.max_retries, self.retry_base_s, self._sleep = max_retries, retry_base_s, sleep
-        # local servers ignore the key, but the client insists on one
-        self.client = openai.OpenAI(
-            base_url=self.base_url, api_key=key or "sk-local", timeout=timeout_s, max_retries=0
+        self._key, self.timeout_s = key or "sk-local", timeout_s  # local servers ignore the key
+        self.client = self._new_client()
+
+    def _new_client(self) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=self.base_url, api_key=self._key, timeout=self.timeout_s, max_retries=0
         )
-        self.timeout_s = timeout_s
 
     def __repr__(self) -> str:
         return f"OpenAIModel({self.name!r} at {self.base_url})"
@@ -112,8 +120,9 @@ class OpenAIModel:
         tool_choice: str | None = None,
         stop: list[str] | None = None,
         on_token: OnToken | None = None,
+        deadline: float | None = None,
     ) -> Reply:
-        request: dict = {"model": self.name, "messages": messages}
+        request: dict = {"model": self.name, "messages": [_wire(m) for m in messages]}
         if tools:
             request["tools"] = tools
             choice = tool_choice if tool_choice not in self._refused_choices else None
@@ -128,10 +137,12 @@ class OpenAIModel:
         started = time.monotonic()
         for attempt in range(self.max_retries + 1):
             try:
-                reply = self._send(request, on_token)
+                reply = self._send(request, on_token, deadline)
             except _Broken as exc:
                 raise ModelError(str(exc)) from None
             except (*_TRANSIENT, _BadBody) as exc:
+                if _invalid(exc):  # sent again, it would be refused again
+                    raise self._refused(exc, bool(tools)) from None
                 if attempt >= self._retries_for(exc):
                     raise ModelError(self._explain(exc, attempt + 1)) from None
                 delay = self._delay(exc, attempt)
@@ -156,11 +167,13 @@ class OpenAIModel:
 
     # -- one request -----------------------------------------------------------------------
 
-    def _send(self, request: dict, on_token: OnToken | None) -> Reply:
+    def _send(self, request: dict, on_token: OnToken | None, deadline: float | None) -> Reply:
         whole = False
         while True:  # each fallback below is taken at most once
             try:
-                return self._whole(request, on_token) if whole else self._stream(request, on_token)
+                if whole:
+                    return self._whole(request, on_token, deadline)
+                return self._stream(request, on_token)
             except _Dropped:
                 # asked again unstreamed: the server's real error, or the reply (a tool call
                 # llama-cpp-python's chatml-function-calling cannot stream); only this request,
@@ -195,16 +208,22 @@ class OpenAIModel:
                 else:
                     raise
 
-    def _whole(self, request: dict, on_token: OnToken | None) -> Reply:
+    def _whole(self, request: dict, on_token: OnToken | None, deadline: float | None) -> Reply:
         """One request unstreamed, for a server that can answer it only that way. Nothing
-        arrives before the end, so a read timeout may leave the server busy: not retried."""
+        arrives before the end, so the wait is bounded by the caller's deadline too, and a
+        timeout, which may leave the server busy, is not retried. On a connection of its own:
+        the dropped stream's may be back in the pool, and llama-cpp-python's server resets it."""
+        wait, why = self.timeout_s, ""
+        if deadline is not None and deadline - time.monotonic() < wait:
+            wait, why = max(0.5, deadline - time.monotonic()), ", the time the question had left"
         try:
-            done = self.client.chat.completions.create(**request)
+            with self._new_client() as client:
+                done = client.chat.completions.create(**request, timeout=wait)
         except openai.APITimeoutError:
             raise _Broken(
-                f"the model endpoint {self.base_url} sent no reply within {self.timeout_s:g} s "
-                "to a request it can only answer unstreamed; not retried, since the server may "
-                "still be busy with it. Lower --max-tokens [env SANDCELL_MAX_TOKENS] (now "
+                f"the model endpoint {self.base_url} sent no reply within {wait:.1f} s{why} to "
+                "a request it can only answer unstreamed; not retried, since the server may still "
+                "be busy with it. Lower --max-tokens [env SANDCELL_MAX_TOKENS] (now "
                 f"{self.max_tokens}), or use --protocol react, whose replies stream."
             ) from None
         except (json.JSONDecodeError, openai.APIResponseValidationError) as exc:
@@ -225,6 +244,12 @@ class OpenAIModel:
                 opened = True
                 for chunk in stream:
                     got.add(chunk)
+                    if got.chunks > self.max_tokens:  # each chunk holds a token at least
+                        # the server ignores max_tokens (llama-cpp-python's tool-calling
+                        # format does): the reply is cut here, as the server should have
+                        log.info("%s ignores max_tokens: reply cut", self.base_url)
+                        got.finish = "length"
+                        break
         except (json.JSONDecodeError, openai.APIResponseValidationError) as exc:
             if got.chunks:
                 raise _Broken(self._cut_short(got, started, f"a chunk was garbled ({exc})"))
@@ -232,7 +257,7 @@ class OpenAIModel:
         except openai.APIStatusError:
             raise  # refused before the stream began
         except openai.APIError as exc:  # timed out, connection lost, an error event
-            if opened and not got.seen_choice and _closed(exc):
+            if not got.seen_choice and _closed(exc) and (opened or _no_response(exc)):
                 raise _Dropped() from None
             if not got.chunks:
                 raise
@@ -436,6 +461,27 @@ def _closed(exc: Exception) -> bool:
     return isinstance(exc, openai.APIConnectionError) and not isinstance(
         exc, openai.APITimeoutError
     )
+
+
+def _wire(message: dict) -> dict:
+    """A history message as every server takes it: an assistant's tool calls with content ""
+    rather than null (llama-cpp-python's server refuses null there with an HTTP 500)."""
+    if message.get("role") == "assistant" and message.get("content") is None:
+        return {**message, "content": ""}
+    return message
+
+
+def _invalid(exc: Exception) -> bool:
+    """An HTTP 500 that says the request itself is invalid (llama-cpp-python's server answers
+    a body it cannot validate so): not a passing failure, so not retried."""
+    return isinstance(exc, openai.InternalServerError) and "validation error" in str(exc)
+
+
+def _no_response(exc: Exception) -> bool:
+    """The server read the request and closed the connection without a response (httpx's
+    RemoteProtocolError; llama-cpp-python's server does that too when a streamed request fails
+    at once). Unlike a refused connection, the server is there, and done with the request."""
+    return type(exc.__cause__).__name__ == "RemoteProtocolError"
 
 
 def _refuses_choice(exc: openai.APIStatusError, choice: str) -> bool:

@@ -16,9 +16,11 @@ Script entries, consumed one per chat-completion request:
     {"stream_error_after": n, "message"?}   stream n chunks, then an SSE error event
     {"reasoning": str, ...}                 the thinking, apart (`reasoning_content`, as vLLM does)
     {"malformed": true}                     200 with a body that is not JSON (or a broken SSE chunk)
-    {"drop": "eof" | "chunked"}             streamed: 200, then the connection closed before any
-                                            chunk, cleanly or mid chunked body (llama-cpp-python's
-                                            server reports an error in a stream this way)
+    {"drop": "eof" | "chunked" | "no_response"}
+                                            streamed: 200, then the connection closed before any
+                                            chunk, cleanly or mid chunked body; or closed with no
+                                            response at all (llama-cpp-python's server reports an
+                                            error in a streamed request these ways)
     callable(request_body) -> entry         answer from what the agent sent (e.g. an observation)
 """
 
@@ -202,6 +204,9 @@ def _handler(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
             )
 
         def _stream(self, body: dict, entry: dict) -> None:
+            if entry.get("drop") == "no_response":
+                self.close_connection = True
+                return
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
             self.send_header("connection", "close")

@@ -163,7 +163,7 @@ def test_an_endpoint_refusing_tool_choice_altogether_is_asked_without_it():
     assert [r.get("tool_choice") for r in s.requests] == ["required", "auto", None, None]
 
 
-@pytest.mark.parametrize("drop", ["eof", "chunked"])
+@pytest.mark.parametrize("drop", ["eof", "chunked", "no_response"])
 def test_a_stream_closed_before_any_chunk_is_asked_again_unstreamed_for_the_error(drop):
     """llama-cpp-python answers 200 to a streamed request, then closes it when the request
     fails (here: too long for its context); unstreamed, it says why, and that is the error."""
@@ -177,7 +177,7 @@ def test_a_stream_closed_before_any_chunk_is_asked_again_unstreamed_for_the_erro
     assert [r.get("stream", False) for r in s.requests] == [True, False] and s.left() == 1
 
 
-@pytest.mark.parametrize("drop", ["eof", "chunked"])
+@pytest.mark.parametrize("drop", ["eof", "chunked", "no_response"])
 def test_a_tool_call_a_server_cannot_stream_comes_unstreamed_and_text_still_streams(drop):
     """llama-cpp-python's chatml-function-calling cannot stream a tool call its model chose
     ("Automatic streaming tool choice is not supported"): that reply comes whole, with the
@@ -210,6 +210,54 @@ def test_a_timeout_of_an_unstreamed_request_is_not_retried():
             model(s, timeout_s=0.7).complete(USER, TOOL)
         assert s.left() == 1 and len(s.requests) == 2
     assert "not retried" in str(err.value) and "--protocol react" in str(err.value)
+
+
+def test_a_tool_call_in_the_history_goes_out_with_empty_content_not_null():
+    """llama-cpp-python's server validates an assistant message's content as a string."""
+    calls = [
+        {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": "{}"}}
+    ]
+    history = [
+        *USER,
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "c1", "content": "4"},
+    ]
+    with ScriptedServer(["fine"]) as s:
+        model(s).complete(history, TOOL)
+    sent = s.requests[0]["messages"]
+    assert sent[1] == {"role": "assistant", "content": "", "tool_calls": calls}
+    assert sent[2] == history[2] and history[1]["content"] is None  # the history is unchanged
+
+
+def test_a_500_saying_the_request_is_invalid_is_not_retried():
+    said = "2 validation errors: {'type': 'string_type', 'loc': ('body', 'messages', 1)}"
+    with (
+        ScriptedServer([{"error": 500, "message": said}, "never"]) as s,
+        pytest.raises(ModelError) as err,
+    ):
+        model(s).complete(USER)
+    assert "HTTP 500" in str(err.value) and "validation errors" in str(err.value)
+    assert len(s.requests) == 1 and s.left() == 1
+
+
+def test_a_streamed_reply_past_max_tokens_is_cut_when_the_server_ignores_the_cap():
+    """llama-cpp-python's chatml-function-calling ignores max_tokens under tool_choice "auto";
+    every chunk holds a token at least, so more chunks than max_tokens is past the cap."""
+    with ScriptedServer([{"content": "ab" * 40, "chunk_size": 2}, "next"]) as s:
+        reply = model(s, max_tokens=10).complete(USER, TOOL)
+        assert s.left() == 1
+    assert (reply.text, reply.finish_reason, reply.retries) == ("ab" * 11, "length", 0)
+
+
+def test_an_unstreamed_request_waits_no_longer_than_the_callers_deadline():
+    with ScriptedServer([{"drop": "eof"}, {"delay": 4, "content": "late"}, "never"]) as s:
+        started = time.monotonic()
+        with pytest.raises(ModelError) as err:
+            model(s).complete(USER, TOOL, deadline=started + 1.0)
+        took = time.monotonic() - started
+        assert s.left() == 1
+    assert took < 3 and "the time the question had left" in str(err.value)
+    assert "not retried" in str(err.value)
 
 
 def test_a_stream_without_usage_is_estimated_and_marked():

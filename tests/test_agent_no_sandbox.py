@@ -222,3 +222,22 @@ def test_a_reply_still_streaming_at_the_wall_time_ends_the_question(tmp_path):
     assert len(server.requests) == 1 and server.left() == 1
     final = next(e for e in read_trace(result.trace_path) if e["type"] == "final")
     assert final["stop_reason"] == "wall_time"
+
+
+def test_a_forced_answer_still_streaming_at_the_wall_time_ends_the_question(tmp_path):
+    slow = {"content": "The answer is " + "very " * 60, "chunk_delay": 0.1, "chunk_size": 3}
+    with ScriptedServer([CALC, slow, "never"]) as server:
+        rules = Rules(max_steps=1, wall_s=1.0)
+        result = agent(server.url, rules, protocol="tools").run("x", [], tmp_path)
+    assert result.stop_reason == "max_steps" and result.answer is None
+    assert "wall_time" in result.error and result.duration_s < 3.0
+    assert len(server.requests) == 2 and server.left() == 1
+
+
+def test_an_unstreamed_reply_still_awaited_at_the_wall_time_ends_the_question(tmp_path):
+    """A tool call the server answers only unstreamed: nothing streams to check the wall time
+    on, so the wait itself ends there."""
+    with ScriptedServer([{"drop": "eof"}, {"delay": 5, **CALC}, "never"]) as server:
+        result = agent(server.url, Rules(wall_s=1.5), protocol="tools").run("x", [], tmp_path)
+    assert result.stop_reason == "wall_time" and result.duration_s < 4
+    assert server.left() == 1
