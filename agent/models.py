@@ -4,9 +4,10 @@ through the `openai` client, with retries, streaming, usage and errors a user ca
 Every reply is streamed, with or without an on_token callback: the read timeout then holds
 between chunks, not for the whole reply, so a slow server that keeps sending never trips it.
 Each reply is capped (max_tokens, 4096 unless --max-tokens or SANDCELL_MAX_TOKENS say), so a
-local model that never stops still ends. 429, 5xx, timeouts and connection errors are retried
-until the first token arrives; a reply that stops mid-way is one clear error, not a retry
-queued behind a server still busy with the first request.
+local model that never stops still ends. 429, 5xx and connection errors are retried until the
+first token arrives; a timeout is not (the server may still be working on the request), and a
+reply that stops mid-way is one clear error, not a retry queued behind a server still busy
+with the first request.
 
 What real servers do unlike the OpenAI API, and what is done about it here (each has a test in
 tests/test_agent_models.py, and tests/test_realmodel.py runs llama-cpp-python's server):
@@ -173,7 +174,7 @@ class OpenAIModel:
             try:
                 if whole:
                     return self._whole(request, on_token, deadline)
-                return self._stream(request, on_token)
+                return self._stream(request, on_token, deadline)
             except _Dropped:
                 # asked again unstreamed: the server's real error, or the reply (a tool call
                 # llama-cpp-python's chatml-function-calling cannot stream); only this request,
@@ -213,9 +214,7 @@ class OpenAIModel:
         arrives before the end, so the wait is bounded by the caller's deadline too, and a
         timeout, which may leave the server busy, is not retried. On a connection of its own:
         the dropped stream's may be back in the pool, and llama-cpp-python's server resets it."""
-        wait, why = self.timeout_s, ""
-        if deadline is not None and deadline - time.monotonic() < wait:
-            wait, why = max(0.5, deadline - time.monotonic()), ", the time the question had left"
+        wait, why = self._wait(deadline)
         try:
             with self._new_client() as client:
                 done = client.chat.completions.create(**request, timeout=wait)
@@ -234,13 +233,17 @@ class OpenAIModel:
         got.add_message(done.choices[0], done.usage)
         return got.reply()
 
-    def _stream(self, request: dict, on_token: OnToken | None) -> Reply:
+    def _stream(self, request: dict, on_token: OnToken | None, deadline: float | None) -> Reply:
         started = time.monotonic()
         got = _Assembly(on_token)
         opened = False  # the endpoint answered 200 and the stream began
+        # a server busy with an earlier request may keep the connection alive with SSE pings
+        # and no token for minutes: no wait between chunks outlasts the caller's deadline
+        wait = self._wait(deadline)[0]
         try:
             extra = {"stream_options": {"include_usage": True}} if self._usage_option else {}
-            with self.client.chat.completions.create(**request, stream=True, **extra) as stream:
+            create = self.client.chat.completions.create
+            with create(**request, stream=True, timeout=wait, **extra) as stream:
                 opened = True
                 for chunk in stream:
                     got.add(chunk)
@@ -262,7 +265,7 @@ class OpenAIModel:
             if not got.chunks:
                 raise
             if isinstance(exc, openai.APITimeoutError):
-                why = f"no data for {self.timeout_s:g} s"
+                why = f"no data for {wait:g} s"
             elif isinstance(exc, openai.APIConnectionError):
                 cause = exc.__cause__ or exc
                 why = f"the connection broke ({type(cause).__name__}: {cause})"
@@ -273,10 +276,21 @@ class OpenAIModel:
             raise _Dropped()  # a 200 and an empty stream: what went wrong is not said
         if got.finish is None:  # the connection closed cleanly, but before the reply ended
             if got.chunks:
-                why = "the stream ended without a finish_reason"
+                why = (
+                    "the stream ended without a finish_reason (llama-cpp-python's server ends "
+                    "a reply so when another request arrives, unless started with "
+                    "--interrupt_requests false)"
+                )
                 raise _Broken(self._cut_short(got, started, why))
             raise _BadBody("the stream ended before any token or finish_reason")
         return got.reply()
+
+    def _wait(self, deadline: float | None) -> tuple[float, str]:
+        """The read timeout of one request: the client's, or less, to end by the deadline."""
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is None or left >= self.timeout_s:
+            return self.timeout_s, ""
+        return max(0.5, left), ", the time the question had left"
 
     def _cut_short(self, got: _Assembly, started: float, why: str) -> str:
         return (
@@ -290,9 +304,11 @@ class OpenAIModel:
     # -- errors ----------------------------------------------------------------------------
 
     def _retries_for(self, exc: Exception) -> int:
-        if isinstance(exc, openai.APIConnectionError) and not isinstance(
-            exc, openai.APITimeoutError
-        ):
+        if isinstance(exc, openai.APITimeoutError):
+            # the server may still be working on it (a local one reading a long prompt): a
+            # second request would only queue behind the first
+            return 0
+        if isinstance(exc, openai.APIConnectionError):
             return min(self.max_retries, 2)  # a server that is down stays down: fail soon
         return self.max_retries
 
@@ -311,8 +327,9 @@ class OpenAIModel:
         where = f"the model endpoint {self.base_url}"
         if isinstance(exc, openai.APITimeoutError):
             return (
-                f"{where} did not answer within {self.timeout_s:g} s ({tries} tries). Check that "
-                "the server is not overloaded, or raise the request timeout."
+                f"{where} sent nothing within {self.timeout_s:g} s; not retried, since the "
+                "server may still be busy with the request. Check that it is not overloaded "
+                "or stuck (a local server reading a long prompt on a slow CPU may need minutes)."
             )
         if isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__ or exc

@@ -402,10 +402,8 @@ def test_reasoning_sent_apart_is_kept_as_a_think_block(callback):
         {"error": 500},
         {"error": 503},
         {"malformed": True},
-        {"delay": 1.5, "content": "too late"},
-        {"stall_after": 0, "stall_s": 1.5, "content": "no token yet"},
     ],
-    ids=["500", "503", "malformed", "slow", "stall-before-tokens"],
+    ids=["500", "503", "malformed"],
 )
 @pytest.mark.parametrize("callback", [False, True], ids=["quiet", "on_token"])
 def test_transient_failures_before_any_token_are_retried(failure, callback):
@@ -415,6 +413,20 @@ def test_transient_failures_before_any_token_are_retried(failure, callback):
         )
     assert reply.text == "recovered" and reply.retries == 1
     assert [r["stream"] for r in s.requests] == [True, True]
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [{"delay": 1.5, "content": "too late"}, {"stall_after": 0, "stall_s": 1.5, "content": "x"}],
+    ids=["slow", "stall-before-tokens"],
+)
+def test_a_timeout_before_any_token_is_one_clear_error_and_no_retry(failure):
+    """Nothing arrived in time, but the server may still be working on the request (a local
+    one reading a long prompt): a second request would queue behind it, so none is sent."""
+    with ScriptedServer([dict(failure), "never"]) as s, pytest.raises(ModelError) as err:
+        model(s, timeout_s=0.7).complete(USER)
+    assert len(s.requests) == 1 and s.left() == 1
+    assert "sent nothing within 0.7 s" in str(err.value) and "not retried" in str(err.value)
 
 
 def test_retries_used_up_give_one_clear_error():

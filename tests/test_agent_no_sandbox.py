@@ -241,3 +241,12 @@ def test_an_unstreamed_reply_still_awaited_at_the_wall_time_ends_the_question(tm
         result = agent(server.url, Rules(wall_s=1.5), protocol="tools").run("x", [], tmp_path)
     assert result.stop_reason == "wall_time" and result.duration_s < 4
     assert server.left() == 1
+
+
+def test_a_server_busy_with_an_earlier_request_is_waited_for_only_until_the_wall_time(tmp_path):
+    """A busy server may hold the connection open with nothing to read for minutes; the read
+    timeout of each request is cut to the time the question has left."""
+    with ScriptedServer([{"delay": 6, "content": "late"}, "never"]) as server:
+        result = agent(server.url, Rules(wall_s=1.5), protocol="react").run("x", [], tmp_path)
+    assert result.stop_reason == "wall_time" and result.duration_s < 4
+    assert len(server.requests) == 1
