@@ -1,8 +1,9 @@
 """OpenAIModel: any OpenAI-compatible chat endpoint (OpenAI, vLLM, Ollama, llama.cpp server)
 through the `openai` client, with retries, streaming, usage and errors a user can act on.
 
-Every reply is streamed, with or without an on_token callback: the read timeout then holds
-between chunks, not for the whole reply, so a slow server that keeps sending never trips it.
+Every reply is streamed, with or without an on_token callback (unstreamed only where a server
+cannot stream it, below): the read timeout then holds between chunks, not for the whole reply,
+so a slow server that keeps sending never trips it; no wait outlasts the caller's deadline.
 Each reply is capped (max_tokens, 4096 unless --max-tokens or SANDCELL_MAX_TOKENS say), so a
 local model that never stops still ends. 429, 5xx and connection errors are retried until the
 first token arrives; a timeout is not (the server may still be working on the request), and a
@@ -17,9 +18,8 @@ tests/test_agent_models.py, and tests/test_realmodel.py runs llama-cpp-python's 
   fails it with an empty HTTP 500) is dropped, once, and not sent again;
 - llama-cpp-python answers an error in a streamed request (context too long, a tool call it
   cannot stream) by closing the connection before any chunk (after its 200, or with no response
-  at all): that request is sent once
-  more unstreamed, which gets the real error or the reply (a read timeout of an unstreamed
-  request is not retried: nothing says the server is done with it);
+  at all): that request is sent once more unstreamed, which gets the real error or the reply
+  (a read timeout of an unstreamed request is not retried: nothing says the server is done);
 - an assistant message with tool calls and null content is refused (HTTP 500, pydantic
   "validation errors"): it is sent with content "", and such a 500 is not retried;
 - max_tokens ignored (llama-cpp-python's chatml-function-calling with tool_choice "auto"): a
@@ -185,11 +185,7 @@ class OpenAIModel:
                 whole = True
             except openai.APIStatusError as exc:
                 said, choice = str(exc), request.get("tool_choice")
-                if (
-                    exc.status_code == 400
-                    and "max_tokens" in request
-                    and ("max_completion_tokens" in said)
-                ):
+                if exc.status_code == 400 and "max_tokens" in request and "max_completion" in said:
                     # OpenAI's o-series and gpt-5 models take only max_completion_tokens
                     log.info("%s takes max_completion_tokens, not max_tokens", self.base_url)
                     self._cap = "max_completion_tokens"

@@ -2,7 +2,7 @@
 
 import importlib
 
-SECTIONS = ("agent", "batch", "session")  # beside the sandbox's: each in bench/<name>_bench.py
+SECTIONS = ("agent", "batch", "session", "realmodel")  # beside the sandbox's: bench/<name>_bench.py
 
 
 def sections():
