@@ -24,12 +24,14 @@ image: engine  # EXTRA=path/to/requirements.txt: more packages, downloaded here 
 test: RUNTIME ?= runsc
 test: install engine image
 	@scripts/ensure-chromium.sh  # the page's browser tests: Debian's chromium, never a download
+	@scripts/ensure-llama.sh $(PY)  # the realmodel tests' server: built once per machine, cached
 	$(PY) -m pytest -n 4 --dist loadgroup $(PYTEST_ARGS)
 
 unit: install
 	$(PY) -m pytest -m 'not docker' $(PYTEST_ARGS)
 
 bench: install engine image
+	@scripts/ensure-llama.sh $(PY)  # the real-server row; skipped, saying why, without it
 	$(PY) -m bench $(BENCH_ARGS)
 
 demo: install engine image

@@ -126,12 +126,14 @@ class Loop:
             raise LimitReached(self.cancelled, "the question was stopped from outside")
         watch.before_call()
         compacted = context.fit(self.messages, self.rules.context_chars, self.rules.keep_recent)
-        reply = self._complete(watch)
+        choice = self._first_choice(watch)
+        reply = self._complete(watch, timed=True, **choice)
         record = {
             "question": self.questions,
             "step": watch.steps,
             "reply": reply.to_dict(),
             "compacted": compacted,
+            **choice,
         }
         if reply.finish_reason == "length" and not reply.tool_calls:  # never run half an action
             self._say(reply.text[-2000:], prompts.LENGTH_NUDGE, record, "cut by the length limit")
@@ -199,11 +201,31 @@ class Loop:
         self._emit("warning", text=nudge)
         return [nudge]
 
-    def _complete(self, watch: Watch, **extra: object) -> Reply:
+    def _first_choice(self, watch: Watch) -> dict:
+        """With input files, the first request of a question must call a tool: the data is
+        looked at before anything is claimed about it (an endpoint that refuses
+        tool_choice "required" is asked without it, see agent.models)."""
+        if watch.steps == 1 and self.inputs_profile and self.protocol.name == "tools":
+            return {"tool_choice": "required"}
+        return {}
+
+    def _complete(self, watch: Watch, timed: bool = False, **extra: object) -> Reply:
         request = self.protocol.request(self.registry)
+
+        def on_token(text: str) -> None:
+            self._token(text)
+            if timed:  # a reply still streaming at the wall time is dropped, as on a cancel
+                watch.check_wall()
+
+        deadline = watch.started + self.rules.wall_s if timed else None
         try:
             reply = self.model.complete(
-                self.messages, request["tools"], stop=request["stop"], on_token=self._token, **extra
+                self.messages,
+                request["tools"],
+                stop=request["stop"],
+                on_token=on_token,
+                deadline=deadline,
+                **extra,
             )
         except ToolsUnsupported as exc:
             if not self.auto or isinstance(self.protocol, ReactProtocol):
@@ -214,7 +236,12 @@ class Loop:
             self._emit(
                 "warning", text=f"the endpoint takes no tool definitions; using text ReAct ({exc})"
             )
-            return self._complete(watch, **extra)
+            extra.pop("tool_choice", None)
+            return self._complete(watch, timed, **extra)
+        except ModelError:
+            if timed:  # the reply was given up at the wall time: that is what ended it
+                watch.check_wall()
+            raise
         watch.spent(reply.usage.total)
         self.usage = self.usage + reply.usage
         return reply
@@ -231,8 +258,8 @@ class Loop:
         self.messages.append({"role": "user", "content": prompts.FORCED_ANSWER})
         choice = {"tool_choice": "none"} if self.protocol.name == "tools" else {}
         try:
-            reply = self._complete(watch, **choice)
-        except ModelError as exc:
+            reply = self._complete(watch, timed=True, **choice)
+        except (ModelError, LimitReached) as exc:  # the wall time, or a cancel, mid-reply
             return None, str(exc)
         answer = answer_from_text(reply.text, self.registry)
         self.messages.append({"role": "assistant", "content": reply.text})

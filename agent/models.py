@@ -1,12 +1,31 @@
 """OpenAIModel: any OpenAI-compatible chat endpoint (OpenAI, vLLM, Ollama, llama.cpp server)
 through the `openai` client, with retries, streaming, usage and errors a user can act on.
 
-Every reply is streamed, with or without an on_token callback: the read timeout then holds
-between chunks, not for the whole reply, so a slow server that keeps sending never trips it.
+Every reply is streamed, with or without an on_token callback (unstreamed only where a server
+cannot stream it, below): the read timeout then holds between chunks, not for the whole reply,
+so a slow server that keeps sending never trips it; no wait outlasts the caller's deadline.
 Each reply is capped (max_tokens, 4096 unless --max-tokens or SANDCELL_MAX_TOKENS say), so a
-local model that never stops still ends. 429, 5xx, timeouts and connection errors are retried
-until the first token arrives; a reply that stops mid-way is one clear error, not a retry
-queued behind a server still busy with the first request."""
+local model that never stops still ends. 429, 5xx and connection errors are retried until the
+first token arrives; a timeout is not (the server may still be working on the request), and a
+reply that stops mid-way is one clear error, not a retry queued behind a server still busy
+with the first request.
+
+What real servers do unlike the OpenAI API, and what is done about it here (each has a test in
+tests/test_agent_models.py, and tests/test_realmodel.py runs llama-cpp-python's server):
+- tools sent without tool_choice are ignored by llama-cpp-python's chatml-function-calling
+  format: tool_choice "auto" is always sent with tools (OpenAI's default anyway);
+- a tool_choice an endpoint refuses ("required" on older vLLM and on llama-cpp-python, which
+  fails it with an empty HTTP 500) is dropped, once, and not sent again;
+- llama-cpp-python answers an error in a streamed request (context too long, a tool call it
+  cannot stream) by closing the connection before any chunk (after its 200, or with no response
+  at all): that request is sent once more unstreamed, which gets the real error or the reply
+  (a read timeout of an unstreamed request is not retried: nothing says the server is done);
+- an assistant message with tool calls and null content is refused (HTTP 500, pydantic
+  "validation errors"): it is sent with content "", and such a 500 is not retried;
+- max_tokens ignored (llama-cpp-python's chatml-function-calling with tool_choice "auto"): a
+  streamed reply is cut once it has sent more chunks than max_tokens allows; an unstreamed
+  one is bounded by the caller's deadline (the question's wall time);
+- no usage in streamed replies (stream_options ignored): usage is then estimated, and marked."""
 
 from __future__ import annotations
 
@@ -20,13 +39,12 @@ from collections.abc import Callable
 
 import openai
 
+from agent.assembly import Assembly
 from agent.seams import (
     ModelError,
     OnToken,
     Reply,
-    ToolCall,
     ToolsUnsupported,
-    Usage,
     estimated_usage,
 )
 
@@ -41,6 +59,11 @@ _TOOL_WORDS = ("tool", "function")  # in a 400 body: the endpoint refused the to
 
 class _BadBody(Exception):
     """The endpoint answered 200 with something that is not a chat completion."""
+
+
+class _Dropped(Exception):
+    """The endpoint closed a streamed request before any chunk, with no response or after its
+    200 (llama-cpp-python's way of reporting any error in one): it is no longer busy."""
 
 
 class _Broken(Exception):
@@ -75,12 +98,15 @@ class OpenAIModel:
         self.max_tokens = _max_tokens(max_tokens)
         self._cap = "max_tokens"  # "max_completion_tokens" once the endpoint asks for it
         self._usage_option = True  # stream_options.include_usage, until the endpoint refuses it
+        self._refused_choices: set[str] = set()  # tool_choice values the endpoint refused
         self.max_retries, self.retry_base_s, self._sleep = max_retries, retry_base_s, sleep
-        # local servers ignore the key, but the client insists on one
-        self.client = openai.OpenAI(
-            base_url=self.base_url, api_key=key or "sk-local", timeout=timeout_s, max_retries=0
+        self._key, self.timeout_s = key or "sk-local", timeout_s  # local servers ignore the key
+        self.client = self._new_client()
+
+    def _new_client(self) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=self.base_url, api_key=self._key, timeout=self.timeout_s, max_retries=0
         )
-        self.timeout_s = timeout_s
 
     def __repr__(self) -> str:
         return f"OpenAIModel({self.name!r} at {self.base_url})"
@@ -93,12 +119,15 @@ class OpenAIModel:
         tool_choice: str | None = None,
         stop: list[str] | None = None,
         on_token: OnToken | None = None,
+        deadline: float | None = None,
     ) -> Reply:
-        request: dict = {"model": self.name, "messages": messages}
+        request: dict = {"model": self.name, "messages": [_wire(m) for m in messages]}
         if tools:
             request["tools"] = tools
-            if tool_choice:
-                request["tool_choice"] = tool_choice
+            choice = tool_choice if tool_choice not in self._refused_choices else None
+            choice = choice or ("auto" if "auto" not in self._refused_choices else None)
+            if choice:
+                request["tool_choice"] = choice
         if stop:
             request["stop"] = stop[:4]  # the API takes at most four
         if self.temperature is not None:
@@ -107,10 +136,12 @@ class OpenAIModel:
         started = time.monotonic()
         for attempt in range(self.max_retries + 1):
             try:
-                reply = self._send(request, on_token)
+                reply = self._send(request, on_token, deadline)
             except _Broken as exc:
                 raise ModelError(str(exc)) from None
             except (*_TRANSIENT, _BadBody) as exc:
+                if _invalid(exc):  # sent again, it would be refused again
+                    raise self._refused(exc, bool(tools)) from None
                 if attempt >= self._retries_for(exc):
                     raise ModelError(self._explain(exc, attempt + 1)) from None
                 delay = self._delay(exc, attempt)
@@ -135,32 +166,87 @@ class OpenAIModel:
 
     # -- one request -----------------------------------------------------------------------
 
-    def _send(self, request: dict, on_token: OnToken | None) -> Reply:
-        while True:  # each field below is given up at most once
+    def _send(self, request: dict, on_token: OnToken | None, deadline: float | None) -> Reply:
+        whole = False
+        while True:  # each fallback below is taken at most once
             try:
-                return self._stream(request, on_token)
-            except openai.BadRequestError as exc:
-                said = str(exc)
-                if "max_tokens" in request and "max_completion_tokens" in said:
+                if whole:
+                    return self._whole(request, on_token, deadline)
+                return self._stream(request, on_token, deadline)
+            except _Dropped:
+                # asked again unstreamed: the server's real error, or the reply (a tool call
+                # llama-cpp-python's chatml-function-calling cannot stream); only this request,
+                # so text replies go on streaming
+                log.info(
+                    "%s closed a streamed reply before any chunk: asking unstreamed", self.base_url
+                )
+                whole = True
+            except openai.APIStatusError as exc:
+                said, choice = str(exc), request.get("tool_choice")
+                if exc.status_code == 400 and "max_tokens" in request and "max_completion" in said:
                     # OpenAI's o-series and gpt-5 models take only max_completion_tokens
                     log.info("%s takes max_completion_tokens, not max_tokens", self.base_url)
                     self._cap = "max_completion_tokens"
                     request["max_completion_tokens"] = request.pop("max_tokens")
-                elif self._usage_option and "stream_options" in said:
+                elif exc.status_code == 400 and self._usage_option and "stream_options" in said:
                     # strict servers refuse the field; usage is then estimated
                     log.info("%s refuses stream_options: %s", self.base_url, _short(exc))
                     self._usage_option = False
+                elif (
+                    choice and choice not in self._refused_choices and _refuses_choice(exc, choice)
+                ):
+                    log.info("%s refuses tool_choice %r: %s", self.base_url, choice, _short(exc))
+                    self._refused_choices.add(choice)
+                    del request["tool_choice"]
+                    if "auto" not in self._refused_choices:
+                        request["tool_choice"] = "auto"
                 else:
                     raise
 
-    def _stream(self, request: dict, on_token: OnToken | None) -> Reply:
+    def _whole(self, request: dict, on_token: OnToken | None, deadline: float | None) -> Reply:
+        """One request unstreamed, for a server that can answer it only that way. Nothing
+        arrives before the end, so the wait is bounded by the caller's deadline too, and a
+        timeout, which may leave the server busy, is not retried. On a connection of its own:
+        the dropped stream's may be back in the pool, and llama-cpp-python's server resets it."""
+        wait, why = self._wait(deadline)
+        try:
+            with self._new_client() as client:
+                done = client.chat.completions.create(**request, timeout=wait)
+        except openai.APITimeoutError:
+            raise _Broken(
+                f"the model endpoint {self.base_url} sent no reply within {wait:.1f} s{why} to "
+                "a request it can only answer unstreamed; not retried, since the server may still "
+                "be busy with it. Lower --max-tokens [env SANDCELL_MAX_TOKENS] (now "
+                f"{self.max_tokens}), or use --protocol react, whose replies stream."
+            ) from None
+        except (json.JSONDecodeError, openai.APIResponseValidationError) as exc:
+            raise _BadBody(f"the reply is not a chat completion: {exc}") from exc
+        if not getattr(done, "choices", None):
+            raise _BadBody("the reply held no choice")
+        got = Assembly(on_token)
+        got.add_message(done.choices[0], done.usage)
+        return got.reply()
+
+    def _stream(self, request: dict, on_token: OnToken | None, deadline: float | None) -> Reply:
         started = time.monotonic()
-        got = _Assembly(on_token)
+        got = Assembly(on_token)
+        opened = False  # the endpoint answered 200 and the stream began
+        # a server busy with an earlier request may keep the connection alive with SSE pings
+        # and no token for minutes: no wait between chunks outlasts the caller's deadline
+        wait = self._wait(deadline)[0]
         try:
             extra = {"stream_options": {"include_usage": True}} if self._usage_option else {}
-            with self.client.chat.completions.create(**request, stream=True, **extra) as stream:
+            create = self.client.chat.completions.create
+            with create(**request, stream=True, timeout=wait, **extra) as stream:
+                opened = True
                 for chunk in stream:
                     got.add(chunk)
+                    if got.chunks > self.max_tokens:  # each chunk holds a token at least
+                        # the server ignores max_tokens (llama-cpp-python's tool-calling
+                        # format does): the reply is cut here, as the server should have
+                        log.info("%s ignores max_tokens: reply cut", self.base_url)
+                        got.finish = "length"
+                        break
         except (json.JSONDecodeError, openai.APIResponseValidationError) as exc:
             if got.chunks:
                 raise _Broken(self._cut_short(got, started, f"a chunk was garbled ({exc})"))
@@ -168,10 +254,12 @@ class OpenAIModel:
         except openai.APIStatusError:
             raise  # refused before the stream began
         except openai.APIError as exc:  # timed out, connection lost, an error event
+            if not got.seen_choice and _closed(exc) and (opened or _no_response(exc)):
+                raise _Dropped() from None
             if not got.chunks:
                 raise
             if isinstance(exc, openai.APITimeoutError):
-                why = f"no data for {self.timeout_s:g} s"
+                why = f"no data for {wait:g} s"
             elif isinstance(exc, openai.APIConnectionError):
                 cause = exc.__cause__ or exc
                 why = f"the connection broke ({type(cause).__name__}: {cause})"
@@ -179,15 +267,26 @@ class OpenAIModel:
                 why = f"it sent an error: {_short(exc)}"
             raise _Broken(self._cut_short(got, started, why)) from None
         if not got.seen_choice:
-            raise _BadBody("the stream held no chat-completion chunk")
+            raise _Dropped()  # a 200 and an empty stream: what went wrong is not said
         if got.finish is None:  # the connection closed cleanly, but before the reply ended
             if got.chunks:
-                why = "the stream ended without a finish_reason"
+                why = (
+                    "the stream ended without a finish_reason (llama-cpp-python's server ends "
+                    "a reply so when another request arrives, unless started with "
+                    "--interrupt_requests false)"
+                )
                 raise _Broken(self._cut_short(got, started, why))
             raise _BadBody("the stream ended before any token or finish_reason")
         return got.reply()
 
-    def _cut_short(self, got: _Assembly, started: float, why: str) -> str:
+    def _wait(self, deadline: float | None) -> tuple[float, str]:
+        """The read timeout of one request: the client's, or less, to end by the deadline."""
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is None or left >= self.timeout_s:
+            return self.timeout_s, ""
+        return max(0.5, left), ", the time the question had left"
+
+    def _cut_short(self, got: Assembly, started: float, why: str) -> str:
         return (
             f"the model endpoint {self.base_url} stopped mid-reply after {got.chunks} chunks "
             f"({got.chars} characters, ending {got.tail()!r}) in "
@@ -199,9 +298,11 @@ class OpenAIModel:
     # -- errors ----------------------------------------------------------------------------
 
     def _retries_for(self, exc: Exception) -> int:
-        if isinstance(exc, openai.APIConnectionError) and not isinstance(
-            exc, openai.APITimeoutError
-        ):
+        if isinstance(exc, openai.APITimeoutError):
+            # the server may still be working on it (a local one reading a long prompt): a
+            # second request would only queue behind the first
+            return 0
+        if isinstance(exc, openai.APIConnectionError):
             return min(self.max_retries, 2)  # a server that is down stays down: fail soon
         return self.max_retries
 
@@ -220,8 +321,9 @@ class OpenAIModel:
         where = f"the model endpoint {self.base_url}"
         if isinstance(exc, openai.APITimeoutError):
             return (
-                f"{where} did not answer within {self.timeout_s:g} s ({tries} tries). Check that "
-                "the server is not overloaded, or raise the request timeout."
+                f"{where} sent nothing within {self.timeout_s:g} s; not retried, since the "
+                "server may still be busy with the request. Check that it is not overloaded "
+                "or stuck (a local server reading a long prompt on a slow CPU may need minutes)."
             )
         if isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__ or exc
@@ -259,87 +361,44 @@ class OpenAIModel:
         return ModelError(f"{where} refused the request (HTTP {status}): {_short(exc)}")
 
 
-class _Assembly:
-    """One streamed reply put together chunk by chunk, as the endpoint would have sent it
-    whole; on_token sees the same text the Reply holds."""
+def _closed(exc: Exception) -> bool:
+    """The connection closed or broke (not a timeout, not an error event the server sent)."""
+    return isinstance(exc, openai.APIConnectionError) and not isinstance(
+        exc, openai.APITimeoutError
+    )
 
-    def __init__(self, on_token: OnToken | None):
-        self.on_token = on_token
-        self.text: list[str] = []
-        self.reasoning: list[str] = []
-        self.calls: dict[int, dict] = {}
-        self.finish: str | None = None  # every OpenAI-compatible server ends with one
-        self.usage = Usage()
-        self.chunks = 0  # chunks that carried tokens (text, thinking or a tool call)
-        self.chars = 0
-        self.seen_choice = False
 
-    def add(self, chunk: object) -> None:
-        usage = getattr(chunk, "usage", None)
-        if usage:
-            self.usage = Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0)
-        if not getattr(chunk, "choices", None):
-            return
-        self.seen_choice = True
-        choice = chunk.choices[0]
-        self.finish = choice.finish_reason or self.finish
-        delta = choice.delta
-        if not delta:
-            return
-        before = self.chars
-        # servers with a reasoning parser (vLLM, llama.cpp, DeepSeek) send the thinking apart:
-        # it is kept as a <think> block so the trace and the parser see one text
-        thinking = getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
-        if isinstance(thinking, str) and thinking:
-            self._say(("" if self.reasoning else "<think>") + thinking)
-            self.reasoning.append(thinking)
-            self.chars += len(thinking)
-        if delta.content:
-            if self.reasoning and not self.text:
-                self._say("</think>\n")
-            self._say(delta.content)
-            self.text.append(delta.content)
-            self.chars += len(delta.content)
-        for tc in delta.tool_calls or []:
-            slot = self.calls.setdefault(self._index(tc), {"id": "", "name": "", "arguments": ""})
-            slot["id"] = tc.id or slot["id"]
-            if tc.function:
-                name, arguments = tc.function.name or "", tc.function.arguments or ""
-                if name != slot["name"]:  # some servers repeat the whole name in every chunk
-                    slot["name"] += name
-                slot["arguments"] += arguments
-                self.chars += len(name) + len(arguments)
-        self.chunks += self.chars > before or bool(delta.tool_calls)
+def _wire(message: dict) -> dict:
+    """A history message as every server takes it: an assistant's tool calls with content ""
+    rather than null (llama-cpp-python's server refuses null there with an HTTP 500)."""
+    if message.get("role") == "assistant" and message.get("content") is None:
+        return {**message, "content": ""}
+    return message
 
-    def _index(self, tc: object) -> int:
-        if isinstance(tc.index, int):
-            return tc.index
-        last = max(self.calls, default=-1)  # no index: a new id starts the next call
-        if last < 0 or (tc.id and tc.id != self.calls[last]["id"]):
-            return last + 1
-        return last
 
-    def _say(self, text: str) -> None:
-        if self.on_token:
-            self.on_token(text)
+def _invalid(exc: Exception) -> bool:
+    """An HTTP 500 that says the request itself is invalid (llama-cpp-python's server answers
+    a body it cannot validate so): not a passing failure, so not retried."""
+    return isinstance(exc, openai.InternalServerError) and "validation error" in str(exc)
 
-    def reply(self) -> Reply:
-        text = "".join(self.text)
-        if self.reasoning:
-            if not self.text:
-                self._say("</think>\n")
-            text = f"<think>{''.join(self.reasoning)}</think>\n{text}"
-        calls = [
-            ToolCall(s["id"] or f"call_{i}", s["name"], s["arguments"])
-            for i, s in sorted(self.calls.items())
-        ]
-        return Reply(text, calls, self.finish or "stop", self.usage)
 
-    def tail(self, n: int = 80) -> str:
-        """The last of what arrived, for an error message."""
-        arrived = "".join(self.reasoning) + "".join(self.text)
-        arrived += "".join(f" {s['name']}({s['arguments']}" for _, s in sorted(self.calls.items()))
-        return arrived if len(arrived) <= n else "..." + arrived[-(n - 3) :]
+def _no_response(exc: Exception) -> bool:
+    """The server read the request and closed the connection without a response (httpx's
+    RemoteProtocolError; llama-cpp-python's server does that too when a streamed request fails
+    at once). Unlike a refused connection, the server is there, and done with the request."""
+    return type(exc.__cause__).__name__ == "RemoteProtocolError"
+
+
+def _refuses_choice(exc: openai.APIStatusError, choice: str) -> bool:
+    """A refusal of the request's tool_choice: a 400/422 naming it, or the bare HTTP 500 that
+    llama-cpp-python's chatml-function-calling answers "required" with (a failed assertion,
+    so an empty message). Any other 500 is an ordinary server error, retried as such."""
+    if exc.status_code in (400, 422):
+        return "tool_choice" in str(exc)
+    body = exc.body if isinstance(exc.body, dict) else {}
+    error = body.get("error", body)
+    said = error.get("message") if isinstance(error, dict) else body
+    return exc.status_code == 500 and choice != "auto" and not said
 
 
 def _max_tokens(given: int | None) -> int:

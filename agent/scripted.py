@@ -55,6 +55,7 @@ class ScriptedModel:
         tool_choice: str | None = None,
         stop: list[str] | None = None,
         on_token: OnToken | None = None,
+        deadline: float | None = None,  # replies are instant here
     ) -> Reply:
         started = time.monotonic()
         self.requests.append(

@@ -82,6 +82,7 @@ class Model(Protocol):
         tool_choice: str | None = None,
         stop: list[str] | None = None,
         on_token: OnToken | None = None,
+        deadline: float | None = None,  # time.monotonic() by which the caller gives up
     ) -> Reply: ...
 
 

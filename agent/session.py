@@ -96,6 +96,7 @@ class Session:
         self.trace.write(
             "session",
             model=getattr(agent.model, "name", type(agent.model).__name__),
+            max_tokens=getattr(agent.model, "max_tokens", None),  # the cap on each reply
             protocol=agent.protocol,
             inputs=inputs.to_trace(),
             image=agent.image or DEFAULT_IMAGE,

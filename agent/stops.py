@@ -59,13 +59,18 @@ class Watch:
 
     def before_call(self) -> None:
         """Called before every model call: the budgets that need no reply to check."""
-        if time.monotonic() - self.started > self.rules.wall_s:
-            raise LimitReached(WALL_TIME, f"the question took more than {self.rules.wall_s:g} s")
+        self.check_wall()
         if self.tokens > self.rules.max_tokens:
             raise LimitReached(TOKENS, f"{self.tokens} tokens used, budget {self.rules.max_tokens}")
         if self.steps >= self.rules.max_steps:
             raise LimitReached(MAX_STEPS, f"{self.steps} steps", force_answer=True)
         self.steps += 1
+
+    def check_wall(self) -> None:
+        """Also called as a reply streams in: a slow model writing a long reply still ends
+        the question within its wall time."""
+        if time.monotonic() - self.started > self.rules.wall_s:
+            raise LimitReached(WALL_TIME, f"the question took more than {self.rules.wall_s:g} s")
 
     def spent(self, tokens: int) -> None:
         self.tokens += tokens

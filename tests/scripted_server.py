@@ -16,6 +16,11 @@ Script entries, consumed one per chat-completion request:
     {"stream_error_after": n, "message"?}   stream n chunks, then an SSE error event
     {"reasoning": str, ...}                 the thinking, apart (`reasoning_content`, as vLLM does)
     {"malformed": true}                     200 with a body that is not JSON (or a broken SSE chunk)
+    {"drop": "eof" | "chunked" | "no_response"}
+                                            streamed: 200, then the connection closed before any
+                                            chunk, cleanly or mid chunked body; or closed with no
+                                            response at all (llama-cpp-python's server reports an
+                                            error in a streamed request these ways)
     callable(request_body) -> entry         answer from what the agent sent (e.g. an observation)
 """
 
@@ -49,6 +54,7 @@ class ScriptedServer:
         honor_stop: bool = True,
         reject_params: tuple[str, ...] = (),
         model: str = "scripted-model",
+        stream_usage: bool = True,
     ):
         self.script: list[Entry] = list(script or [])
         self.api_key, self.reject_tools, self.honor_stop, self.model = (
@@ -60,6 +66,8 @@ class ScriptedServer:
         # request fields answered with a 400: "max_tokens" as OpenAI's o-series and gpt-5
         # models do, "stream_options" as older vLLM and other strict servers do
         self.reject_params = reject_params
+        # False: stream_options is accepted but no usage is streamed, as llama-cpp-python does
+        self.stream_usage = stream_usage
         self.requests: list[dict] = []  # every chat-completion body received, in order
         self.served = 0
         self._lock = threading.Lock()
@@ -160,7 +168,7 @@ def _handler(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
                 if entry.get("retry_after") is not None:
                     headers["retry-after"] = str(entry["retry_after"])
                 status = int(entry["error"])
-                message = entry.get("message") or f"scripted error {status}"
+                message = entry.get("message", f"scripted error {status}")  # "" stays empty
                 self._json(status, _error(message, str(status)), headers)
                 return
             if body.get("stream"):
@@ -196,11 +204,19 @@ def _handler(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
             )
 
         def _stream(self, body: dict, entry: dict) -> None:
+            if entry.get("drop") == "no_response":
+                self.close_connection = True
+                return
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
             self.send_header("connection", "close")
+            if entry.get("drop") == "chunked":
+                self.send_header("transfer-encoding", "chunked")
             self.end_headers()
             self.close_connection = True
+            if entry.get("drop"):
+                self.wfile.flush()
+                return
             if entry.get("malformed"):
                 self.wfile.write(b'data: {"id": "x", "choices": [{"delta": \n\n')
                 self.wfile.flush()
@@ -236,7 +252,7 @@ def _handler(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
                     time.sleep(entry["chunk_delay"])
                 send(delta)
             send({}, finish)
-            if (body.get("stream_options") or {}).get("include_usage"):
+            if server.stream_usage and (body.get("stream_options") or {}).get("include_usage"):
                 chunk = dict(base, choices=[], usage=usage)
                 self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             self.wfile.write(b"data: [DONE]\n\n")

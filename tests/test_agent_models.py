@@ -120,6 +120,154 @@ def test_an_endpoint_refusing_stream_options_streams_without_them():
     assert all(r["stream"] for r in s.requests)
 
 
+# -- what real servers do differently (llama-cpp-python, vLLM): tests/test_realmodel.py runs one --
+
+
+def test_tools_carry_tool_choice_auto_unless_another_is_asked():
+    """llama-cpp-python's chatml-function-calling ignores tools sent without a tool_choice."""
+    with ScriptedServer(["a", "b", "c"]) as s:
+        m = model(s)
+        m.complete(USER, TOOL)
+        m.complete(USER, TOOL, tool_choice="required")
+        m.complete(USER)
+    assert [r.get("tool_choice") for r in s.requests] == ["auto", "required", None]
+
+
+REFUSALS = {
+    # llama-cpp-python's chatml-function-calling: a failed assertion, an HTTP 500 saying nothing
+    "llama-cpp-python 500": {"error": 500, "message": ""},
+    "vllm 400": {"error": 400, "message": 'tool_choice = "required" is not supported!'},
+}
+
+
+@pytest.mark.parametrize("refusal", REFUSALS)
+def test_a_refused_tool_choice_is_dropped_once_and_not_sent_again(refusal):
+    with ScriptedServer([REFUSALS[refusal], "fine", "again"]) as s:
+        m = model(s)
+        assert m.complete(USER, TOOL, tool_choice="required").text == "fine"
+        assert m.complete(USER, TOOL, tool_choice="required").text == "again"
+    assert [r["tool_choice"] for r in s.requests] == ["required", "auto", "auto"]
+
+
+def test_an_ordinary_500_to_a_required_tool_choice_is_retried_with_it():
+    with ScriptedServer([{"error": 500}, "fine"]) as s:
+        reply = model(s).complete(USER, TOOL, tool_choice="required")
+    assert reply.retries == 1 and [r["tool_choice"] for r in s.requests] == ["required"] * 2
+
+
+def test_an_endpoint_refusing_tool_choice_altogether_is_asked_without_it():
+    with ScriptedServer(["fine", "again"], reject_params=("tool_choice",)) as s:
+        m = model(s)
+        assert m.complete(USER, TOOL, tool_choice="required").text == "fine"
+        assert m.complete(USER, TOOL).text == "again"
+    assert [r.get("tool_choice") for r in s.requests] == ["required", "auto", None, None]
+
+
+@pytest.mark.parametrize("drop", ["eof", "chunked", "no_response"])
+def test_a_stream_closed_before_any_chunk_is_asked_again_unstreamed_for_the_error(drop):
+    """llama-cpp-python answers 200 to a streamed request, then closes it when the request
+    fails (here: too long for its context); unstreamed, it says why, and that is the error."""
+    said = "This model's maximum context length is 2048 tokens. However, you requested 5000"
+    with (
+        ScriptedServer([{"drop": drop}, {"error": 400, "message": said}, "never"]) as s,
+        pytest.raises(ModelError) as err,
+    ):
+        model(s).complete(USER)
+    assert said in str(err.value) and "HTTP 400" in str(err.value)
+    assert [r.get("stream", False) for r in s.requests] == [True, False] and s.left() == 1
+
+
+@pytest.mark.parametrize("drop", ["eof", "chunked", "no_response"])
+def test_a_tool_call_a_server_cannot_stream_comes_unstreamed_and_text_still_streams(drop):
+    """llama-cpp-python's chatml-function-calling cannot stream a tool call its model chose
+    ("Automatic streaming tool choice is not supported"): that reply comes whole, with the
+    server's usage; a text reply after it streams as before."""
+    call = {"name": "calculator", "arguments": {"expression": "2+2"}, "id": "call_x"}
+    whole = {
+        "content": "",
+        "tool_calls": [call],
+        "usage": {"prompt_tokens": 40, "completion_tokens": 9},
+    }
+    with ScriptedServer([{"drop": drop}, whole, "streamed text"]) as s:
+        m = model(s)
+        tokens: list[str] = []
+        first = m.complete(USER, TOOL, on_token=tokens.append)
+        text = m.complete(USER, TOOL, on_token=tokens.append)
+    assert [(c.id, c.name, c.arguments) for c in first.tool_calls] == [
+        ("call_x", "calculator", '{"expression": "2+2"}')
+    ]
+    assert first.finish_reason == "tool_calls" and first.retries == 0
+    assert (first.usage.total, first.usage.estimated) == (49, False)
+    assert text.text == "streamed text" and len(tokens) > 1 and "".join(tokens) == text.text
+    assert [r.get("stream", False) for r in s.requests] == [True, False, True]
+
+
+def test_a_timeout_of_an_unstreamed_request_is_not_retried():
+    """Nothing arrives before the end of an unstreamed reply, so a timeout may leave the
+    server busy with it: one clear error, no second request queued behind the first."""
+    with ScriptedServer([{"drop": "eof"}, {"delay": 1.5, "content": "late"}, "never"]) as s:
+        with pytest.raises(ModelError) as err:
+            model(s, timeout_s=0.7).complete(USER, TOOL)
+        assert s.left() == 1 and len(s.requests) == 2
+    assert "not retried" in str(err.value) and "--protocol react" in str(err.value)
+
+
+def test_a_tool_call_in_the_history_goes_out_with_empty_content_not_null():
+    """llama-cpp-python's server validates an assistant message's content as a string."""
+    calls = [
+        {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": "{}"}}
+    ]
+    history = [
+        *USER,
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "c1", "content": "4"},
+    ]
+    with ScriptedServer(["fine"]) as s:
+        model(s).complete(history, TOOL)
+    sent = s.requests[0]["messages"]
+    assert sent[1] == {"role": "assistant", "content": "", "tool_calls": calls}
+    assert sent[2] == history[2] and history[1]["content"] is None  # the history is unchanged
+
+
+def test_a_500_saying_the_request_is_invalid_is_not_retried():
+    said = "2 validation errors: {'type': 'string_type', 'loc': ('body', 'messages', 1)}"
+    with (
+        ScriptedServer([{"error": 500, "message": said}, "never"]) as s,
+        pytest.raises(ModelError) as err,
+    ):
+        model(s).complete(USER)
+    assert "HTTP 500" in str(err.value) and "validation errors" in str(err.value)
+    assert len(s.requests) == 1 and s.left() == 1
+
+
+def test_a_streamed_reply_past_max_tokens_is_cut_when_the_server_ignores_the_cap():
+    """llama-cpp-python's chatml-function-calling ignores max_tokens under tool_choice "auto";
+    every chunk holds a token at least, so more chunks than max_tokens is past the cap."""
+    with ScriptedServer([{"content": "ab" * 40, "chunk_size": 2}, "next"]) as s:
+        reply = model(s, max_tokens=10).complete(USER, TOOL)
+        assert s.left() == 1
+    assert (reply.text, reply.finish_reason, reply.retries) == ("ab" * 11, "length", 0)
+
+
+def test_an_unstreamed_request_waits_no_longer_than_the_callers_deadline():
+    with ScriptedServer([{"drop": "eof"}, {"delay": 4, "content": "late"}, "never"]) as s:
+        started = time.monotonic()
+        with pytest.raises(ModelError) as err:
+            model(s).complete(USER, TOOL, deadline=started + 1.0)
+        took = time.monotonic() - started
+        assert s.left() == 1
+    assert took < 3 and "the time the question had left" in str(err.value)
+    assert "not retried" in str(err.value)
+
+
+def test_a_stream_without_usage_is_estimated_and_marked():
+    """llama-cpp-python accepts stream_options but streams no usage."""
+    with ScriptedServer(["x" * 400], stream_usage=False) as s:
+        reply = model(s).complete(USER)
+    assert reply.usage.estimated and reply.usage.completion_tokens == 100
+    assert s.requests[0]["stream_options"] == {"include_usage": True}
+
+
 # -- streaming: the read timeout is between chunks; no retry once tokens arrived -----------------
 
 
@@ -254,10 +402,8 @@ def test_reasoning_sent_apart_is_kept_as_a_think_block(callback):
         {"error": 500},
         {"error": 503},
         {"malformed": True},
-        {"delay": 1.5, "content": "too late"},
-        {"stall_after": 0, "stall_s": 1.5, "content": "no token yet"},
     ],
-    ids=["500", "503", "malformed", "slow", "stall-before-tokens"],
+    ids=["500", "503", "malformed"],
 )
 @pytest.mark.parametrize("callback", [False, True], ids=["quiet", "on_token"])
 def test_transient_failures_before_any_token_are_retried(failure, callback):
@@ -267,6 +413,20 @@ def test_transient_failures_before_any_token_are_retried(failure, callback):
         )
     assert reply.text == "recovered" and reply.retries == 1
     assert [r["stream"] for r in s.requests] == [True, True]
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [{"delay": 1.5, "content": "too late"}, {"stall_after": 0, "stall_s": 1.5, "content": "x"}],
+    ids=["slow", "stall-before-tokens"],
+)
+def test_a_timeout_before_any_token_is_one_clear_error_and_no_retry(failure):
+    """Nothing arrived in time, but the server may still be working on the request (a local
+    one reading a long prompt): a second request would queue behind it, so none is sent."""
+    with ScriptedServer([dict(failure), "never"]) as s, pytest.raises(ModelError) as err:
+        model(s, timeout_s=0.7).complete(USER)
+    assert len(s.requests) == 1 and s.left() == 1
+    assert "sent nothing within 0.7 s" in str(err.value) and "not retried" in str(err.value)
 
 
 def test_retries_used_up_give_one_clear_error():

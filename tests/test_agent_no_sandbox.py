@@ -171,3 +171,82 @@ def test_reset_forgets_history_and_answers_and_is_traced(tmp_path):
     kinds = [e["type"] for e in read_trace(again.trace_path)]
     assert kinds.count("reset") == 1 and kinds.index("reset") < len(kinds) - 3
     assert json.dumps(server.requests[1]).count("Rows?") == 1
+
+
+# -- tool_choice "required": the data is looked at before anything is claimed about it ---------
+
+CALC = {"tool_calls": [call("calculator", expression="6 * 2")]}
+
+
+@pytest.mark.parametrize("protocol", ["tools", "auto"])
+def test_with_input_files_each_questions_first_request_requires_a_tool(tmp_path, protocol):
+    with ScriptedServer([CALC, "It has 12 rows.", CALC, "Still 12."]) as server:
+        a = agent(server.url, protocol=protocol)
+        with a.session([SALES], tmp_path) as session:
+            assert session.ask("How many rows?").answered
+            assert session.ask("And now?").answered
+    assert [r["tool_choice"] for r in server.requests] == ["required", "auto"] * 2
+    steps = [e for e in read_trace(tmp_path / "trace.jsonl") if e["type"] == "step"]
+    assert [s.get("tool_choice") for s in steps] == ["required", None] * 2
+    assert no_sandbox_started(tmp_path / "trace.jsonl")
+
+
+def test_without_input_files_or_in_react_no_tool_is_required(tmp_path):
+    with ScriptedServer([CALC, "It is 12."]) as server:
+        assert agent(server.url, protocol="tools").run("What is 6 * 2?", [], tmp_path).answered
+    with ScriptedServer(["Final Answer: 12 rows."]) as react:
+        assert agent(react.url, protocol="react").run("Rows?", [SALES], tmp_path / "r").answered
+    assert [r["tool_choice"] for r in server.requests] == ["auto", "auto"]
+    assert "tool_choice" not in react.requests[0] and "tools" not in react.requests[0]
+
+
+def test_an_endpoint_refusing_required_is_asked_without_it_for_the_rest_of_the_session(tmp_path):
+    """llama-cpp-python's chatml-function-calling fails "required" with an empty HTTP 500."""
+    refusal = {"error": 500, "message": ""}
+    with (
+        ScriptedServer([refusal, CALC, "It has 12 rows.", "Still 12."]) as server,
+        agent(server.url, protocol="tools").session([SALES], tmp_path) as session,
+    ):
+        assert session.ask("How many rows?").answered
+        assert session.ask("And now?").answered
+    assert [r["tool_choice"] for r in server.requests] == ["required", "auto", "auto", "auto"]
+
+
+def test_a_reply_still_streaming_at_the_wall_time_ends_the_question(tmp_path):
+    """A slow model writing a long reply: the question ends at its wall time, not when the
+    reply does, and the reply is not asked for again."""
+    slow = {"content": "Thought: " + "and then " * 40, "chunk_delay": 0.1, "chunk_size": 3}
+    with ScriptedServer([slow, "never"]) as server:
+        result = agent(server.url, Rules(wall_s=1.0), protocol="react").run("x", [], tmp_path)
+    assert result.stop_reason == "wall_time" and result.duration_s < 3.0
+    assert len(server.requests) == 1 and server.left() == 1
+    final = next(e for e in read_trace(result.trace_path) if e["type"] == "final")
+    assert final["stop_reason"] == "wall_time"
+
+
+def test_a_forced_answer_still_streaming_at_the_wall_time_ends_the_question(tmp_path):
+    slow = {"content": "The answer is " + "very " * 60, "chunk_delay": 0.1, "chunk_size": 3}
+    with ScriptedServer([CALC, slow, "never"]) as server:
+        rules = Rules(max_steps=1, wall_s=1.0)
+        result = agent(server.url, rules, protocol="tools").run("x", [], tmp_path)
+    assert result.stop_reason == "max_steps" and result.answer is None
+    assert "wall_time" in result.error and result.duration_s < 3.0
+    assert len(server.requests) == 2 and server.left() == 1
+
+
+def test_an_unstreamed_reply_still_awaited_at_the_wall_time_ends_the_question(tmp_path):
+    """A tool call the server answers only unstreamed: nothing streams to check the wall time
+    on, so the wait itself ends there."""
+    with ScriptedServer([{"drop": "eof"}, {"delay": 5, **CALC}, "never"]) as server:
+        result = agent(server.url, Rules(wall_s=1.5), protocol="tools").run("x", [], tmp_path)
+    assert result.stop_reason == "wall_time" and result.duration_s < 4
+    assert server.left() == 1
+
+
+def test_a_server_busy_with_an_earlier_request_is_waited_for_only_until_the_wall_time(tmp_path):
+    """A busy server may hold the connection open with nothing to read for minutes; the read
+    timeout of each request is cut to the time the question has left."""
+    with ScriptedServer([{"delay": 6, "content": "late"}, "never"]) as server:
+        result = agent(server.url, Rules(wall_s=1.5), protocol="react").run("x", [], tmp_path)
+    assert result.stop_reason == "wall_time" and result.duration_s < 4
+    assert len(server.requests) == 1
