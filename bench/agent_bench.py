@@ -167,7 +167,7 @@ def rows(section: dict, row) -> list[str]:
     picked = "/".join(c["auto_protocol"])
     return [
         row(f"one loop step, no model or sandbox time (median of {s['tools']['steps']}; "
-            "tools / react; in it, one trace write with fsync)",
+            "tools / react; in it, one trace write, flushed; its disk sync runs off the thread)",
             f"{s['tools']['median_s'] * 1000:.2f} ms / {s['react']['median_s'] * 1000:.2f} ms "
             f"({s['tools']['trace_write_median_s'] * 1000:.2f} ms)", "", None),
         row(f"characters sent per task, sandcell `auto` (picked `{picked}`) vs smolagents "
