@@ -5,11 +5,9 @@ session beside its container); and the time from `POST .../messages` to the firs
 
 from __future__ import annotations
 
-import json
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -23,7 +21,7 @@ import psutil
 from bench.sandbox_bench import container_mb, summary
 from sandbox import DockerSandbox
 from tests.containers import owner_label
-from tests.serve_helpers import ALICE, client, events, free_port
+from tests.serve_helpers import client, events, serve_process
 
 SESSIONS = 8
 CELL = "1 + 1"
@@ -71,17 +69,12 @@ def _first_event_s(base: str, sid: str) -> float:
 def _server(folder: Path, replies: int) -> Iterator[tuple[str, int]]:
     """`sandcell serve` in its own process, as it is deployed (its clients are not in its
     process); (base URL, pid). SIGTERM at the end removes its containers."""
-    users, script = folder / "users", folder / "replies.json"
-    users.write_text(f"alice:{ALICE}\n")
-    script.write_text(json.dumps(["Final Answer: done"] * replies))
-    port = free_port()
-    command = [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), "--pool", "0",
-               "--users", str(users), "--data", str(folder / "data"), "--replay", str(script),
-               "--max-sessions", str(SESSIONS + 1)]  # fmt: skip
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc, base = serve_process(
+        folder, ["Final Answer: done"] * replies, "--pool", "0",
+        "--max-sessions", str(SESSIONS + 1), stderr=subprocess.DEVNULL,
+    )  # fmt: skip
     try:
-        assert "API at" in proc.stdout.readline(), "the server did not start"
-        yield f"http://127.0.0.1:{port}", proc.pid
+        yield base, proc.pid
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

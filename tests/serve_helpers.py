@@ -6,6 +6,8 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -124,3 +126,28 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def serve_process(
+    folder: Path, replies: list, *options: str, stderr=subprocess.PIPE
+) -> tuple[subprocess.Popen, str]:
+    """`sandcell serve` in its own process, as deployed: alice's token in a users file,
+    scripted replies (--replay), sessions under FOLDER/d; (the process, its base URL) once
+    it has printed its URL. Pass stderr=DEVNULL where nobody reads it (a full pipe blocks)."""
+    users, script = folder / "users", folder / "replies.json"
+    users.write_text(f"alice:{ALICE}\n")
+    script.write_text(json.dumps(replies))
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), "--users", str(users),
+         "--data", str(folder / "d"), "--replay", str(script), *options],
+        stdout=subprocess.PIPE, stderr=stderr, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    first = proc.stdout.readline()
+    if f"API at {base}/api/" not in first:
+        proc.kill()
+        raise AssertionError(
+            f"the server did not start: {first}{proc.stderr and proc.stderr.read()}"
+        )
+    return proc, base

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,17 +23,16 @@ from sandbox import Execution
 from tests.containers import container_labels, owner_label
 from tests.scripted_server import ScriptedServer
 from tests.serve_helpers import (
-    ALICE,
     BOB,
     ask,
     client,
     config,
     container_of,
     events,
-    free_port,
     last_tool_message,
     python,
     raw_get,
+    serve_process,
     serving,
     wait_for,
 )
@@ -460,20 +458,8 @@ def test_files_added_to_a_running_session_reach_its_sandbox_and_the_model(model,
 @pytest.mark.docker
 @pytest.mark.timeout(240)
 def test_sandcell_serve_on_sigterm_removes_every_container(tmp_path):
-    users = tmp_path / "users"
-    users.write_text(f"alice:{ALICE}\n")
-    script = tmp_path / "replies.json"
-    script.write_text(json.dumps(["Final Answer: hello"]))
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), "--users", str(users),
-         "--data", str(tmp_path / "d"), "--pool", "1", "--replay", str(script)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
+    proc, base = serve_process(tmp_path, ["Final Answer: hello"], "--pool", "1")
     try:
-        first = proc.stdout.readline()
-        assert f"API at {base}/api/" in first, first + proc.stderr.read()
         with client(base) as api:
             sid = new_session(api)
             container_of(api, sid)
@@ -543,24 +529,12 @@ def test_a_restarted_server_lists_its_sessions_and_continuing_one_rebuilds_the_k
 @pytest.mark.docker
 @pytest.mark.timeout(300)
 def test_sigkill_of_the_server_then_a_restart_leaves_no_container_and_loses_no_session(tmp_path):
-    users = tmp_path / "users"
-    users.write_text(f"alice:{ALICE}\n")
-    script = tmp_path / "replies.json"
-    script.write_text(json.dumps(["Final Answer: hello"]))
+    def start() -> tuple[subprocess.Popen, str]:
+        return serve_process(tmp_path, ["Final Answer: hello"], "--pool", "1")
 
-    def start(port: int) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), "--users", str(users),
-             "--data", str(tmp_path / "d"), "--pool", "1", "--replay", str(script)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        assert "API at" in proc.stdout.readline()
-        return proc
-
-    port = free_port()
-    killed = start(port)
+    killed, base = start()
     try:
-        with client(f"http://127.0.0.1:{port}") as api:
+        with client(base) as api:
             sid = new_session(api)
             assert execute(api, sid, "kept = 6 * 7").json()["error"] is None
             wait_for(lambda: len(container_labels(owner_label(killed.pid))) == 2)
@@ -569,10 +543,9 @@ def test_sigkill_of_the_server_then_a_restart_leaves_no_container_and_loses_no_s
         killed.communicate(timeout=30)
     assert len(container_labels(owner_label(killed.pid))) == 2  # left behind by the kill
 
-    port = free_port()
-    again = start(port)
+    again, base = start()
     try:
-        with client(f"http://127.0.0.1:{port}") as api:
+        with client(base) as api:
             wait_for(lambda: api.get("/api/health").status_code == 200, 30)
             assert container_labels(owner_label(killed.pid)) == []
             assert [s["id"] for s in api.get("/api/sessions").json()] == [sid]
