@@ -77,19 +77,19 @@ def stored_sessions(data: Path) -> Iterator[Stored]:
         yield Stored(folder.name, folder.parent.name, folder, created, questions, names)
 
 
-def read_past(folder: Path) -> Past:
-    """What continuing the session in FOLDER needs. Raises InputError when its uploads are
-    no longer usable (the message says which)."""
-    events = read_trace(folder / "trace.jsonl")
-    uploads = folder / files.INPUTS_DIR
+def read_past(stored: Stored) -> Past:
+    """What continuing a stored session needs (nothing wrote its folder since it was
+    listed: no server object held it). Raises InputError when its uploads are no longer
+    usable (the message says which)."""
+    events = read_trace(stored.folder / "trace.jsonl")
+    uploads = stored.folder / files.INPUTS_DIR
     # the recorded order, and only the uploads still there (the folder is the truth)
-    names = dict.fromkeys(item["name"] for item in all_inputs(events))
-    paths = {name: uploads / name for name in names if (uploads / name).is_file()}
+    paths = {name: uploads / name for name in stored.inputs if (uploads / name).is_file()}
     return Past(
-        created=str(events[0].get("time", "")) if events else "",
+        created=stored.created,
         inputs=Inputs.from_paths(paths),
-        questions=sum(1 for e in events if e.get("type") == "question"),
-        messages=_history(folder / HISTORY),
+        questions=stored.questions,
+        messages=_history(stored.folder / HISTORY),
         cells=recorded_cells(events),
     )
 

@@ -84,7 +84,7 @@ class Sessions:
             if stored is None or stored.user != user:
                 return self._by_id.get(sid)  # resumed meanwhile, or not this user's
             try:
-                past = resume.read_past(stored.folder)
+                past = resume.read_past(stored)
             except (OSError, ValueError, KeyError, TypeError) as error:  # InputError: a ValueError
                 log.warning("session %s cannot be continued: %s", sid, error)
                 raise NotFound(f"session {sid} cannot be continued: {error}") from None
