@@ -21,6 +21,7 @@ from agent import OpenAIModel
 from agent.cli.serve import listening_socket
 from agent.serve import ServeConfig, create_app
 from sandbox import Limits
+from tests.polling import wait_for  # noqa: F401  (the serve tests import it from here)
 
 ALICE, BOB = "alice-token-0123456789", "bob-token-9876543210"
 USERS = {"alice": ALICE, "bob": BOB}
@@ -111,15 +112,6 @@ def python(code: str) -> dict:
 
 def last_tool_message(body: dict) -> str:
     return next(m["content"] for m in reversed(body["messages"]) if m["role"] == "tool")
-
-
-def wait_for(predicate, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting")
 
 
 def free_port() -> int:

@@ -14,6 +14,7 @@ import pytest
 
 from agent.trace import read_trace
 from tests.containers import container_labels, owner_label
+from tests.polling import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
 
@@ -29,15 +30,6 @@ def python(code: str) -> dict:
 def write_script(path: Path, replies: list) -> Path:
     path.write_text(json.dumps(replies))
     return path
-
-
-def wait_for(predicate, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError("timed out waiting")
 
 
 def steps_in(trace: Path) -> int:
@@ -61,7 +53,7 @@ def test_run_stopped_midway_keeps_trace_notebook_answer_and_files(tmp_path, sig,
     args = ["run", "--task", "x", "--input", str(SALES), "--output", str(out), "--replay", str(script)]  # fmt: skip
     proc = subprocess.Popen([*SANDCELL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        wait_for(lambda: steps_in(out / "trace.jsonl") >= 1)
+        wait_for(lambda: steps_in(out / "trace.jsonl") >= 1, 120)
         time.sleep(1.5)  # the second cell is sleeping now
         _, err = stop_midway(proc, sig)
     finally:
@@ -82,7 +74,7 @@ def test_run_stopped_midway_keeps_trace_notebook_answer_and_files(tmp_path, sig,
 def test_exec_sigterm_removes_the_container_and_exits_143(tmp_path):
     proc = subprocess.Popen([*SANDCELL, "exec", "-c", SLOW], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        wait_for(lambda: container_labels(owner_label(proc.pid), running_only=True) != [])
+        wait_for(lambda: container_labels(owner_label(proc.pid), running_only=True) != [], 120)
         time.sleep(2)
         _, err = stop_midway(proc, signal.SIGTERM)
     finally:
@@ -104,7 +96,7 @@ def test_chat_sigterm_mid_cell_ends_cleanly(tmp_path):
     try:
         proc.stdin.write("sleep please\n")
         proc.stdin.flush()
-        wait_for(lambda: container_labels(owner_label(proc.pid), running_only=True) != [])
+        wait_for(lambda: container_labels(owner_label(proc.pid), running_only=True) != [], 120)
         time.sleep(3)  # the scripted model answers at once: the cell is sleeping now
         out, err = stop_midway(proc, signal.SIGTERM)
     finally:
@@ -184,8 +176,8 @@ def test_batch_sigterm_stops_running_jobs_and_a_rerun_redoes_only_them(tmp_path)
     args = [*SANDCELL, "batch", str(jobs), "--output", str(out), "--workers", "2", "--no-progress"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: sum(steps_in(out / f"j{i}" / "trace.jsonl") == 0 and (out / f"j{i}" / "trace.jsonl").exists() for i in range(4)) >= 2)  # fmt: skip
-        wait_for(lambda: len(container_labels(owner_label(proc.pid), running_only=True)) >= 2)
+        wait_for(lambda: sum(steps_in(out / f"j{i}" / "trace.jsonl") == 0 and (out / f"j{i}" / "trace.jsonl").exists() for i in range(4)) >= 2, 120)  # fmt: skip
+        wait_for(lambda: len(container_labels(owner_label(proc.pid), running_only=True)) >= 2, 120)
         time.sleep(3)  # two jobs are inside their sleeping cells
         _, err = stop_midway(proc, signal.SIGTERM)
     finally:

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pandas as pd
 import pytest
@@ -14,6 +13,7 @@ from click.testing import CliRunner
 
 from agent.cli import main
 from tests.containers import container_labels, owner_label
+from tests.polling import lines_in, wait_for
 from tests.realdata import CSVS
 
 SANDCELL = [sys.executable, "-m", "agent.cli"]
@@ -130,11 +130,7 @@ def test_batch_killed_midway_resumes_without_redoing_finished_jobs(tmp_path):
     ]
     first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results = out / "results.jsonl"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if results.exists() and len(results.read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.1)
+    wait_for(lambda: lines_in(results) >= 3, 240, "3 finished jobs")
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     done_before = {json.loads(line)["id"]: line for line in results.read_text().splitlines()}

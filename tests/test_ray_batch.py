@@ -18,6 +18,7 @@ import pytest
 from sandbox.container import owner
 from tests.conftest import IN_CI
 from tests.containers import container_labels
+from tests.polling import lines_in, wait_for
 from tests.realdata import CSVS
 from tests.scripted_server import ScriptedServer
 
@@ -226,10 +227,7 @@ def test_a_node_removed_mid_job_its_job_is_answered_on_the_other(cluster, tmp_pa
     )
     head, node = cluster.list_all_nodes()
     raylet = node.all_processes["raylet"][0].process.pid
-    deadline = time.monotonic() + 120
-    while not job_task_workers(raylet) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert job_task_workers(raylet), "no job started on the second node"
+    wait_for(lambda: job_task_workers(raylet), 120, "a job started on the second node")
     time.sleep(2)  # inside its 6-second cell
     cluster.remove_node(node, allow_graceful=False)
     stdout, stderr = driver.communicate(timeout=200)
@@ -250,11 +248,7 @@ def test_driver_killed_mid_batch_rerun_redoes_no_finished_job(cluster, tmp_path)
         batch_args(jobs_file, out, cluster), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     results = out / "results.jsonl"
-    deadline = time.monotonic() + 150
-    while time.monotonic() < deadline:
-        if results.exists() and len(results.read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.1)
+    wait_for(lambda: lines_in(results) >= 3, 150, "3 finished jobs")
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     done_before = {json.loads(line)["id"]: line for line in results.read_text().splitlines()}
@@ -325,10 +319,7 @@ def test_sigterm_stops_the_jobs_on_every_node_records_them_and_exits_143(cluster
         text=True,
     )
     raylets = [n.all_processes["raylet"][0].process.pid for n in cluster.list_all_nodes()]
-    deadline = time.monotonic() + 120
-    while not all(job_task_workers(r) for r in raylets) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert all(job_task_workers(r) for r in raylets), "the jobs did not start on both nodes"
+    wait_for(lambda: all(job_task_workers(r) for r in raylets), 120, "jobs on both nodes")
     time.sleep(3)  # inside their 60-second cells
     stopped = time.monotonic()
     driver.send_signal(signal.SIGTERM)
