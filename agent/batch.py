@@ -158,9 +158,7 @@ def run_job(
     """Run one job into `folder` (made afresh) and return its line of results.jsonl. The one
     job body: the local batch calls it in a thread, a Ray node in its actor. `acquire` gives
     the job's sandbox (a pool's); None starts a fresh one."""
-    if folder.exists():  # an unfinished earlier attempt: start clean
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    fresh_folder(folder)  # an unfinished earlier attempt's is removed
     started = time.monotonic()
     record = {"id": job.id, "task": job.task}
     try:
@@ -182,11 +180,22 @@ def run_job(
             warnings=result.warnings,
         )
     except Exception as error:  # one job's failure is recorded, never stops the batch
-        record.update(
-            status="failed", stop_reason="error", error=f"{type(error).__name__}: {error}"
-        )
+        record = failed(job, f"{type(error).__name__}: {error}")
     record["duration_s"] = round(time.monotonic() - started, 2)
     return record
+
+
+def failed(job: Job, error: str) -> dict:
+    """The results line of a job that failed outright (its error said)."""
+    return {"id": job.id, "task": job.task, "status": "failed", "stop_reason": "error",
+            "error": error, "duration_s": 0.0}  # fmt: skip
+
+
+def fresh_folder(folder: Path) -> None:
+    """DIR/<id>/ made empty: what an earlier, unfinished attempt left is removed."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
 
 
 class Batch:

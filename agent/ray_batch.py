@@ -37,7 +37,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from agent import stops
-from agent.batch import STOP_WAIT_S, Batch, Job, Running, run_job
+from agent.batch import STOP_WAIT_S, Batch, Job, Running, failed, fresh_folder, run_job
 from agent.scripted import ScriptedModel, load_script
 from agent.seams import Model, Terminated
 from agent.stops import Rules
@@ -396,8 +396,7 @@ class RayBatch(Batch):
         return record
 
     def _failed(self, job: Job, error: str) -> dict:
-        record = {"id": job.id, "task": job.task, "status": "failed", "stop_reason": "error"}
-        record.update(error=error, duration_s=0.0)
+        record = failed(job, error)
         self._record(record)
         return record
 
@@ -495,9 +494,7 @@ def driver_paths(files: dict[str, bytes], job: Job) -> dict[str, bytes]:
 
 def write_folder(folder: Path, files: dict[str, bytes]) -> None:
     """DIR/<id>/ from the bytes a node sent back (an earlier attempt's folder removed)."""
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    fresh_folder(folder)
     root = folder.resolve()
     for name, data in files.items():
         path = (folder / name).resolve()
