@@ -5,7 +5,7 @@ engine has no runsc runtime (`make engine RUNTIME=runsc` registers it)."""
 import sys
 import time
 
-from bench.sandbox_bench import summary
+from bench.sandbox_bench import cold_start_s, summary
 from sandbox import DockerSandbox
 from sandbox import container as ctr
 from sandbox.errors import SandboxUnavailable
@@ -21,13 +21,6 @@ def missing() -> str | None:
     return None
 
 
-def cold_start(runtime: str) -> float:
-    started = time.perf_counter()
-    with DockerSandbox(runtime=runtime) as sandbox:
-        assert sandbox.run("1 + 1").text == "2"
-        return time.perf_counter() - started
-
-
 def run(smoke: bool) -> dict:
     reason = missing()
     if reason:
@@ -36,7 +29,7 @@ def run(smoke: bool) -> dict:
     starts: dict[str, list[float]] = {runtime: [] for runtime in RUNTIMES}
     for _ in range(3 if smoke else 10):
         for runtime in RUNTIMES:
-            starts[runtime].append(cold_start(runtime))
+            starts[runtime].append(cold_start_s(runtime))
     cells: dict[str, list[float]] = {runtime: [] for runtime in RUNTIMES}
     with DockerSandbox(runtime="runc") as runc, DockerSandbox(runtime="runsc") as runsc:
         boxes = {"runc": runc, "runsc": runsc}
