@@ -9,9 +9,9 @@ export SANDCELL_IMAGE ?= sandcell-sandbox:latest
 .PHONY: install engine image test unit bench demo lint clean
 
 install: $(STAMP)
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench,ray]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,bench,ray]'
 	touch $(STAMP)
 
 engine:  # RUNTIME=runsc: install gVisor's runsc too and register it with the engine

@@ -42,11 +42,13 @@ from agent.scripted import ScriptedModel, load_script
 from agent.seams import Model, Terminated
 from agent.stops import Rules
 from sandbox import InputError, Inputs, Limits, SandboxPool
+from sandbox.container import process_alive
 from sandbox.errors import SandboxUnavailable
 
 RESOURCE = "sandcell"  # the custom resource a sandbox node declares: sandboxes at once
 MAX_INPUT_MB = 512  # a job's inputs through the object store, at most
 NODE_RETRIES = 3  # runs of a job again after its worker or node died
+SCRATCH_PREFIX = "sandcell-ray-"  # a job's folder on its node: <prefix><worker pid>-<random>
 REFRESH_S = 2.0  # how often the driver looks for new nodes (and updates the bar's figures)
 
 
@@ -79,6 +81,7 @@ class NodeRunner:
 
     def __init__(self, pool_size: int, settings: Settings, key_box: list | None):
         self.settings, self.key_box = settings, key_box
+        remove_dead_scratch()
         self.pool = SandboxPool(size=pool_size, limits=settings.limits)
         self.running = Running()
         self._model = None  # one endpoint client for the node's jobs: it is thread-safe
@@ -103,6 +106,16 @@ class NodeRunner:
 
     def close(self) -> None:
         self.pool.close()
+        remove_dead_scratch()  # and what a batch killed just before this one left
+
+
+def remove_dead_scratch() -> None:
+    """The scratch folders of jobs whose Ray worker was killed (its node removed, the driver
+    killed): a worker that dies cannot clean up, the next runner on the node does."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*"):
+        pid = folder.name[len(SCRATCH_PREFIX) :].partition("-")[0]
+        if pid.isdigit() and not process_alive(int(pid)) and not folder.is_symlink():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def endpoint_model(settings: Settings, key_box: list | None):
@@ -124,7 +137,7 @@ def run_here(
     """Run one job on this node through run_job, in a scratch folder removed afterwards; the
     record and the folder's files as bytes (relative path -> content)."""
     node = ray.get_runtime_context().get_node_id()
-    work = Path(tempfile.mkdtemp(prefix="sandcell-ray-"))
+    work = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
     try:
         try:
             inputs = Inputs.from_paths(_inputs_here(job, blobs, work / "inputs", settings))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import docker
 import docker.errors
+import requests
 from docker.types import LogConfig, Ulimit
 
 from sandbox import boundary
@@ -22,6 +23,7 @@ from sandbox.kernel import CONN_PREFIX
 from sandbox.limits import Limits
 
 DEFAULT_IMAGE = os.environ.get("SANDCELL_IMAGE", "sandcell-sandbox:latest")
+REMOVAL_WAIT_S = 30  # a removal another process began, waited for
 # The sandbox's uid must differ from the host user's: the same uid would own the host-side
 # connection folder and could undo its seal. The image's user is 1000; 1001 is its stand-in.
 SANDBOX_UID = 1001 if os.getuid() == 1000 else 1000
@@ -194,7 +196,7 @@ def reap_orphans(client: docker.DockerClient) -> list[str]:
     for entry in client.api.containers(all=True, filters={"label": LABEL}):
         labels = entry.get("Labels") or {}
         owner_host, _, pid = labels.get(OWNER_LABEL, ":").partition(":")
-        if owner_host == host and pid.isdigit() and _alive(int(pid)):
+        if owner_host == host and pid.isdigit() and process_alive(int(pid)):
             continue
         if owner_host != host and entry.get("State") == "running":
             continue  # started from another machine sharing this engine: not ours to judge
@@ -203,12 +205,25 @@ def reap_orphans(client: docker.DockerClient) -> list[str]:
             removed.append(entry["Id"][:12])
             remove_host_dirs(labels.get(HOST_DIR_LABEL, ""))
         except docker.errors.APIError as error:
-            if error.status_code not in (404, 409):  # gone, or being removed already
+            if error.status_code == 409:  # another process is removing it: let it finish
+                _wait_removed(client, entry["Id"])
+            elif error.status_code != 404:  # 404: gone already
                 raise
     return removed
 
 
-def _alive(pid: int) -> bool:
+def _wait_removed(client: docker.DockerClient, container_id: str) -> None:
+    """Wait for a removal begun elsewhere, so a caller's "reaped" holds once this returns."""
+    try:
+        client.api.wait(container_id, timeout=REMOVAL_WAIT_S, condition="removed")
+    except docker.errors.NotFound:
+        pass  # removed already
+    except (docker.errors.APIError, requests.exceptions.RequestException):
+        pass  # still going after the wait: `sandcell gc` later finds what is left
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process of this host has that pid (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

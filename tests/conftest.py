@@ -64,6 +64,19 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_runtest_setup(item):
+    # Tests grouped with xdist_group must not run beside each other (one Ray cluster at a time,
+    # one chat pty...): a pytest that drops xdist's group suffix spreads them over the workers
+    # without a word (pytest-xdist#1386), and they fail later as flakes.
+    if (
+        getattr(item.config.option, "loadgroup", False)
+        and item.get_closest_marker("xdist_group")
+        and "@" not in item.nodeid
+    ):
+        pytest.fail(
+            f"xdist --dist loadgroup is not grouping {item.nodeid} with this pytest "
+            "(pytest-xdist#1386): install the pinned one (`make install`)",
+            pytrace=False,
+        )
     if item.get_closest_marker("docker") is None:
         return
     problem = docker_problem()

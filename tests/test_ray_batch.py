@@ -8,8 +8,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pandas as pd
 import psutil
@@ -158,6 +160,7 @@ def check_answered(record, out, expected):
     assert record["status"] == "answered", record
     assert record["answer"].endswith(f"has {rows} rows."), record
     folder = out / record["id"]
+    assert (folder / "output" / "rows.txt").is_file(), record  # its warnings say why not
     assert (folder / "output" / "rows.txt").read_text() == str(rows)
     assert (folder / "output" / "sha256.txt").read_text() == sha256(csv)  # what the sandbox read
     assert (folder / "answer.md").exists() and (folder / "notebook.ipynb").exists()
@@ -215,6 +218,19 @@ def job_task_workers(raylet_pid: int) -> list[psutil.Process]:
     return busy
 
 
+def jobs_with_a_sandbox() -> list[Path]:
+    """The nodes' scratch traces (run_here's folders) that say the job's sandbox is ready."""
+    ready = []
+    for trace in Path(tempfile.gettempdir()).glob("sandcell-ray-*/out/trace.jsonl"):
+        try:
+            lines = trace.read_text().splitlines()
+        except OSError:  # its job ended and the folder went between the glob and the read
+            continue
+        if any('"type": "sandbox"' in line for line in lines):
+            ready.append(trace)
+    return ready
+
+
 @pytest.mark.timeout(240)
 def test_a_node_removed_mid_job_its_job_is_answered_on_the_other(cluster, tmp_path):
     jobs_file, expected, _ = make_jobs(tmp_path, 3, sleep_s=6)
@@ -265,7 +281,14 @@ def test_driver_killed_mid_batch_rerun_redoes_no_finished_job(cluster, tmp_path)
         if record["id"] in done_before:
             assert line == done_before[record["id"]]  # not redone
         check_answered(record, out, expected)
+    assert dead_scratch() == []  # the killed batch's job folders, removed by the next one
     subprocess.run([*SANDCELL, "gc"], check=True, capture_output=True, timeout=60)
+
+
+def dead_scratch() -> list[Path]:
+    """Job folders on the nodes (sandcell-ray-<worker pid>-*) whose worker is gone."""
+    folders = Path(tempfile.gettempdir()).glob("sandcell-ray-*-*")
+    return [f for f in folders if not psutil.pid_exists(int(f.name.split("-")[2]))]
 
 
 @pytest.mark.timeout(240)
@@ -312,18 +335,22 @@ def test_a_job_over_the_input_cap_fails_alone_and_shared_paths_runs_it(cluster, 
 def test_sigterm_stops_the_jobs_on_every_node_records_them_and_exits_143(cluster, tmp_path):
     jobs_file, expected, _ = make_jobs(tmp_path, 4, sleep_s=60)
     out = tmp_path / "out"
+    earlier = set(jobs_with_a_sandbox())
     driver = subprocess.Popen(
         batch_args(jobs_file, out, cluster),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    raylets = [n.all_processes["raylet"][0].process.pid for n in cluster.list_all_nodes()]
-    wait_for(lambda: all(job_task_workers(r) for r in raylets), 120, "jobs on both nodes")
-    time.sleep(3)  # inside their 60-second cells
-    stopped = time.monotonic()
-    driver.send_signal(signal.SIGTERM)
-    stdout, stderr = driver.communicate(timeout=90)
+    try:
+        # a loaded machine may take a while from the task to its cell: each job's sandbox ready
+        wait_for(lambda: len(set(jobs_with_a_sandbox()) - earlier) == 2, 120, "two jobs' cells")
+        time.sleep(3)  # inside their 60-second cells
+        stopped = time.monotonic()
+        driver.send_signal(signal.SIGTERM)
+        stdout, stderr = driver.communicate(timeout=90)
+    finally:
+        driver.kill()  # a failed wait must not leave the batch running past the cluster
     assert driver.returncode == 143, stderr[-3000:]
     assert time.monotonic() - stopped < 45  # the cells were interrupted, not waited for
     lines = records(out)

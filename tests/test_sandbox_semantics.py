@@ -2,6 +2,7 @@
 state, values, display data and images, errors, interrupts, restarts, files, rendering,
 inputs, the warm pool and container cleanup."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -306,6 +307,42 @@ def test_no_container_left_after_close(runtime):
     assert not os.path.exists(conn_dir)
     with pytest.raises(SandboxError, match="closed"):
         box.run("1")
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+def test_orphans_reaped_by_two_processes_at_once_are_gone_when_each_returns(image):
+    """Every sandbox start, `sandcell gc` and a starting server reap: the one that finds a
+    removal under way waits for it (a restarted server's "no container left" must hold)."""
+    client = docker.from_env()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    labels = {boundary.LABEL: "1", ctr.OWNER_LABEL: ctr.owner(gone.pid)}
+    orphans = [
+        client.api.create_container(
+            image, entrypoint=["sleep", "600"], labels=labels, network_disabled=True
+        )["Id"]
+        for _ in range(3)
+    ]
+    for orphan in orphans:
+        client.api.start(orphan)
+    left = []
+
+    def reap():
+        ctr.reap_orphans(client)
+        left.extend(o[:12] for o in orphans if client.api.containers(all=True, filters={"id": o}))
+
+    try:
+        reapers = [threading.Thread(target=reap) for _ in range(2)]
+        for reaper in reapers:
+            reaper.start()
+        for reaper in reapers:
+            reaper.join(90)
+        assert left == []
+    finally:
+        for orphan in orphans:
+            with contextlib.suppress(docker.errors.APIError):  # removed already, as it should
+                client.api.remove_container(orphan, force=True)
 
 
 @pytest.mark.xdist_group("semantics-c")
