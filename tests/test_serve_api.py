@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -465,6 +466,16 @@ def test_sandcell_serve_on_sigterm_removes_every_container(tmp_path):
             container_of(api, sid)
             assert ask(api, sid, "hi")[-1][1]["answer"] == "hello"
             wait_for(lambda: len(container_labels(owner_label(proc.pid))) == 2)  # and the warm one
+        # a second server on the same --data is refused: it would resume the same sessions
+        second = subprocess.run(
+            [sys.executable, "-m", "agent.cli", "serve", "--port", "0", "--data",
+             str(tmp_path / "d"), "--users", str(tmp_path / "users"), "--replay",
+             str(tmp_path / "replies.json")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert second.returncode == 2, second.stderr
+        assert f"is in use by another sandcell serve (pid {proc.pid})" in second.stderr
+        assert "Traceback" not in second.stderr
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=90)
     finally:

@@ -7,6 +7,7 @@ its open requests, then every session ends and every container is removed."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import signal
 import socket
 from pathlib import Path
@@ -66,6 +67,31 @@ def run_until_stopped(app, sock: socket.socket) -> None:
         )
     )
     server.run(sockets=[sock])
+
+
+def claim_data(data: Path):
+    """The --data folder for this server alone: two servers on one folder would resume the
+    same sessions and write the same traces. An flock on DATA/.lock, held while the process
+    lives (the kernel lets it go however the process ends, kill -9 too)."""
+    import fcntl
+
+    data.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(data / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    lock = os.fdopen(fd, "r+")  # held open for the process's life
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise click.UsageError(
+            f"--data {data} is in use by another sandcell serve ({holder}); stop it, or give "
+            "this server a folder of its own"
+        ) from None
+    lock.truncate(0)
+    lock.write(f"pid {os.getpid()}\n")
+    lock.flush()
+    return lock
 
 
 def users_of(path: Path | None) -> dict[str, str]:
@@ -136,6 +162,7 @@ def serve_cmd(host, port, data, users, max_sessions, pool, idle_minutes, max_upl
     model = build_model(opts)
     limits = build_limits(opts)
     preflight(runtime=limits.runtime)  # no engine, image or runtime: said now (exit 3)
+    claimed = claim_data(data)
     config = ServeConfig(
         model=model,
         users=known,
@@ -167,3 +194,4 @@ def serve_cmd(host, port, data, users, max_sessions, pool, idle_minutes, max_upl
         if sessions is not None:  # a second Ctrl-C skips the app's own shutdown
             sessions.close()
         sock.close()
+        claimed.close()  # every session ended: --data is free for the next server
