@@ -14,6 +14,7 @@ from pathlib import Path
 
 from agent.replay import Cell, recorded_cells
 from agent.serve import files
+from agent.serve.listing import SessionInfo
 from agent.trace import all_inputs, read_trace
 from sandbox import Inputs
 
@@ -34,16 +35,16 @@ class Stored:
     questions: int
     inputs: list[str] = field(default_factory=list)
 
-    def info(self) -> dict:
-        return {
-            "id": self.id,
-            "created": self.created,
-            "running": False,
-            "sandbox": "released",
-            "inputs": self.inputs,
-            "questions": self.questions,
-            "resumed": True,
-        }
+    def info(self) -> SessionInfo:
+        return SessionInfo(
+            id=self.id,
+            created=self.created,
+            running=False,
+            sandbox="released",
+            inputs=self.inputs,
+            questions=self.questions,
+            resumed=True,
+        )
 
 
 @dataclass

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 from agent.notebook import trace_to_notebook
 from agent.serve import files
 from agent.serve.auth import COOKIE, current_user, owned, user_of
+from agent.serve.listing import SessionInfo
 from agent.serve.served import ServedSession
 from agent.serve.sessions import Sessions
 from agent.serve.stream import MessageStream
@@ -103,12 +104,12 @@ def create_session(request: Request, user: User) -> dict:
 
 
 @router.get("/api/sessions")
-def list_sessions(request: Request, user: User) -> list[dict]:
+def list_sessions(request: Request, user: User) -> list[SessionInfo]:
     return sessions_of(request).mine(user)
 
 
 @router.get("/api/sessions/{id}")
-def session_info(served: Owned) -> dict:
+def session_info(served: Owned) -> SessionInfo:
     return served.info()
 
 

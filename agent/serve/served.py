@@ -16,6 +16,7 @@ from agent.replay import rerun
 from agent.seams import Result
 from agent.serve import files, resume
 from agent.serve.config import ServeConfig
+from agent.serve.listing import SessionInfo
 from agent.serve.resume import Past
 from agent.serve.sandboxes import RenewableSandbox
 from agent.session import FIGURES_DIR, Agent
@@ -154,16 +155,16 @@ class ServedSession:
             sink(kind, data)
 
     # -- what the routes do ------------------------------------------------------------------
-    def info(self) -> dict:
-        return {
-            "id": self.id,
-            "created": self.created,
-            "running": self.busy,
-            "sandbox": "live" if self.sandbox.live else "released",
-            "inputs": self.session.inputs.names,
-            "questions": self.session.loop.questions,
-            "resumed": self.resumed,
-        }
+    def info(self) -> SessionInfo:
+        return SessionInfo(
+            id=self.id,
+            created=self.created,
+            running=self.busy,
+            sandbox="live" if self.sandbox.live else "released",
+            inputs=self.session.inputs.names,
+            questions=self.session.loop.questions,
+            resumed=self.resumed,
+        )
 
     def url_of(self, host_path: str | Path) -> str:
         rel = Path(host_path).relative_to(self.folder).as_posix()

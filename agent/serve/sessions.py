@@ -14,6 +14,7 @@ import time
 
 from agent.serve import files, resume
 from agent.serve.config import ServeConfig
+from agent.serve.listing import SessionInfo
 from agent.serve.served import Busy, ServedSession
 from sandbox import SandboxError, SandboxPool
 from sandbox.container import engine, reap_orphans
@@ -71,11 +72,11 @@ class Sessions:
             raise NotFound(f"no session {sid}")
         return served
 
-    def mine(self, user: str) -> list[dict]:
+    def mine(self, user: str) -> list[SessionInfo]:
         """The info of each of the user's sessions, oldest first."""
         listed = [s.info() for s in list(self._by_id.values()) if s.user == user]
         listed += [s.info() for s in list(self._stored.values()) if s.user == user]
-        return sorted(listed, key=lambda info: info["created"])
+        return sorted(listed, key=lambda info: info.created)
 
     def _resume(self, user: str, sid: str) -> ServedSession | None:
         """A session from before the restart, made live again (no container until used)."""

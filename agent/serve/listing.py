@@ -1,0 +1,19 @@
+"""A session as the API shows it (`GET /api/sessions`, `GET /api/sessions/{id}`): one shape
+for a live session and for one stored from before a restart, documented in /openapi.json."""
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class SessionInfo(BaseModel):
+    id: str
+    created: str = Field(description="when the session was made (ISO 8601)")
+    running: bool = Field(description="a question or code is running now")
+    sandbox: Literal["live", "released"] = Field(
+        description="released: no container now (idle, or from before a restart); the next "
+        "message or code starts one"
+    )
+    inputs: list[str] = Field(description="the files under /data")
+    questions: int = Field(description="questions asked so far")
+    resumed: bool = Field(description="listed again after a restart of the server")
