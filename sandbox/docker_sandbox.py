@@ -169,7 +169,7 @@ class DockerSandbox:
             ex.timed_out = True
             if self._interrupt_within_grace(msg_id, collector):
                 ex.interrupted = True
-                self.container.kill(signal=boundary.SWEEP.name)  # the cell's strays go too
+                ctr.send_signal(self.container, boundary.SWEEP.name)  # the cell's strays go too
             else:
                 ex.restarted = "timeout"
                 self._hard_restart()
@@ -209,7 +209,7 @@ class DockerSandbox:
         self._set_client(None)
         kernel.unseal(self.conn_dir)
         before = kernel.socket_files(self.conn_dir, self._info)
-        self.container.kill(signal=boundary.RESTART.name)
+        ctr.send_signal(self.container, boundary.RESTART.name)
         self._set_client(self._connect(replacing=before))
 
     def _kernel_died(self) -> bool:

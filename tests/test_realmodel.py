@@ -229,6 +229,11 @@ def test_a_reply_streaming_for_longer_than_the_read_timeout_is_not_cut(llama):
     whole, from one request."""
     model = OpenAIModel(MODEL, base_url=llama.url, api_key="none", timeout_s=8.0, max_tokens=700)
     prompt = [{"role": "user", "content": "Write a long story about a cat, at least 500 words."}]
+    # the server takes one request at a time: one an earlier test left still generating
+    # ends before this one is sent, so its first token is not queued behind it
+    OpenAIModel(MODEL, base_url=llama.url, api_key="none", max_tokens=1, timeout_s=120).complete(
+        [{"role": "user", "content": "hi"}]
+    )
     before = llama.chat_requests()
     started = time.monotonic()
     tokens: list[str] = []

@@ -345,6 +345,22 @@ def test_orphans_reaped_by_two_processes_at_once_are_gone_when_each_returns(imag
                 client.api.remove_container(orphan, force=True)
 
 
+@pytest.mark.docker
+@pytest.mark.timeout(60)
+def test_a_signal_to_a_container_that_has_stopped_is_a_sandbox_error(image):
+    """The engine's 409/500 for a container that died under the signal (a fork bomb ends a
+    gVisor sandbox as the restart is sent) is the SandboxError a stopped sandbox raises."""
+    client = docker.from_env()
+    # no sandcell label: another test's reaper must not remove it under this one
+    container = client.containers.run(image, entrypoint=["true"], detach=True)
+    try:
+        container.wait(timeout=30)
+        with pytest.raises(SandboxError, match=r"stopped \(status exited\)"):
+            ctr.send_signal(container, boundary.RESTART.name)
+    finally:
+        container.remove(force=True)
+
+
 @pytest.mark.xdist_group("semantics-c")
 @pytest.mark.timeout(90)
 def test_orphan_of_a_dead_owner_is_reaped(runtime):
