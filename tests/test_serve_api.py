@@ -202,6 +202,10 @@ def test_upload_a_csv_then_a_question_streams_its_steps_with_chart_table_and_not
         ]
         assert trace[0]["type"] == "session" and trace[-1]["type"] == "final"
         assert [e for e in trace if e["type"] == "inputs"][0]["added"][0]["name"] == "sales.csv"
+        assert api.get(f"/api/sessions/{sid}/history").json() == [
+            {"question": "Which region sold the most units?", "answer": final["answer"],
+             "stop_reason": "answered"}
+        ]  # fmt: skip
         info = api.get("/api/sessions").json()
         assert [s["id"] for s in info] == [sid] and info[0]["questions"] == 1
         print(f"question answered in {time.monotonic() - started:.2f} s")
@@ -216,6 +220,7 @@ def test_another_users_session_and_its_files_answer_404(base):
         for method, path in [("GET", f"/api/sessions/{sid}"), ("GET", f"/api/sessions/{sid}/files"),
                              ("GET", f"/api/sessions/{sid}/files/inputs/sales.csv"),
                              ("GET", f"/api/sessions/{sid}/notebook"), ("GET", f"/api/sessions/{sid}/trace"),
+                             ("GET", f"/api/sessions/{sid}/history"),
                              ("POST", f"/api/sessions/{sid}/interrupt"), ("DELETE", f"/api/sessions/{sid}")]:  # fmt: skip
             r = bob.request(method, path)
             assert r.status_code == 404 and r.json() == {"error": f"no session {sid}"}, path

@@ -213,6 +213,25 @@ def notebook(served: Owned) -> Response:
     return Response(nbformat.writes(nb), media_type="application/x-ipynb+json", headers=headers)
 
 
+class Turn(BaseModel):
+    question: str
+    answer: str | None = Field(description="none while it runs, or when it ended unanswered")
+    stop_reason: str | None
+
+
+@router.get("/api/sessions/{id}/history")
+def history(served: Owned) -> list[Turn]:
+    """The questions asked and how each ended: what a page reopening the session shows,
+    without sending it the whole trace."""
+    turns: list[Turn] = []
+    for event in read_trace(served.session.trace_path):
+        if event.get("type") == "question":
+            turns.append(Turn(question=str(event.get("task", "")), answer=None, stop_reason=None))
+        elif event.get("type") == "final" and turns:
+            turns[-1].answer, turns[-1].stop_reason = event.get("answer"), event.get("stop_reason")
+    return turns
+
+
 @router.get("/api/sessions/{id}/trace")
 def trace(served: Owned) -> Response:
     data = served.session.trace_path.read_bytes()

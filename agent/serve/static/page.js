@@ -90,17 +90,17 @@ async function openSession(info) {
   $("steps").replaceChildren();
   say("");
   loadSessions();
-  let text = "";
+  let turns = [];
   try {
-    text = await (await api("GET", `/api/sessions/${encodeURIComponent(info.id)}/trace`)).text();
+    turns = await (await api("GET", `/api/sessions/${encodeURIComponent(info.id)}/history`)).json();
   } catch (e) { /* said */ }
   if (state.session !== info.id) return; // another session was opened meanwhile
-  // the questions and answers so far, from the trace (as text: never parsed as HTML)
-  for (const line of text.split("\n")) {
-    let event;
-    try { event = JSON.parse(line); } catch (e) { continue; }
-    if (event.type === "question") question(String(event.task || ""));
-    if (event.type === "final") answer("answer", { answer: event.answer, stop_reason: event.stop_reason });
+  // the questions and answers so far (as text: never parsed as HTML)
+  for (const turn of turns) {
+    question(String(turn.question || ""));
+    if (turn.answer !== null || turn.stop_reason !== null) {
+      answer("answer", { answer: turn.answer, stop_reason: turn.stop_reason });
+    }
   }
   $("steps").append(el("div", { class: "step note", text: reopenNote(info) }));
 }
