@@ -17,6 +17,7 @@ OPENAI_API_KEY of its own environment."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import logging
@@ -29,7 +30,8 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -42,13 +44,13 @@ from agent.scripted import ScriptedModel, load_script
 from agent.seams import Model, Terminated
 from agent.stops import Rules
 from sandbox import InputError, Inputs, Limits, SandboxPool
-from sandbox.container import process_alive
 from sandbox.errors import SandboxUnavailable
 
 RESOURCE = "sandcell"  # the custom resource a sandbox node declares: sandboxes at once
 MAX_INPUT_MB = 512  # a job's inputs through the object store, at most
 NODE_RETRIES = 3  # runs of a job again after its worker or node died
-SCRATCH_PREFIX = "sandcell-ray-"  # a job's folder on its node: <prefix><worker pid>-<random>
+SCRATCH_PREFIX = "sandcell-ray-"  # a job's folder on its node (its inputs, its output)
+SCRATCH_LOCK = ".in-use"  # flocked by the job while it runs
 REFRESH_S = 2.0  # how often the driver looks for new nodes (and updates the bar's figures)
 
 
@@ -111,11 +113,29 @@ class NodeRunner:
 
 def remove_dead_scratch() -> None:
     """The scratch folders of jobs whose Ray worker was killed (its node removed, the driver
-    killed): a worker that dies cannot clean up, the next runner on the node does."""
-    for folder in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*"):
-        pid = folder.name[len(SCRATCH_PREFIX) :].partition("-")[0]
-        if pid.isdigit() and not process_alive(int(pid)) and not folder.is_symlink():
-            shutil.rmtree(folder, ignore_errors=True)
+    killed): a worker that dies cannot clean up, the next runner on the node does. A folder
+    is in use while its job holds the flock on its lock file (the kernel lets go of it when
+    the worker dies, whatever its pid namespace); one whose lock can be taken is dead."""
+    for lock_file in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*/{SCRATCH_LOCK}"):
+        try:
+            with open(lock_file) as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(lock_file.parent, ignore_errors=True)
+        except OSError:  # held (BlockingIOError): its job runs; or gone meanwhile
+            continue
+
+
+@contextmanager
+def scratch_folder() -> Iterator[Path]:
+    """A job's folder on its node, locked while the job runs, removed after it."""
+    work = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+    try:
+        with open(work / f"{SCRATCH_LOCK}.new", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            os.rename(lock.name, work / SCRATCH_LOCK)  # found by the cleaner only once held
+            yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def endpoint_model(settings: Settings, key_box: list | None):
@@ -137,8 +157,7 @@ def run_here(
     """Run one job on this node through run_job, in a scratch folder removed afterwards; the
     record and the folder's files as bytes (relative path -> content)."""
     node = ray.get_runtime_context().get_node_id()
-    work = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
-    try:
+    with scratch_folder() as work:
         try:
             inputs = Inputs.from_paths(_inputs_here(job, blobs, work / "inputs", settings))
         except InputError as error:
@@ -161,8 +180,6 @@ def run_here(
             settings.limits, settings.rules, settings.protocol, running,
         )  # fmt: skip
         return record | {"node": node}, _files(folder)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _inputs_here(job: RemoteJob, blobs: dict, folder: Path, settings: Settings) -> dict:

@@ -188,15 +188,17 @@ def remove_host_dirs(conn_dir: str) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def reap_orphans(client: docker.DockerClient) -> list[str]:
-    """Remove sandbox containers whose owner process on this host is gone."""
+def reap_orphans(client: docker.DockerClient, wait_s: float = 0) -> list[str]:
+    """Remove sandbox containers whose owner process on this host is gone. A removal another
+    process began is waited for up to `wait_s` (what `gc` and a starting server promise, "none
+    left", holds); a sandbox starting does not wait on a stuck one."""
     removed = []
     host = socket.gethostname()
     # The plain list call: no per-container inspect that could race with a removal.
     for entry in client.api.containers(all=True, filters={"label": LABEL}):
         labels = entry.get("Labels") or {}
         owner_host, _, pid = labels.get(OWNER_LABEL, ":").partition(":")
-        if owner_host == host and pid.isdigit() and process_alive(int(pid)):
+        if owner_host == host and pid.isdigit() and _alive(int(pid)):
             continue
         if owner_host != host and entry.get("State") == "running":
             continue  # started from another machine sharing this engine: not ours to judge
@@ -205,25 +207,25 @@ def reap_orphans(client: docker.DockerClient) -> list[str]:
             removed.append(entry["Id"][:12])
             remove_host_dirs(labels.get(HOST_DIR_LABEL, ""))
         except docker.errors.APIError as error:
-            if error.status_code == 409:  # another process is removing it: let it finish
-                _wait_removed(client, entry["Id"])
+            if error.status_code == 409:  # another process is removing it
+                if wait_s:
+                    _wait_removed(client, entry["Id"], wait_s)
             elif error.status_code != 404:  # 404: gone already
                 raise
     return removed
 
 
-def _wait_removed(client: docker.DockerClient, container_id: str) -> None:
+def _wait_removed(client: docker.DockerClient, container_id: str, seconds: float) -> None:
     """Wait for a removal begun elsewhere, so a caller's "reaped" holds once this returns."""
     try:
-        client.api.wait(container_id, timeout=REMOVAL_WAIT_S, condition="removed")
+        client.api.wait(container_id, timeout=seconds, condition="removed")
     except docker.errors.NotFound:
         pass  # removed already
     except (docker.errors.APIError, requests.exceptions.RequestException):
         pass  # still going after the wait: `sandcell gc` later finds what is left
 
 
-def process_alive(pid: int) -> bool:
-    """Whether a process of this host has that pid (one of another user's counts)."""
+def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

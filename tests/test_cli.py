@@ -3,6 +3,7 @@ error -> exit status map (agent/cli/exits.py). Nothing here starts a container; 
 that need one run the real command in a subprocess (test_cli_exec.py, test_jobs.py)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -403,3 +404,20 @@ def test_batch_with_a_broken_job_script_is_a_usage_error_naming_the_line(tmp_pat
     result = sandcell("batch", str(jobs), "--output", str(tmp_path / "o"))
     assert result.exit_code == 2 and f"{jobs}:2:" in result.stderr and '"name"' in result.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_serve_claims_its_data_folder_alone_and_says_why_it_cannot(tmp_path):
+    import click
+
+    from agent.cli.serve import claim_data
+
+    held = claim_data(tmp_path / "d")
+    try:  # (an flock is per open file: a second claim from this process is refused too)
+        with pytest.raises(click.UsageError, match=rf"in use by another sandcell serve \(pid {os.getpid()}\)"):  # fmt: skip
+            claim_data(tmp_path / "d")
+    finally:
+        held.close()
+    claim_data(tmp_path / "d").close()  # free once the holder has gone
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(click.UsageError, match="Not a directory; give a folder this user can"):
+        claim_data(tmp_path / "file" / "d")

@@ -112,7 +112,7 @@ def test_stdio_an_endless_loop_times_out_within_the_grace_and_the_network_is_abs
             stuck = await python(session, "while True:\n    pass", timeout_s=2)
             took = time.monotonic() - started
             # the text names the time the cell took: its 2 s deadline and the interrupt's delivery
-            assert stuck.isError and re.search(r"Timed out after [23] s", text(stuck)), text(stuck)
+            assert stuck.isError and re.search(r"Timed out after \d+ s", text(stuck)), text(stuck)
             assert took < 2 + 3 + 15, took  # the deadline, the interrupt grace, a loaded machine
             assert text(await python(session, "kept + 1")) == "6"  # the next call works
 

@@ -2,6 +2,7 @@
 (ray.cluster_utils), each declaring `sandcell: 1`, real sandboxes, scripted replies. Each test
 starts its own small cluster (no dashboard, 100 MB object store per node) and tears it down."""
 
+import fcntl
 import hashlib
 import json
 import os
@@ -286,9 +287,16 @@ def test_driver_killed_mid_batch_rerun_redoes_no_finished_job(cluster, tmp_path)
 
 
 def dead_scratch() -> list[Path]:
-    """Job folders on the nodes (sandcell-ray-<worker pid>-*) whose worker is gone."""
-    folders = Path(tempfile.gettempdir()).glob("sandcell-ray-*-*")
-    return [f for f in folders if not psutil.pid_exists(int(f.name.split("-")[2]))]
+    """Job folders on the nodes whose job is gone: nobody holds the flock on their lock."""
+    dead = []
+    for lock_file in Path(tempfile.gettempdir()).glob("sandcell-ray-*/.in-use"):
+        with open(lock_file) as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its job runs
+            dead.append(lock_file.parent)
+    return dead
 
 
 @pytest.mark.timeout(240)
@@ -374,3 +382,15 @@ def test_ray_flags_misused_or_no_cluster_are_one_line_errors(tmp_path):
         run = subprocess.run([*base, *more], capture_output=True, text=True, timeout=60, env=env)
         assert run.returncode == status and message in run.stderr, (more, run.stderr)
         assert "Traceback" not in run.stderr
+
+
+def test_a_dead_jobs_scratch_folder_is_removed_and_a_running_ones_kept():
+    from agent.ray_batch import SCRATCH_LOCK, SCRATCH_PREFIX, remove_dead_scratch, scratch_folder
+
+    dead = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))  # as a killed worker leaves it
+    (dead / SCRATCH_LOCK).touch()
+    (dead / "inputs").mkdir()
+    with scratch_folder() as running:
+        remove_dead_scratch()  # (the lock is per open file: this same process is refused too)
+        assert running.is_dir() and not dead.exists()
+    assert not running.exists()

@@ -312,34 +312,41 @@ def test_no_container_left_after_close(runtime):
 @pytest.mark.docker
 @pytest.mark.timeout(120)
 def test_orphans_reaped_by_two_processes_at_once_are_gone_when_each_returns(image):
-    """Every sandbox start, `sandcell gc` and a starting server reap: the one that finds a
-    removal under way waits for it (a restarted server's "no container left" must hold)."""
+    """`sandcell gc` and a starting server reap, and so does every sandbox start: a reaper that
+    finds a removal under way waits for it (a restarted server's "no container left" holds)."""
     client = docker.from_env()
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    labels = {boundary.LABEL: "1", ctr.OWNER_LABEL: ctr.owner(gone.pid)}
-    orphans = [
-        client.api.create_container(
-            image, entrypoint=["sleep", "600"], labels=labels, network_disabled=True
-        )["Id"]
-        for _ in range(3)
-    ]
-    for orphan in orphans:
-        client.api.start(orphan)
-    left = []
-
-    def reap():
-        ctr.reap_orphans(client)
-        left.extend(o[:12] for o in orphans if client.api.containers(all=True, filters={"id": o}))
-
+    owner = subprocess.Popen(["sleep", "600"])  # alive while the orphans-to-be start
+    labels = {boundary.LABEL: "1", ctr.OWNER_LABEL: ctr.owner(owner.pid)}
+    orphans = []
     try:
+        for _ in range(3):
+            orphans.append(
+                client.api.create_container(
+                    image, entrypoint=["sleep", "600"], labels=labels, network_disabled=True
+                )["Id"]
+            )
+            client.api.start(orphans[-1])
+        owner.kill()
+        owner.wait()  # now they are orphans, all at once
+        left, errors = [], []
+
+        def reap():
+            try:
+                ctr.reap_orphans(client, wait_s=ctr.REMOVAL_WAIT_S)
+                left.extend(
+                    o[:12] for o in orphans if client.api.containers(all=True, filters={"id": o})
+                )
+            except Exception as error:  # said by the assertion below
+                errors.append(repr(error))
+
         reapers = [threading.Thread(target=reap) for _ in range(2)]
         for reaper in reapers:
             reaper.start()
         for reaper in reapers:
             reaper.join(90)
-        assert left == []
+        assert not any(r.is_alive() for r in reapers) and errors == [] and left == []
     finally:
+        owner.kill()
         for orphan in orphans:
             with contextlib.suppress(docker.errors.APIError):  # removed already, as it should
                 client.api.remove_container(orphan, force=True)
@@ -390,7 +397,7 @@ def test_orphan_of_a_dead_owner_is_reaped(runtime):
         assert labels["sandcell.session"] == session
         assert int(labels[ctr.OWNER_LABEL].rpartition(":")[2]) != os.getpid()
         # (another test's sandbox start may reap it first: every start reaps orphans)
-        removed = ctr.reap_orphans(client)
+        removed = ctr.reap_orphans(client, wait_s=ctr.REMOVAL_WAIT_S)
         with pytest.raises(docker.errors.NotFound):
             client.containers.get(info["id"])
         assert alive.container.id[:12] not in removed

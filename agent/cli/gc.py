@@ -3,14 +3,14 @@
 import click
 
 from agent.cli import exits
-from sandbox.container import engine, reap_orphans
+from sandbox.container import REMOVAL_WAIT_S, engine, reap_orphans
 
 
 @click.command("gc")
 @exits.reported()
 def gc_cmd():
     """Remove sandbox containers whose owner process is gone."""
-    removed = reap_orphans(engine())
+    removed = reap_orphans(engine(), wait_s=REMOVAL_WAIT_S)
     click.echo(
         f"removed {len(removed)} orphaned sandbox container(s)"
         + (": " + " ".join(removed) if removed else "")

@@ -75,15 +75,23 @@ def claim_data(data: Path):
     lives (the kernel lets it go however the process ends, kill -9 too)."""
     import fcntl
 
-    data.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(data / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-    lock = os.fdopen(fd, "r+")  # held open for the process's life
+    try:
+        data.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = os.fdopen(os.open(data / ".lock", os.O_RDWR | os.O_CREAT, 0o600), "r+")
+    except OSError as error:  # read-only, another user's, not a folder
+        raise click.UsageError(
+            f"--data {data}: {error.strerror}; give a folder this user can write"
+        ) from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    except OSError as error:
         lock.seek(0)
         holder = lock.read().strip() or "another process"
         lock.close()
+        if not isinstance(error, BlockingIOError):  # e.g. no locks on a network filesystem
+            raise click.UsageError(
+                f"--data {data}: cannot lock it ({error.strerror}); use a local folder"
+            ) from None
         raise click.UsageError(
             f"--data {data} is in use by another sandcell serve ({holder}); stop it, or give "
             "this server a folder of its own"

@@ -17,7 +17,7 @@ from agent.serve.config import ServeConfig
 from agent.serve.listing import SessionInfo
 from agent.serve.served import Busy, ServedSession
 from sandbox import SandboxError, SandboxPool
-from sandbox.container import engine, reap_orphans
+from sandbox.container import REMOVAL_WAIT_S, engine, reap_orphans
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class Sessions:
         self.config = config
         config.data.mkdir(mode=0o700, parents=True, exist_ok=True)
         # containers of a server that was killed are gone before this one takes requests
-        removed = reap_orphans(engine())
+        removed = reap_orphans(engine(), wait_s=REMOVAL_WAIT_S)
         if removed:
             log.info("removed %d container(s) left by an earlier run", len(removed))
         self._stored = {s.id: s for s in resume.stored_sessions(config.data)}

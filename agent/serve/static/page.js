@@ -68,6 +68,10 @@ function showSession(id, inputs) {
 }
 
 function reopenNote(info) {
+  if (info.running) {
+    return "A question or cell of this session is still running: its answer shows where it " +
+      "was asked. Wait for it before you ask the next one.";
+  }
   if (info.resumed) {
     return "This session is from before the server restarted: its kernel is rebuilt by " +
       "re-running its recorded cells when you ask the next question or run a cell.";
