@@ -258,10 +258,14 @@ def exec_in(
     if through_cat:
         cmd = ["sh", "-c", THROUGH_CAT, "sh", *cmd]
     api = container.client.api
-    exec_id = api.exec_create(
-        container.id, cmd, stdin=stdin is not None, user=SANDBOX_USER, workdir=WORKSPACE
-    )["Id"]
-    sock = api.exec_start(exec_id, socket=True)
+    try:
+        exec_id = api.exec_create(
+            container.id, cmd, stdin=stdin is not None, user=SANDBOX_USER, workdir=WORKSPACE
+        )["Id"]
+        sock = api.exec_start(exec_id, socket=True)
+    except docker.errors.APIError:
+        check_running(container)  # it stopped (a fork bomb ends a gVisor sandbox): said so
+        raise
     raw = sock._sock  # the plain socket: needed to half-close after stdin
     out, err = bytearray(), bytearray()
     try:

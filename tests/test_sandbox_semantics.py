@@ -354,9 +354,9 @@ def test_orphans_reaped_by_two_processes_at_once_are_gone_when_each_returns(imag
 
 @pytest.mark.docker
 @pytest.mark.timeout(60)
-def test_a_signal_to_a_container_that_has_stopped_is_a_sandbox_error(image):
-    """The engine's 409/500 for a container that died under the signal (a fork bomb ends a
-    gVisor sandbox as the restart is sent) is the SandboxError a stopped sandbox raises."""
+def test_a_signal_or_exec_to_a_container_that_has_stopped_is_a_sandbox_error(image):
+    """The engine's 409/500 for a container that died under a signal or an exec (a fork bomb
+    ends a gVisor sandbox as the restart is sent) is the SandboxError a stopped sandbox raises."""
     client = docker.from_env()
     # no sandcell label: another test's reaper must not remove it under this one
     container = client.containers.run(image, entrypoint=["true"], detach=True)
@@ -364,6 +364,8 @@ def test_a_signal_to_a_container_that_has_stopped_is_a_sandbox_error(image):
         container.wait(timeout=30)
         with pytest.raises(SandboxError, match=r"stopped \(status exited\)"):
             ctr.send_signal(container, boundary.RESTART.name)
+        with pytest.raises(SandboxError, match=r"stopped \(status exited\)"):
+            ctr.exec_in(container, ["true"])
     finally:
         container.remove(force=True)
 
