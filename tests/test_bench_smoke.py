@@ -56,6 +56,9 @@ def test_smoke_bench_writes_every_section(tmp_path):
         assert 0 < step["prompt_tokens"] < step["chars_sent"]
     assert set(results["batch"]["runs"]) == {"1", "2"}
     assert all(r["jobs"] == 3 for r in results["batch"]["runs"].values())
+    late = results["batch"]["late"]  # the same jobs, each reply a second late
+    assert set(late["runs"]) == {"1", "2"} and late["wait_s"] == 1.0
+    assert all(r["job_median_s"] > 2 * late["wait_s"] for r in late["runs"].values())
     assert set(results["ray"]["runs"]) == {"local", "ray_1", "ray_2"}
     assert results["ray"]["overhead"] > 0 and results["ray"]["scaling"] > 0
 
