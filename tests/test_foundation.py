@@ -78,3 +78,31 @@ def test_one_plus_one_through_a_sealed_ipc_kernel(image):
         remove_host_dirs(conn)
     with pytest.raises(docker.errors.NotFound):
         client.containers.get(container.id)
+
+
+@pytest.mark.timeout(60)
+def test_the_kernel_clients_thread_loops_are_closed_at_exit_not_left_to_the_collector():
+    """jupyter_client's blocking calls make an asyncio loop per calling thread (serve and MCP
+    call sandboxes from worker threads); left open, the collector closes them at exit after
+    their sockets and prints a traceback over a clean shutdown."""
+    script = """
+import atexit, threading
+seen = []
+atexit.register(lambda: print("closed" if seen[0].is_closed() else "open"))  # runs last
+import sandbox.kernel
+from jupyter_core.utils import ensure_event_loop, run_sync
+
+async def nothing():
+    return 1
+
+def work():
+    run_sync(nothing)()
+    seen.append(ensure_event_loop())
+
+thread = threading.Thread(target=work)
+thread.start()
+thread.join()
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
+    assert run.returncode == 0 and run.stdout.strip() == "closed", run.stdout + run.stderr
+    assert "Exception ignored" not in run.stderr
