@@ -111,18 +111,26 @@ class NodeRunner:
         remove_dead_scratch()  # and what a batch killed just before this one left
 
 
-def remove_dead_scratch() -> None:
+def dead_scratch() -> list[Path]:
     """The scratch folders of jobs whose Ray worker was killed (its node removed, the driver
-    killed): a worker that dies cannot clean up, the next runner on the node does. A folder
-    is in use while its job holds the flock on its lock file (the kernel lets go of it when
-    the worker dies, whatever its pid namespace); one whose lock can be taken is dead."""
+    killed). A folder is in use while its job holds the flock on its lock file (the kernel
+    lets go of it when the worker dies, whatever its pid namespace); one whose lock can be
+    taken is dead."""
+    dead = []
     for lock_file in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*/{SCRATCH_LOCK}"):
         try:
             with open(lock_file) as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                shutil.rmtree(lock_file.parent, ignore_errors=True)
         except OSError:  # held (BlockingIOError): its job runs; or gone meanwhile
             continue
+        dead.append(lock_file.parent)
+    return dead
+
+
+def remove_dead_scratch() -> None:
+    """A worker that dies cannot clean up its folder: the next runner on the node does."""
+    for folder in dead_scratch():
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextmanager

@@ -2,7 +2,6 @@
 (ray.cluster_utils), each declaring `sandcell: 1`, real sandboxes, scripted replies. Each test
 starts its own small cluster (no dashboard, 100 MB object store per node) and tears it down."""
 
-import fcntl
 import hashlib
 import json
 import os
@@ -27,6 +26,14 @@ from tests.scripted_server import ScriptedServer
 
 try:
     from ray import cluster_utils as ray_cluster_utils
+
+    from agent.ray_batch import (
+        SCRATCH_LOCK,
+        SCRATCH_PREFIX,
+        dead_scratch,
+        remove_dead_scratch,
+        scratch_folder,
+    )
 except ImportError:  # `make test` installs it; with CI=true a missing Ray is a failure
     if IN_CI:
         raise
@@ -222,7 +229,7 @@ def job_task_workers(raylet_pid: int) -> list[psutil.Process]:
 def jobs_with_a_sandbox() -> list[Path]:
     """The nodes' scratch traces (run_here's folders) that say the job's sandbox is ready."""
     ready = []
-    for trace in Path(tempfile.gettempdir()).glob("sandcell-ray-*/out/trace.jsonl"):
+    for trace in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*/out/trace.jsonl"):
         try:
             lines = trace.read_text().splitlines()
         except OSError:  # its job ended and the folder went between the glob and the read
@@ -284,19 +291,6 @@ def test_driver_killed_mid_batch_rerun_redoes_no_finished_job(cluster, tmp_path)
         check_answered(record, out, expected)
     assert dead_scratch() == []  # the killed batch's job folders, removed by the next one
     subprocess.run([*SANDCELL, "gc"], check=True, capture_output=True, timeout=60)
-
-
-def dead_scratch() -> list[Path]:
-    """Job folders on the nodes whose job is gone: nobody holds the flock on their lock."""
-    dead = []
-    for lock_file in Path(tempfile.gettempdir()).glob("sandcell-ray-*/.in-use"):
-        with open(lock_file) as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # its job runs
-            dead.append(lock_file.parent)
-    return dead
 
 
 @pytest.mark.timeout(240)
@@ -385,8 +379,6 @@ def test_ray_flags_misused_or_no_cluster_are_one_line_errors(tmp_path):
 
 
 def test_a_dead_jobs_scratch_folder_is_removed_and_a_running_ones_kept():
-    from agent.ray_batch import SCRATCH_LOCK, SCRATCH_PREFIX, remove_dead_scratch, scratch_folder
-
     dead = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))  # as a killed worker leaves it
     (dead / SCRATCH_LOCK).touch()
     (dead / "inputs").mkdir()
