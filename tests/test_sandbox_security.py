@@ -28,6 +28,13 @@ SECRET_VALUE = "host-secret-5f1c9a7e2b"
 
 
 # -- helpers ------------------------------------------------------------------------------
+def known_runsc_difference(runtime: str, request, reason: str, **xfail) -> None:
+    """Under gVisor's runsc (2022-12) this test is expected to fail, for `reason`; `xfail`
+    says how (strict=True: the day it passes, the test says so; raises=: only that way)."""
+    if runtime == "runsc":
+        request.applymarker(pytest.mark.xfail(reason=f"known difference: {reason}", **xfail))
+
+
 def ok(sb: DockerSandbox, code: str, timeout: float | None = None) -> str:
     """Run code that must succeed; return its stdout."""
     ex = sb.run(code, timeout=timeout)
@@ -386,15 +393,14 @@ print(json.dumps({
 @shared_group
 @pytest.mark.timeout(60)
 def test_mknod_of_a_device_fails(shared, runtime, request):
-    if runtime == "runsc":  # strict: the day gVisor refuses it, this says so
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="known difference: runsc 2022-12 lets mknod make device nodes without "
-                "CAP_MKNOD; they reach only gVisor's own devices "
-                "(test_device_nodes_reach_no_host_device)",
-            )
-        )
+    known_runsc_difference(  # strict: the day gVisor refuses it, this says so
+        runtime,
+        request,
+        "runsc 2022-12 lets mknod make device nodes without "
+        "CAP_MKNOD; they reach only gVisor's own devices "
+        "(test_device_nodes_reach_no_host_device)",
+        strict=True,
+    )
     r = probe(
         shared,
         TRY + 'print(json.dumps({"mknod": attempt(lambda: os.mknod("/tmp/sda-a", '
@@ -665,15 +671,14 @@ print(json.dumps({
 @pytest.mark.xdist_group("security-a")
 @pytest.mark.timeout(90)
 def test_signals_to_pid1_from_inside_are_ignored(runtime, request):
-    if runtime == "runsc":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="known difference: runsc 2022-12 does not shield a PID namespace's init "
-                "from SIGKILL and SIGHUP sent inside it, and the supervisor runs as the kernel's "
-                "uid: model code can end its own sandbox (the host sees the container stop)",
-            )
-        )
+    known_runsc_difference(
+        runtime,
+        request,
+        "runsc 2022-12 does not shield a PID namespace's init "
+        "from SIGKILL and SIGHUP sent inside it, and the supervisor runs as the kernel's "
+        "uid: model code can end its own sandbox (the host sees the container stop)",
+        strict=True,
+    )
     with DockerSandbox(limits=FAST, runtime=runtime) as sb:
         before = ok(sb, "import os\nx = 41\nprint(os.getpid())").strip()
         r = probe(
@@ -698,15 +703,14 @@ print(json.dumps(out))
 @pytest.mark.xdist_group("security-a")
 @pytest.mark.timeout(90)
 def test_fork_bomb_is_bounded_by_pids_limit(runtime, request):
-    if runtime == "runsc":  # not strict: on a quiet machine the Sentry may survive it
-        request.applymarker(
-            pytest.mark.xfail(
-                raises=SandboxError,
-                reason="known difference: under gVisor the pids limit counts the Sentry's host "
-                "threads; a fork bomb exhausts them and the whole sandbox stops (the host sees "
-                "the container exit; nothing outlives it)",
-            )
-        )
+    known_runsc_difference(  # not strict: on a quiet machine the Sentry may survive it
+        runtime,
+        request,
+        "under gVisor the pids limit counts the Sentry's host "
+        "threads; a fork bomb exhausts them and the whole sandbox stops (the host sees "
+        "the container exit; nothing outlives it)",
+        raises=SandboxError,
+    )
     # Under gVisor the pids cgroup counts the Sentry's host threads too (about 90 for an idle
     # sandbox), so 64 cannot even start one; the default 256 bounds the bomb there.
     pids = 64 if runtime == "runc" else Limits.pids
@@ -734,15 +738,14 @@ def test_fork_bomb_is_bounded_by_pids_limit(runtime, request):
 @pytest.mark.xdist_group("security-b")
 @pytest.mark.timeout(90)
 def test_memory_bomb_restarts_kernel_reported_as_out_of_memory(runtime, request):
-    if runtime == "runsc":
-        request.applymarker(
-            pytest.mark.xfail(
-                raises=SandboxError,
-                reason="known difference: under gVisor the memory limit holds the whole sandbox "
-                "(Sentry, and the tmpfs workspace in its memory): the host's OOM killer ends "
-                "the container, reported as 'stopped ... out of memory', workspace lost",
-            )
-        )
+    known_runsc_difference(
+        runtime,
+        request,
+        "under gVisor the memory limit holds the whole sandbox "
+        "(Sentry, and the tmpfs workspace in its memory): the host's OOM killer ends "
+        "the container, reported as 'stopped ... out of memory', workspace lost",
+        raises=SandboxError,
+    )
     limits = Limits(timeout_s=20, interrupt_grace_s=2, memory_mb=300)
     with DockerSandbox(limits=limits, runtime=runtime) as sb:
         ok(sb, "x = 1\nopen('kept.txt', 'w').write('kept')")
