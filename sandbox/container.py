@@ -279,6 +279,11 @@ def exec_in(
                 del out[max_out:]
                 del err[EXEC_ERR_BYTES:]
                 break
+    except TimeoutError:  # the engine's client timeout: the sandbox no longer answers
+        check_running(container)
+        raise SandboxError(
+            f"the sandbox did not answer `{cmd[0]}` within {api.timeout:g} s"
+        ) from None
     finally:
         raw.close()
     code = api.exec_inspect(exec_id).get("ExitCode")

@@ -370,6 +370,21 @@ def test_a_signal_or_exec_to_a_container_that_has_stopped_is_a_sandbox_error(ima
         container.remove(force=True)
 
 
+@pytest.mark.docker
+@pytest.mark.timeout(60)
+def test_an_exec_the_sandbox_does_not_answer_within_the_client_timeout_is_a_sandbox_error(image):
+    """A hung sandbox (a fork bomb under gVisor) leaves a `docker exec` unanswered: after the
+    engine client's timeout that is a SandboxError, as a stopped sandbox's is."""
+    client = docker.from_env(timeout=2)
+    # no sandcell label: another test's reaper must not remove it under this one
+    container = client.containers.run(image, entrypoint=["sleep", "60"], detach=True)
+    try:
+        with pytest.raises(SandboxError, match=r"did not answer `sleep` within 2 s"):
+            ctr.exec_in(container, ["sleep", "20"])
+    finally:
+        container.remove(force=True)
+
+
 @pytest.mark.xdist_group("semantics-c")
 @pytest.mark.timeout(90)
 def test_orphan_of_a_dead_owner_is_reaped(runtime):
