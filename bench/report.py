@@ -16,6 +16,17 @@ def _row(what: str, figure: str, target: str, met: bool | None) -> str:
     return f"| {what} | {figure} | {target} | {verdict} |"
 
 
+def _rich_row(rich: dict) -> str:
+    return _row(
+        f"host RSS growth during {rich['displays']} displays of {rich['mib']} MiB "
+        "(display() / kernel cap bypassed)",
+        f"{rich['display']['rss_growth_mb']:.1f} MB / {rich['bypass']['rss_growth_mb']:.1f} MB "
+        f"({rich['display']['seconds']:.1f} s / {rich['bypass']['seconds']:.1f} s)",
+        "≤ 64 MB",
+        rich["rss_growth_mb"] <= 64,
+    )
+
+
 def markdown(r: dict) -> str:
     s = r["sandbox"]
     rows = [
@@ -57,6 +68,7 @@ def markdown(r: dict) -> str:
             "≤ 64 MB",
             s["flood"]["rss_growth_mb"] <= 64,
         ),
+        _rich_row(s["rich"]) if "rich" in s else _row("rich-output RSS", "not run", "", None),
     ]
     details = []
     for name, module in sections():

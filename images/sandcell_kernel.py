@@ -5,6 +5,9 @@
   the cell, behind a marker that counts exactly what was cut in between.
 - Spills the complete output of a cell that prints much to a log under boundary.LOGS (up to
   SANDCELL_SPILL_BYTES), so nothing the model cannot see is lost.
+- Caps the rich outputs (display_data, execute_result) of a cell at the source: past
+  SANDCELL_RICH_OUTPUTS displays or SANDCELL_RICH_BYTES in all, a display is not sent; the
+  count and size of what was not sent go to the host in a marker at the end of the cell.
 - Saves every PNG a cell displays under boundary.FIGURES and names the file in the display
   metadata (boundary.PATH_KEY), and sends the matplotlib figures a cell leaves open or shows
   under any backend (Agg too), once each.
@@ -28,6 +31,8 @@ LIMIT = int(os.environ.get(boundary.OUTPUT_CHARS_ENV, str(1 << 20)))
 HEAD = LIMIT // 2  # passes live; the host keeps a head of the same size
 TAIL = max(0, min(16384, LIMIT // 4))
 SPILL_BYTES = int(os.environ.get(boundary.SPILL_BYTES_ENV, str(boundary.SPILL_BYTES)))
+RICH_OUTPUTS = int(os.environ.get(boundary.RICH_OUTPUTS_ENV, str(boundary.RICH_OUTPUTS)))
+RICH_BYTES = int(os.environ.get(boundary.RICH_BYTES_ENV, str(boundary.RICH_BYTES)))
 
 
 class _Log:
@@ -145,10 +150,13 @@ class _Cell:
         return list(self.tail)
 
 
-def _cap_streams(ip) -> None:
+def _cap_streams(ip, end_marker) -> None:
+    """end_marker() is the rich marker of the cell that ends ("" for none): written last, in
+    every stream the cell wrote to, past the cap."""
     from ipykernel.iostream import OutStream
 
     original_write = OutStream.write
+    stderr = sys.stderr if isinstance(sys.stderr, OutStream) else None  # before model code
     lock = threading.Lock()  # threads print too; the bookkeeping must stay whole
     state = {"cell": _Cell()}
 
@@ -171,8 +179,17 @@ def _cap_streams(ip) -> None:
         with lock:
             cell, state["cell"] = state["cell"], _Cell()
             tail = cell.finish()
-        if not tail and not cell.cut:
-            return
+        if tail or cell.cut:
+            _send_tail(cell, tail)
+        # After everything the cell wrote: a marker model code printed comes before this one.
+        marker = end_marker(bool(cell.streams))
+        for stream in (cell.streams or ([stderr] if stderr else [])) if marker else []:
+            original_write(stream, marker)
+            # the kernel flushes sys.stdout and sys.stderr before it says the cell is done
+            if stream is not sys.stdout and stream is not sys.stderr:
+                stream.flush()
+
+    def _send_tail(cell, tail) -> None:
         for stream in cell.streams:  # the head first: stdout and stderr buffer on their own
             stream.flush()
         runs: list = []  # [stream, texts]: consecutive chunks of one stream go as one write
@@ -192,6 +209,61 @@ def _cap_streams(ip) -> None:
     OutStream.write = write
     ip.events.register("pre_run_cell", begin)
     ip.events.register("post_run_cell", finish)
+
+
+class _Rich:
+    """The rich outputs of one cell: how many and how big were sent, and were not."""
+
+    def __init__(self):
+        self.sent = self.sent_bytes = self.dropped = self.dropped_bytes = 0
+
+    def admit(self, *content) -> bool:
+        size = boundary.rich_size(*content)
+        if self.sent < RICH_OUTPUTS and self.sent_bytes + size <= RICH_BYTES:
+            self.sent += 1
+            self.sent_bytes += size
+            return True
+        self.dropped += 1
+        self.dropped_bytes += size
+        return False
+
+
+def _cap_rich(ip):
+    """Cap the cell's displays and its value at the source; returns end_marker(wrote) for the
+    stream cap's end of cell: the rich marker, when anything was dropped or the cell wrote to
+    a stream (where model code may have printed a marker of its own), else ""."""
+    publisher, hook = ip.display_pub, ip.displayhook
+    original_publish, original_finish = publisher.publish, hook.finish_displayhook
+    lock = threading.Lock()
+    state = {"cell": _Rich()}
+
+    def admit(data, metadata) -> bool:
+        with lock:
+            return state["cell"].admit(data, metadata)
+
+    def publish(data, metadata=None, *args, update=False, **kwargs):
+        # an update replaces an earlier display in a live front end; the host ignores it
+        if update or admit(data, metadata):
+            return original_publish(data, metadata, *args, update=update, **kwargs)
+        return None
+
+    def finish_displayhook():
+        content = hook.msg["content"] if hook.msg else {}
+        if content.get("data") and not admit(content["data"], content.get("metadata")):
+            hook.msg = None  # the original then sends nothing, and still flushes the streams
+        return original_finish()
+
+    def end_marker(wrote: bool) -> str:
+        with lock:
+            cell, state["cell"] = state["cell"], _Rich()
+        if not cell.dropped and not wrote:
+            return ""
+        return boundary.rich_marker(cell.dropped, cell.dropped_bytes)
+
+    publisher.publish = publish
+    hook.finish_displayhook = finish_displayhook
+    ip.events.register("pre_run_cell", lambda *_args: state.update(cell=_Rich()))
+    return end_marker
 
 
 def _save_png(data, metadata):
@@ -368,7 +440,8 @@ def _failing_pip(ip) -> None:
 
 def load_ipython_extension(ip) -> None:
     _save_figures(ip)
+    end_marker = _cap_rich(ip)  # around _save_figures: a display not sent is not saved
     _send_open_figures(ip)  # before the stream cap's end of cell: its notes count as output
-    _cap_streams(ip)
+    _cap_streams(ip, end_marker)
     _bounded_pandas(ip)
     _failing_pip(ip)

@@ -78,6 +78,12 @@ SPILL_BYTES = 64 << 20
 SPILL_AFTER_CHARS = 2000
 MAX_MESSAGE_ENV = "SANDCELL_MAX_MESSAGE_BYTES"  # the relay drops kernel messages over this
 MAX_MESSAGE_BYTES = 16 << 20
+# Rich outputs (display_data, execute_result) a cell may send, by count and by total size
+# (rich_size): past either cap a display is not sent, and is counted in the rich marker.
+RICH_OUTPUTS_ENV = "SANDCELL_RICH_OUTPUTS"
+RICH_OUTPUTS = 32
+RICH_BYTES_ENV = "SANDCELL_RICH_BYTES"
+RICH_BYTES = 8 << 20  # 32 figures of 256 KB; one display may be at most this big
 
 # -- metadata keys of a displayed result ---------------------------------------------------------
 PATH_KEY = "sandcell/path"  # workspace path where an image was saved
@@ -90,9 +96,13 @@ ERROR_KEY = "sandcell/error"  # why it was not saved
 #                             the relay dropped (source "relay")
 #   spill <path>              the cell's complete output is being written to <path>
 #   spill-full <bytes>        ... and stopped at the cap of <bytes>
+#   rich <count> <bytes>      at the end of a cell: rich outputs the kernel did not send (past
+#                             the caps), and their rich_size. Sent after anything the cell
+#                             wrote, in every stream it wrote to, so the last one the host
+#                             reads is the kernel's: one printed by model code comes before.
 RELAY = "relay"
 _MARKER = "\n\x1b[sandcell-{kind} {value}]\n"
-_MARKER_RE = re.compile(r"\n\x1b\[sandcell-(dropped|spill|spill-full) ([^\]\n]+)\]\n")
+_MARKER_RE = re.compile(r"\n\x1b\[sandcell-(dropped|spill|spill-full|rich) ([^\]\n]+)\]\n")
 
 
 def dropped_marker(source: str, count: int) -> str:
@@ -105,6 +115,10 @@ def spill_marker(path: str) -> str:
 
 def spill_full_marker(cap: int) -> str:
     return _MARKER.format(kind="spill-full", value=cap)
+
+
+def rich_marker(count: int, size: int) -> str:
+    return _MARKER.format(kind="rich", value=f"{count} {size}")
 
 
 def split_markers(text: str) -> list[str | tuple[str, str]]:
@@ -135,3 +149,40 @@ def valid_spill(kind: str, value: str) -> bool:
     if kind == "spill":
         return value.startswith(LOGS + "/") and ".." not in value.split("/")
     return value.isdigit() and len(value) <= 18
+
+
+def parse_rich(value: str) -> tuple[int, int]:
+    """A rich marker's value: (count, bytes) of the rich outputs the kernel dropped; a value
+    that is not one the kernel writes raises ValueError."""
+    parts = value.split(" ")
+    if len(parts) != 2 or not all(p.isdigit() and len(p) <= 18 for p in parts):
+        raise ValueError(f"not a rich marker: {value[:80]!r}")
+    return int(parts[0]), int(parts[1])
+
+
+_END = object()
+
+
+def rich_size(*values) -> int:
+    """Size of a rich output (its data and metadata) as the caps count it: the UTF-8 bytes of
+    every key and text value (bytes as their base64), 8 for any other scalar, 1 per list item.
+    Close to its JSON size, and computed with one iterator per level of nesting, since the
+    sender chooses how deep and how long its lists are."""
+    total, stack = 0, [iter(values)]
+    while stack:
+        value = next(stack[-1], _END)
+        if value is _END:
+            stack.pop()
+        elif isinstance(value, str):
+            total += len(value) if value.isascii() else len(value.encode("utf-8", "replace"))
+        elif isinstance(value, bytes | bytearray):
+            total += (len(value) + 2) // 3 * 4
+        elif isinstance(value, dict):
+            total += sum(len(str(key)) for key in value)
+            stack.append(iter(value.values()))
+        elif isinstance(value, list | tuple):
+            total += len(value)
+            stack.append(iter(value))
+        elif value is not None:
+            total += 8
+    return total

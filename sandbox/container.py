@@ -145,6 +145,8 @@ def start(
         environment={
             boundary.OUTPUT_CHARS_ENV: str(limits.output_bytes),
             boundary.SPILL_BYTES_ENV: str(limits.spill_bytes),
+            boundary.RICH_OUTPUTS_ENV: str(limits.rich_outputs),
+            boundary.RICH_BYTES_ENV: str(limits.rich_bytes),
         },
         log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
         labels={

@@ -150,7 +150,14 @@ class DockerSandbox:
             raise ValueError(f"timeout must be positive seconds, got {timeout}")
         started = time.monotonic()
         oom_before = self._oom_kills()
-        collector = kernel.Collector(code, self.limits.output_bytes, on_output)
+        limits = self.limits
+        collector = kernel.Collector(
+            code,
+            limits.output_bytes,
+            on_output,
+            rich_outputs=limits.rich_outputs,
+            rich_bytes=limits.rich_bytes,
+        )
         ex = collector.execution
         kernel.flush_shell(self._client)
         msg_id = self._client.execute(code, allow_stdin=False, stop_on_error=False)

@@ -55,6 +55,10 @@ class Execution:
     cut_chars: int = 0  # stream characters cut there, exactly
     saved_output: str | None = None  # workspace path of the cell's complete output (its log)
     saved_truncated: int | None = None  # bytes where that log stopped (its cap), if it did
+    # rich outputs not kept (past Limits.rich_outputs or rich_bytes; the kernel's count and
+    # the host's), and their size (boundary.rich_size)
+    rich_dropped: int = 0
+    rich_dropped_bytes: int = 0
 
     @property
     def ok(self) -> bool:

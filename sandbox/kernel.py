@@ -26,6 +26,10 @@ MAX_MESSAGE_BYTES = 32 << 20  # a single ZMQ message larger than this is refused
 # carry many frames of up to MAX_MESSAGE_BYTES each): the relay in the container drops any
 # message over 16 MiB before it reaches the host (see images/relay.py).
 RECEIVE_HWM = 2
+RICH_KINDS = ("execute_result", "display_data")
+# A display whose message passes what is left of the rich byte cap by this much can never be
+# kept (its JSON is its rich_size plus quotes, escapes and headers): it is counted unread.
+UNREAD_SLACK, UNREAD_FLOOR = 1.25, 64 << 10
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 CONN_PREFIX = "sandcell-conn-"  # the host folders sandcell made, and may delete
 OnOutput = Callable[[StreamChunk], None]
@@ -160,11 +164,24 @@ class Collector:
     """Builds an Execution from iopub messages, keeping at most `cap` characters of
     stream text: the head, then a rolling tail; the middle between them is one cut whose
     size is exact (the kernel's count of what it cut, plus the host's own).
-    `on_output` gets each piece of stream text as it is kept."""
+    `on_output` gets each piece of stream text as it is kept. Rich outputs are kept while
+    within `rich_outputs` and `rich_bytes` (boundary.rich_size), like the kernel's own cap:
+    model code can get round that one, so a result past either cap is counted, not kept."""
 
-    def __init__(self, code: str, cap: int, on_output: OnOutput | None = None):
+    def __init__(
+        self,
+        code: str,
+        cap: int,
+        on_output: OnOutput | None = None,
+        *,
+        rich_outputs: int = boundary.RICH_OUTPUTS,
+        rich_bytes: int = boundary.RICH_BYTES,
+    ):
         self.execution = Execution(code=code)
         self.cap = cap
+        self.rich_outputs, self.rich_bytes = rich_outputs, rich_bytes
+        self.rich_kept_bytes = 0
+        self.kernel_rich = (0, 0)  # the kernel's count and size of what it did not send
         self.kept = 0
         self.in_tail = False  # once anything is cut or the head is full, text joins the tail
         self.tail: deque[StreamChunk] = deque()
@@ -188,15 +205,10 @@ class Collector:
                     self._marker(*piece)
                 else:  # after the markers: an ANSI pattern would eat their escape
                     self._text(content["name"], ANSI.sub("", piece))
-        elif kind in ("execute_result", "display_data"):
-            data = {k: v for k, v in content.get("data", {}).items() if isinstance(v, str)}
-            ex.results.append(
-                Result(
-                    data=data,
-                    metadata=content.get("metadata") or {},
-                    is_main=kind == "execute_result",
-                )
-            )
+        elif kind in RICH_KINDS and content is None:  # too big to unpack: see next_iopub
+            self._drop_rich(msg["wire_bytes"])
+        elif kind in RICH_KINDS:
+            self._rich(content, is_main=kind == "execute_result")
         elif kind == "error":
             ex.error = Error(
                 name=content["ename"],
@@ -205,11 +217,37 @@ class Collector:
             )
         return False
 
+    def unread_over(self) -> int:
+        """Message size past which a display cannot fit in what is left of the byte cap."""
+        left = max(0, self.rich_bytes - self.rich_kept_bytes)
+        return int(left * UNREAD_SLACK) + UNREAD_FLOOR
+
+    def _drop_rich(self, size: int) -> None:
+        self.execution.rich_dropped += 1  # the message goes with the caller's reference to it
+        self.execution.rich_dropped_bytes += size
+
+    def _rich(self, content: dict, is_main: bool) -> None:
+        ex = self.execution
+        data, metadata = content.get("data"), content.get("metadata")
+        size = boundary.rich_size(data, metadata)
+        if len(ex.results) >= self.rich_outputs or self.rich_kept_bytes + size > self.rich_bytes:
+            self._drop_rich(size)
+            return
+        self.rich_kept_bytes += size
+        data = (
+            {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
+        )
+        metadata = metadata if isinstance(metadata, dict) else {}
+        ex.results.append(Result(data=data, metadata=metadata, is_main=is_main))
+
     def _marker(self, kind: str, value: str) -> None:
         """A marker from the container. Model code can print one too: one that is not what
         the container writes is dropped (it must neither crash the host nor point anywhere)."""
         ex = self.execution
         try:
+            if kind == "rich":  # the kernel's comes last: it replaces any printed before it
+                self.kernel_rich = boundary.parse_rich(value)
+                return
             if kind != "dropped" and not boundary.valid_spill(kind, value):
                 raise ValueError(value)
             source, count = boundary.parse_dropped(value) if kind == "dropped" else ("", 0)
@@ -291,6 +329,9 @@ class Collector:
         for chunk in self.tail:
             self._append(chunk.name, chunk.text)
         self.tail.clear()
+        ex.rich_dropped += self.kernel_rich[0]
+        ex.rich_dropped_bytes += self.kernel_rich[1]
+        self.kernel_rich = (0, 0)
         ex.duration_s = duration
         return ex
 
@@ -320,13 +361,35 @@ def drain(
         if remaining <= 0:
             return "deadline"
         try:
-            msg = client.get_iopub_msg(timeout=min(poll, remaining))
+            msg = next_iopub(client, min(poll, remaining), collector.unread_over())
         except Empty:
             return "silent"
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
         if collector.add(msg):
             return "done"
+
+
+def next_iopub(client: BlockingKernelClient, timeout: float, unread_over: int) -> dict:
+    """The next iopub message, as client.get_iopub_msg gives it (Empty when none comes in
+    `timeout`). A display bigger than `unread_over` bytes is not unpacked: unpacking makes
+    three copies of it (bytes, text, JSON) in this process, only to drop it. It comes with
+    content None and its size as `wire_bytes`."""
+    socket, session = client.iopub_channel.socket, client.session
+    if not socket.poll(int(timeout * 1000)):
+        raise Empty
+    frames = socket.recv_multipart(copy=False)  # zmq.Frame: no copy yet
+    _, frames = session.feed_identities(frames, copy=False)
+    size = sum(len(frame) for frame in frames)
+    # [signature, header, parent header, metadata, content, buffers...]
+    if size > unread_over and len(frames) >= 5 and max(map(len, frames[1:3])) < UNREAD_FLOOR:
+        header = session.unpack(frames[1].bytes)
+        if header.get("msg_type") in RICH_KINDS:
+            parent = session.unpack(frames[2].bytes)
+            return dict(
+                msg_type=header["msg_type"], parent_header=parent, content=None, wire_bytes=size
+            )
+    return session.deserialize(frames, copy=False)
 
 
 def flush_shell(client: BlockingKernelClient) -> None:

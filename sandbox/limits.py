@@ -3,7 +3,7 @@ runtime that holds them."""
 
 from dataclasses import asdict, dataclass
 
-from sandbox.boundary import SPILL_BYTES
+from sandbox.boundary import RICH_BYTES, RICH_OUTPUTS, SPILL_BYTES
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,10 @@ class Limits:
     tmp_mb: int = 256  # tmpfs at /tmp
     output_bytes: int = 1 << 20  # stdout/stderr kept per cell (inside the kernel and on the host)
     spill_bytes: int = SPILL_BYTES  # most of one cell's complete output kept in its log file
+    # rich outputs (displays, the cell's value) kept per cell, by count and total size (inside
+    # the kernel and on the host); a single display over rich_bytes is never kept
+    rich_outputs: int = RICH_OUTPUTS
+    rich_bytes: int = RICH_BYTES
     observation_chars: int = 4000  # what the model sees of one execution
     open_files: int = 1024
     interrupt_grace_s: float = 3.0  # after an interrupt, how long the kernel has to come back

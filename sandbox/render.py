@@ -84,6 +84,8 @@ def render(execution: Execution, budget: int = 4000) -> str:
     relay_dropped = execution.dropped_bytes - execution.cut_chars
     if relay_dropped > 0:
         parts.append(f"[{relay_dropped} bytes of output were dropped by the sandbox]")
+    if execution.rich_dropped:
+        parts.append(_rich_note(execution))
     if execution.restarted:
         parts.append(_restart_note(execution))
     elif execution.timed_out:
@@ -116,6 +118,15 @@ def _result(result, budget: int) -> str:
         kinds = ", ".join(sorted(result.data)) or "nothing"
         return f"[display of {kinds}]"
     return cut(text, budget)
+
+
+def _rich_note(execution: Execution) -> str:
+    n, size = execution.rich_dropped, _size(execution.rich_dropped_bytes)
+    outputs = "output was" if n == 1 else "outputs were"
+    return (
+        f"[{n} displayed {outputs} dropped ({size}): past the sandbox's cap on displays per "
+        "cell. Display fewer or smaller results, or save them to files in /workspace.]"
+    )
 
 
 def _restart_note(execution: Execution) -> str:

@@ -37,6 +37,30 @@ def input_option(help_text: str):
 TIMEOUT_S = click.FloatRange(0, 24 * 3600, min_open=True)
 MEMORY_MB = click.IntRange(128, 1 << 20)
 CPUS = click.FloatRange(0.01, float(os.cpu_count() or 1))
+# Displays per cell, and their MB in all: the relay passes no single message over 16 MiB.
+RICH_OUTPUTS = click.IntRange(0, 1000)
+RICH_MB = click.IntRange(1, 1024)
+
+
+def rich_options(command):
+    """--max-rich-outputs N and --max-rich-mb MB: the rich outputs a cell keeps (displays and
+    its value, figures among them), capped in the kernel and again on the host."""
+    command = click.option(
+        "--max-rich-mb",
+        "rich_mb",
+        type=RICH_MB,
+        default=Limits.rich_bytes >> 20,
+        show_default=True,
+        help="MB of displayed outputs (figures, tables) kept per cell.",
+    )(command)
+    return click.option(
+        "--max-rich-outputs",
+        "rich_outputs",
+        type=RICH_OUTPUTS,
+        default=Limits.rich_outputs,
+        show_default=True,
+        help="Displayed outputs (figures, tables) kept per cell; more are dropped and counted.",
+    )(command)
 
 
 def runtime_option(command):
@@ -169,13 +193,14 @@ _LIMIT_OPTIONS = [
         help="Sandbox memory in MB.",
     ),
     click.option("--cpus", type=CPUS, default=Limits.cpus, show_default=True),
+    rich_options,
     runtime_option,
 ]
 
 
 _MODEL_NAMES = ["model_name", "base_url", "api_key", "replay", "protocol", "temperature"]
 _MODEL_NAMES += ["max_tokens", "max_steps", "wall_s"]
-_LIMIT_NAMES = ["timeout_s", "memory_mb", "cpus", "runtime"]
+_LIMIT_NAMES = ["timeout_s", "memory_mb", "cpus", "rich_outputs", "rich_mb", "runtime"]
 
 
 def _gathered(command, options: list, names: list[str]):
@@ -197,7 +222,8 @@ def agent_options(command):
 
 
 def limit_options(command):
-    """Add the sandbox limit options only (--timeout, --memory, --cpus, --runtime), as `opts`."""
+    """Add the sandbox limit options only (--timeout, --memory, --cpus, --max-rich-outputs,
+    --max-rich-mb, --runtime), as `opts`."""
     return _gathered(command, _LIMIT_OPTIONS, _LIMIT_NAMES)
 
 
@@ -240,6 +266,8 @@ def build_limits(opts: dict) -> Limits:
         timeout_s=opts["timeout_s"],
         memory_mb=opts["memory_mb"],
         cpus=opts["cpus"],
+        rich_outputs=opts["rich_outputs"],
+        rich_bytes=opts["rich_mb"] << 20,
         runtime=opts["runtime"] or None,  # SANDCELL_RUNTIME= (empty) is the engine's default
     )
 
