@@ -19,7 +19,7 @@ from sandbox.execution import Error, Execution
 NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/sandcell-test-docker.sock"}
 NO_MODEL = {"OPENAI_API_KEY": None, "OPENAI_BASE_URL": None, "SANDCELL_MODEL": None}
 MODEL_OPTIONS = ["--model", "--base-url", "--api-key", "--replay", "--protocol", "--max-steps"]
-LIMIT_OPTIONS = ["--wall", "--timeout", "--memory", "--cpus"]
+LIMIT_OPTIONS = ["--wall", "--timeout", "--memory", "--cpus", "--max-rich-outputs", "--max-rich-mb"]
 
 
 def sandcell(*args: str, env: dict | None = None, stdin: str | None = None):
@@ -39,14 +39,16 @@ def test_help_lists_every_command():
 
 
 HELP = {
-    "exec": ["--input", "--timeout", "--memory", "--json", "-c", "[FILE]", "124 timed out"],
+    "exec": ["--input", "--timeout", "--memory", "--max-rich-outputs", "--max-rich-mb", "--json"]
+    + ["-c", "[FILE]", "124 timed out"],
     "gc": ["Remove sandbox containers whose owner process is gone."],
     "tool": ["NAME [ARGS]", "--input"],
     "replay": ["TRACE", "--input", "--image", "1 some differ"],
     "run": ["--task", "--input", "--output", *MODEL_OPTIONS, *LIMIT_OPTIONS],
     "batch": ["JOBS_FILE", "--output", "--workers", "--no-progress", *MODEL_OPTIONS],
     "chat": ["--input", "--output", *MODEL_OPTIONS, *LIMIT_OPTIONS],
-    "mcp": ["--input", "--output", "--http", "--host", "--port", "--users", "--timeout", "--cpus"],
+    "mcp": ["--input", "--output", "--http", "--host", "--port", "--users", "--timeout", "--cpus"]
+    + ["--max-rich-outputs", "--max-rich-mb"],
 }
 
 
