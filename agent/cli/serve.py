@@ -17,6 +17,11 @@ import click
 from agent.cli import exits
 from agent.cli.options import agent_options, build_limits, build_model, build_rules
 
+ALLOWED_HOST_HELP = (
+    "A name (Host header) this server answers to besides loopback names and the --host "
+    "address, e.g. the name of a proxy in front (repeatable; '*' for any)."
+)
+
 GRACE_S = 5  # open streams get this long after Ctrl-C before they are cut
 
 
@@ -155,9 +160,12 @@ def users_of(path: Path | None) -> dict[str, str]:
     show_default=True,
     help="Cap on one upload request (413 above it).",
 )
+@click.option("--allowed-host", "allowed_hosts", multiple=True, help=ALLOWED_HOST_HELP)
 @agent_options
 @exits.reported()
-def serve_cmd(host, port, data, users, max_sessions, pool, idle_minutes, max_upload_mb, opts):
+def serve_cmd(
+    host, port, data, users, max_sessions, pool, idle_minutes, max_upload_mb, allowed_hosts, opts
+):
     """Serve sessions over HTTP: an API for programs (and, later, a page for people)."""
     # Ctrl-C stops the server even when it was started with SIGINT ignored (any `cmd &` from a
     # script is): uvicorn raises it again, with this handler, once it has stopped.
@@ -182,6 +190,8 @@ def serve_cmd(host, port, data, users, max_sessions, pool, idle_minutes, max_upl
         pool=pool,
         idle_minutes=idle_minutes,
         max_upload_mb=max_upload_mb,
+        host=host,
+        allowed_hosts=allowed_hosts,
     )
     app = create_app(config)
     sock = listening_socket(host, port)
