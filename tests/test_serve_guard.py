@@ -12,7 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
+from agent.cli import main
 from agent.serve.guard import Hosts
 from tests.scripted_server import ScriptedServer
 from tests.serve_helpers import ALICE, client, config, serving
@@ -157,6 +159,15 @@ def test_hosts_beyond_loopback_the_bound_address_any_ip_on_a_wildcard_and_star()
     assert named.allows("box.lan") and not named.allows("10.1.2.3")
     assert Hosts("127.0.0.1", ("*",)).allows("anything.example")
     assert not Hosts("127.0.0.1").allows("10.1.2.3")
+    assert Hosts("127.0.0.1", ("Files.Example:8080", "[fd00::1]")).allows("files.example")
+    assert Hosts("127.0.0.1", ("[fd00::1]",)).allows("fd00::1")
+
+
+def test_an_allowed_host_that_is_not_a_name_is_a_usage_error():
+    runner = CliRunner()
+    for value in ("http://files.example/", "*.example", "user@files.example"):
+        result = runner.invoke(main, ["serve", "--allowed-host", value], prog_name="sandcell")
+        assert result.exit_code == 2 and "is not a host name" in result.stderr, value
 
 
 @pytest.mark.timeout(60)

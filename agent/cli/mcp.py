@@ -26,7 +26,7 @@ from agent.cli.options import (
     limit_options,
     overwrite_option,
 )
-from agent.cli.serve import ALLOWED_HOST_HELP
+from agent.cli.serve import ALLOWED_HOST_HELP, allowed_hosts_option
 from agent.seams import Terminated
 
 
@@ -66,7 +66,13 @@ from agent.seams import Terminated
     show_default=True,
     help="--http: a session idle this long ends and its sandbox is removed.",
 )
-@click.option("--allowed-host", "allowed_hosts", multiple=True, help="--http: " + ALLOWED_HOST_HELP)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    callback=allowed_hosts_option,
+    help="--http: " + ALLOWED_HOST_HELP,
+)
 @overwrite_option
 @limit_options
 @exits.reported()

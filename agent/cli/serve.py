@@ -22,6 +22,17 @@ ALLOWED_HOST_HELP = (
     "address, e.g. the name of a proxy in front (repeatable; '*' for any)."
 )
 
+
+def allowed_hosts_option(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    from agent.serve.guard import allowed_host_problem
+
+    for value in values:
+        problem = allowed_host_problem(value)
+        if problem:
+            raise click.BadParameter(problem)
+    return values
+
+
 GRACE_S = 5  # open streams get this long after Ctrl-C before they are cut
 
 
@@ -52,7 +63,8 @@ def warn_beyond_loopback(command: str, host: str) -> None:
     if not loopback(host):
         click.echo(
             f"sandcell {command}: warning: listening on {host}, beyond this machine; tokens "
-            "travel in clear text unless a TLS proxy stands in front",
+            "travel in clear text unless a TLS proxy stands in front; a name other than the "
+            "address (the proxy's) is answered only with --allowed-host NAME",
             err=True,
         )
 
@@ -160,7 +172,13 @@ def users_of(path: Path | None) -> dict[str, str]:
     show_default=True,
     help="Cap on one upload request (413 above it).",
 )
-@click.option("--allowed-host", "allowed_hosts", multiple=True, help=ALLOWED_HOST_HELP)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    callback=allowed_hosts_option,
+    help=ALLOWED_HOST_HELP,
+)
 @agent_options
 @exits.reported()
 def serve_cmd(

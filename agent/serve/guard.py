@@ -17,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from urllib.parse import urlsplit
 
 from starlette.requests import HTTPConnection
@@ -54,11 +55,14 @@ class Hosts:
     bound: str  # --host
     allowed: tuple[str, ...] = ()  # --allowed-host
 
+    @cached_property
+    def names(self) -> frozenset[str]:  # as hostname_of gives them: no port, lower case
+        return frozenset(n if n == ANY else hostname_of(n) for n in self.allowed) - {None}
+
     def allows(self, name: str) -> bool:
-        names = {n.lower().strip("[]") for n in self.allowed}
-        if ANY in names or name in names or loopback(name):
+        if ANY in self.names or name in self.names or loopback(name):
             return True
-        bound = self.bound.lower().strip("[]")
+        bound = hostname_of(self.bound) or self.bound.lower()
         if name == bound or loopback(bound):  # bound to loopback: loopback names only
             return name == bound
         try:
@@ -66,6 +70,17 @@ class Hosts:
         except ValueError:
             return False  # a DNS name, not listed
         return bound in ("0.0.0.0", "::")  # any address of this machine
+
+
+def allowed_host_problem(value: str) -> str | None:
+    """What is wrong with an --allowed-host value, or None: a name (a port, if given, is
+    not checked), an IP address, or '*'."""
+    if value == ANY:
+        return None
+    name = hostname_of(value)
+    if name is None or any(c in value for c in "/@?#") or "*" in value:
+        return f"{value!r} is not a host name; give one like sandcell.example.org, or '*'"
+    return None
 
 
 def bearer_or_cookie(conn: HTTPConnection) -> str | None:
