@@ -291,6 +291,8 @@ def test_usage_errors_are_one_line():
     assert users.exit_code == 2 and "--users is for --http" in users.stderr
     port = runner.invoke(main, ["mcp", "--port", "9000"], prog_name="sandcell")
     assert port.exit_code == 2 and "--port is for --http" in port.stderr
+    named = runner.invoke(main, ["mcp", "--allowed-host", "a.test"], prog_name="sandcell")
+    assert named.exit_code == 2 and "--allowed-host is for --http" in named.stderr
     missing = runner.invoke(main, ["mcp", "--input", "/nonexistent.csv"], prog_name="sandcell")
     assert missing.exit_code == 2 and "does not exist" in missing.stderr
     for result in (users, port, missing):
@@ -439,6 +441,44 @@ def test_http_a_session_its_client_left_ends_after_the_idle_time_with_its_contai
         anyio.run(leave_without_ending)
         assert len(container_labels(label)) == 1  # the session is still there
         wait_for(lambda: container_labels(label) == [], seconds=30)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
+def test_http_refuses_another_host_name_or_origin_and_allowed_host_adds_a_name(tmp_path):
+    proc, url = start_http(tmp_path, "--allowed-host", "mcp.test", "--pool", "0")
+    port = url.rsplit(":", 1)[1].split("/")[0]
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "test", "version": "1"}}}  # fmt: skip
+    accept = {"Accept": "application/json, text/event-stream"}
+    named = {"Host": f"mcp.test:{port}"}
+
+    async def through_the_allowed_name():
+        headers = {**bearer(ALICE), **named}
+        async with (
+            httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30, read=300)) as http,
+            streamable_http_client(url, http_client=http) as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            assert text(await python(session, "1 + 1")) == "2"
+
+    try:
+        with httpx.Client(headers={**bearer(ALICE), **accept}, timeout=30) as http:
+            r = http.post(url, json=init, headers={"Host": f"evil.example:{port}"})
+            assert r.status_code == 403 and "--allowed-host evil.example" in r.json()["error"]
+            for method in ("POST", "GET"):  # MCP: every request's Origin is checked
+                r = http.request(method, url, json=init, headers={"Origin": "http://evil.example"})
+                assert r.status_code == 403 and "another site" in r.json()["error"], method
+            r = http.post(url, json=init, headers={"Authorization": "Bearer nope", **named})
+            assert r.status_code == 401  # the name is allowed, the token is not
+            own = {**named, "Origin": f"http://mcp.test:{port}"}
+            assert http.post(url, json=init, headers=own).status_code == 200
+        anyio.run(through_the_allowed_name)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)

@@ -2,17 +2,29 @@
 (never a downloaded one) against a real uvicorn on loopback, real sandboxes and the scripted
 model server. Without chromium or playwright these tests skip outside CI and fail in CI."""
 
+import html
 import importlib.util
 import json
 import os
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import IN_CI
 from tests.scripted_server import ScriptedServer
-from tests.serve_helpers import ALICE, client, config, last_tool_message, python, serving
+from tests.serve_helpers import (
+    ALICE,
+    client,
+    config,
+    free_port,
+    last_tool_message,
+    python,
+    serving,
+)
 
 SALES = Path(__file__).parent / "data" / "agent" / "sales.csv"
 SCREENSHOT = Path(__file__).parent.parent / "docs" / "serve.png"
@@ -230,6 +242,62 @@ def test_the_token_becomes_an_httponly_cookie_and_api_calls_need_no_header(brows
         )
     finally:
         anonymous.close()
+
+
+def start_serve(folder: Path) -> tuple[subprocess.Popen, str]:
+    """`sandcell serve` as a person starts it, without --users: (the process, the URL it
+    prints with the token)."""
+    script = folder / "replies.json"
+    script.write_text(json.dumps(["Final Answer: hello"]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "serve", "--port", str(free_port()), "--pool", "0",
+         "--data", str(folder / "d"), "--replay", str(script)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    lines = [proc.stdout.readline(), proc.stdout.readline()]
+    found = re.search(r"open (http://127\.0\.0\.1:\d+/\?token=\S+)", lines[1])
+    if not found:
+        proc.kill()
+        raise AssertionError(f"the server did not print its URL: {lines}")
+    return proc, found.group(1)
+
+
+@pytest.mark.timeout(120)
+def test_the_printed_url_signs_in_and_the_same_link_on_another_site_asks_for_a_click(
+    browser, tmp_path
+):
+    proc, url = start_serve(tmp_path)
+    base = url.split("/?", 1)[0]
+    listed = "async () => (await fetch('/api/sessions')).status"
+    try:
+        typed = browser.new_context()  # the person opens the printed URL: signed in at once
+        try:
+            tab = typed.new_page()
+            assert tab.goto(url).ok and tab.url == f"{base}/"
+            assert [c["name"] for c in typed.cookies()] == ["sandcell_token"]
+            assert tab.evaluate(listed) == 200
+        finally:
+            typed.close()
+        linked = browser.new_context()  # the same URL as a link on another site
+        try:
+            link = f'<a id="go" href="{html.escape(url)}">cat pictures</a>'
+            linked.route("http://evil.example/**", lambda route: route.fulfill(
+                body=link, content_type="text/html"))  # fmt: skip
+            tab = linked.new_page()
+            tab.goto("http://evil.example/")
+            tab.click("#go")
+            tab.get_by_test_id("sign-in").wait_for(state="visible")
+            assert tab.url == url and linked.cookies() == []  # not signed in by the link
+            assert "another site" in tab.inner_text("main")
+            tab.get_by_test_id("sign-in").click()  # the person's own click signs in
+            tab.wait_for_url(f"{base}/")
+            assert [c["name"] for c in linked.cookies()] == ["sandcell_token"]
+            assert tab.evaluate(listed) == 200
+        finally:
+            linked.close()
+    finally:
+        proc.terminate()
+        proc.wait(60)
 
 
 @pytest.mark.timeout(60)

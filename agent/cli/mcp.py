@@ -26,6 +26,7 @@ from agent.cli.options import (
     limit_options,
     overwrite_option,
 )
+from agent.cli.serve import ALLOWED_HOST_HELP, allowed_hosts_option
 from agent.seams import Terminated
 
 
@@ -65,11 +66,29 @@ from agent.seams import Terminated
     show_default=True,
     help="--http: a session idle this long ends and its sandbox is removed.",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    callback=allowed_hosts_option,
+    help="--http: " + ALLOWED_HOST_HELP,
+)
 @overwrite_option
 @limit_options
 @exits.reported()
 def mcp_cmd(
-    inputs, output, http, host, port, users, pool, max_sessions, idle_minutes, overwrite, opts
+    inputs,
+    output,
+    http,
+    host,
+    port,
+    users,
+    pool,
+    max_sessions,
+    idle_minutes,
+    allowed_hosts,
+    overwrite,
+    opts,
 ):
     """Serve the sandbox to MCP clients: run_python, describe_file, list_files, read_file,
     write_file, calculator, export_outputs. Over stdio by default (one sandbox for the
@@ -99,7 +118,7 @@ def mcp_cmd(
 
     users_known = users_of(users)
     settings = HttpSettings(
-        users_known, bool(users), host, port, pool, idle_minutes * 60, max_sessions
+        users_known, bool(users), host, port, pool, idle_minutes * 60, max_sessions, allowed_hosts
     )
     _serve_http(limits, checked, output, settings)
 
@@ -113,6 +132,7 @@ class HttpSettings:
     pool: int
     idle_s: float
     max_sessions: int
+    allowed_hosts: tuple[str, ...] = ()  # --allowed-host
 
 
 def _serve_stdio(limits, inputs, output) -> None:
@@ -161,7 +181,7 @@ def _exit_now(stop: BaseException) -> NoReturn:
     os._exit(exits.for_error(stop))
 
 
-HTTP_ONLY = ("host", "port", "users", "pool", "max_sessions", "idle_minutes")
+HTTP_ONLY = ("host", "port", "users", "pool", "max_sessions", "idle_minutes", "allowed_hosts")
 
 
 def _refuse_http_options() -> None:
@@ -169,7 +189,7 @@ def _refuse_http_options() -> None:
     ctx = click.get_current_context()
     for name in HTTP_ONLY:
         if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
-            flag = "--" + name.replace("_", "-")
+            flag = next(p.opts[0] for p in ctx.command.params if p.name == name)
             raise click.UsageError(f"{flag} is for --http; stdio has one client, its parent")
 
 
@@ -191,9 +211,11 @@ def _serve_http(limits, inputs, output, settings: HttpSettings) -> None:
 def _serve_on_socket(server, settings: HttpSettings) -> None:
     from agent.cli.serve import listening_socket, run_until_stopped, warn_beyond_loopback
     from agent.mcp.http import PATH, http_app
+    from agent.serve.guard import Hosts
 
     host, known = settings.host, settings.users
-    app = http_app(server, known, host, settings.idle_s, settings.max_sessions)
+    hosts = Hosts(host, settings.allowed_hosts)
+    app = http_app(server, known, hosts, settings.idle_s, settings.max_sessions)
     sock = listening_socket(host, settings.port)
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"sandcell mcp: streamable HTTP at http://{shown}:{sock.getsockname()[1]}{PATH}")

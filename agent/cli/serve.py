@@ -17,6 +17,22 @@ import click
 from agent.cli import exits
 from agent.cli.options import agent_options, build_limits, build_model, build_rules
 
+ALLOWED_HOST_HELP = (
+    "A name (Host header) this server answers to besides loopback names and the --host "
+    "address, e.g. the name of a proxy in front (repeatable; '*' for any)."
+)
+
+
+def allowed_hosts_option(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    from agent.serve.guard import allowed_host_problem
+
+    for value in values:
+        problem = allowed_host_problem(value)
+        if problem:
+            raise click.BadParameter(problem)
+    return values
+
+
 GRACE_S = 5  # open streams get this long after Ctrl-C before they are cut
 
 
@@ -47,7 +63,8 @@ def warn_beyond_loopback(command: str, host: str) -> None:
     if not loopback(host):
         click.echo(
             f"sandcell {command}: warning: listening on {host}, beyond this machine; tokens "
-            "travel in clear text unless a TLS proxy stands in front",
+            "travel in clear text unless a TLS proxy stands in front; a name other than the "
+            "address (the proxy's) is answered only with --allowed-host NAME",
             err=True,
         )
 
@@ -155,9 +172,18 @@ def users_of(path: Path | None) -> dict[str, str]:
     show_default=True,
     help="Cap on one upload request (413 above it).",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    callback=allowed_hosts_option,
+    help=ALLOWED_HOST_HELP,
+)
 @agent_options
 @exits.reported()
-def serve_cmd(host, port, data, users, max_sessions, pool, idle_minutes, max_upload_mb, opts):
+def serve_cmd(
+    host, port, data, users, max_sessions, pool, idle_minutes, max_upload_mb, allowed_hosts, opts
+):
     """Serve sessions over HTTP: an API for programs (and, later, a page for people)."""
     # Ctrl-C stops the server even when it was started with SIGINT ignored (any `cmd &` from a
     # script is): uvicorn raises it again, with this handler, once it has stopped.
@@ -182,6 +208,8 @@ def serve_cmd(host, port, data, users, max_sessions, pool, idle_minutes, max_upl
         pool=pool,
         idle_minutes=idle_minutes,
         max_upload_mb=max_upload_mb,
+        host=host,
+        allowed_hosts=allowed_hosts,
     )
     app = create_app(config)
     sock = listening_socket(host, port)

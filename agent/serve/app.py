@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 from agent.serve.bodylimit import BodyLimit
 from agent.serve.config import ServeConfig
 from agent.serve.files import BadName
+from agent.serve.guard import Guard, Hosts
 from agent.serve.routes import STATIC, router
 from agent.serve.served import Busy
 from agent.serve.sessions import Full, NotFound, Sessions
@@ -53,6 +54,8 @@ def create_app(config: ServeConfig) -> FastAPI:
     app.add_middleware(
         BodyLimit, body_bytes=config.max_body_bytes, upload_bytes=config.max_upload_bytes
     )
+    # outermost: Host, Origin and the token are checked before any body is read or capped
+    app.add_middleware(Guard, hosts=Hosts(config.host, config.allowed_hosts), users=config.users)
     _errors(app)
     return app
 

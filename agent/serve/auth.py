@@ -11,11 +11,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
 from agent.serve.config import token_owner
+from agent.serve.guard import COOKIE, unauthorized
 from agent.serve.served import ServedSession
 
 bearer = HTTPBearer(auto_error=False, description="a token from --users, or the one printed")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-COOKIE = "sandcell_token"  # HttpOnly, SameSite=Strict: set by the page route from ?token=
 
 
 def user_of(request: Request, token: str | None) -> str | None:
@@ -24,14 +24,10 @@ def user_of(request: Request, token: str | None) -> str | None:
 
 def current_user(request: Request, credentials: Credentials) -> str:
     token = credentials.credentials if credentials else request.cookies.get(COOKIE)
-    given = token.encode() if token else None
     name = user_of(request, token)
     if name is not None:
         return name
-    message = "send Authorization: Bearer <token> (the token `sandcell serve` printed)"
-    if given is not None:
-        message = "that token is not one of this server's; " + message
-    raise HTTPException(401, message, headers={"WWW-Authenticate": "Bearer"})
+    raise HTTPException(401, unauthorized(bool(token)), headers={"WWW-Authenticate": "Bearer"})
 
 
 def owned(id: str, request: Request, user: Annotated[str, Depends(current_user)]) -> ServedSession:

@@ -35,6 +35,8 @@ class ServeConfig:
     idle_minutes: float = 30.0  # then a session's sandbox is released
     max_upload_mb: float = 100.0  # one upload request, all its files together
     max_body_bytes: int = 1 << 20  # any other request body (a message, code to run)
+    host: str = "127.0.0.1"  # the address listened on: which Host names are answered
+    allowed_hosts: tuple[str, ...] = ()  # --allowed-host: more names ('*': any)
 
     @property
     def idle_s(self) -> float:

@@ -20,6 +20,7 @@ from agent.serve.auth import COOKIE, current_user, owned, user_of
 from agent.serve.listing import SessionInfo
 from agent.serve.served import ServedSession
 from agent.serve.sessions import Sessions
+from agent.serve.signin import click_page, own_navigation
 from agent.serve.stream import MessageStream
 from agent.trace import read_trace
 
@@ -76,11 +77,14 @@ def sessions_of(request: Request) -> Sessions:
 @router.get("/", include_in_schema=False, response_model=None)
 def page(request: Request, token: str | None = None) -> Response:
     """The page. `/?token=` once: the token goes into an HttpOnly, SameSite=Strict cookie and
-    the browser is sent back to `/`, so the token is in no URL, history entry or Referer."""
+    the browser is sent back to `/`, so the token is in no URL, history entry or Referer.
+    A link from another site gets a page asking for a click first (signin.py)."""
     if token is None:
         return FileResponse(STATIC / "index.html", media_type="text/html", headers=PAGE_HEADERS)
     if user_of(request, token) is None:
         raise HTTPException(401, "that token is not one of this server's; open the URL it printed")
+    if not own_navigation(request):
+        return click_page(token, PAGE_HEADERS)
     response = RedirectResponse("/", status_code=303, headers=PAGE_HEADERS)
     response.set_cookie(
         COOKIE,
