@@ -25,7 +25,9 @@ test: RUNTIME ?= runsc
 test: install engine image
 	@scripts/ensure-chromium.sh  # the page's browser tests: Debian's chromium, never a download
 	@scripts/ensure-llama.sh $(PY)  # the realmodel tests' server: built once per machine, cached
-	$(PY) -m pytest -n 4 --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n 4 --dist loadgroup -m 'not engine_outage' $(PYTEST_ARGS) $(if $(JUNIT),--junitxml=$(JUNIT))
+	@# these stop the Docker engine for a few seconds: alone, after everything else
+	$(PY) -m pytest -m engine_outage $(PYTEST_ARGS) $(if $(JUNIT),--junitxml=$(basename $(JUNIT))-outage.xml)
 
 unit: install
 	$(PY) -m pytest -m 'not docker' $(PYTEST_ARGS)

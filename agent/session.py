@@ -6,7 +6,6 @@ sandbox starts in the background as the session is created."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import threading
@@ -26,6 +25,7 @@ from sandbox import BackgroundSandbox, DockerSandbox, Inputs, Limits, Sandbox, S
 from sandbox.boundary import WORKSPACE
 from sandbox.container import DEFAULT_IMAGE
 from sandbox.execution import StreamChunk
+from sandbox.landing import files_in, move_inside
 from sandbox.pool import warmed
 from tools import Registry, Tool, calculator_tool
 from tools.file_metadata import file_metadata_tool
@@ -154,29 +154,51 @@ class Session:
         result.notebook_path = export_notebook(self.trace_path, self.notebook_path)
         if not self.sandbox_used:
             return result  # no code ran: nothing to copy, and no container to wait for
-        try:
-            result.files = self.collect()
-        except SandboxError as exc:  # a dead container must not hide the answer
-            self.trace.write("export_failed", error=str(exc))
-            result.warnings.append(f"the files under {WORKSPACE} were not copied: {exc}")
+        result.files, problems = self.bring_back()
+        result.warnings.extend(problems)
         return result
 
-    def collect(self) -> list[str]:
+    def bring_back(self) -> tuple[list[str], list[str]]:
+        """collect(), where every failure becomes a warning (also in the trace): copying files
+        back must never lose an answer nor stop a sandbox's release. The host paths copied,
+        and the warnings."""
+        try:
+            copied, skipped = self.collect()
+        # Any error: a dead container (SandboxError), a file turned folder (OSError), an
+        # engine gone (requests' and docker's errors); none is hidden: each is a warning.
+        except Exception as exc:
+            error = str(exc) or type(exc).__name__
+            self.trace.write("export_failed", error=error)
+            return [], [f"the files under {WORKSPACE} were not copied: {error}"]
+        if not skipped:
+            return copied, []
+        self.trace.write("export_failed", error="some files were not copied", files=skipped)
+        shown = "; ".join(skipped[:5]) + (
+            f"; and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        )
+        return copied, [f"{len(skipped)} file(s) under {WORKSPACE} were not copied: {shown}"]
+
+    def collect(self) -> tuple[list[str], list[str]]:
         """Bring back what the code made: /workspace/output to <folder>/output, the charts to
-        <folder>/figures, every other file it wrote to <folder>/workspace/; the host paths."""
+        <folder>/figures, every other file it wrote to <folder>/workspace/. Only the regular
+        files on disk after the export move, never a name the archive gave, each checked to
+        stay inside its folder; one that cannot be put in place (a folder is there now) is
+        skipped. The host paths copied, and "<file>: <why>" for each skipped."""
         staging = Path(tempfile.mkdtemp(prefix=".collect-", dir=self.folder))
         try:
-            copied = []
-            for name in self.sandbox.export(staging):
+            self.sandbox.export(staging)
+            copied, skipped = [], []
+            for name in files_in(staging):
                 top, _, rest = name.partition("/")
                 if top in (OUTPUT_DIR, FIGURES_DIR) and rest:
-                    target = self.folder / name
+                    root, rel = self.folder / top, rest
                 else:
-                    target = self.folder / WORKSPACE_DIR / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(staging / name, target)
-                copied.append(str(target))
-            return copied
+                    root, rel = self.folder / WORKSPACE_DIR, name
+                try:
+                    copied.append(str(move_inside(staging / name, root, rel)))
+                except OSError as error:
+                    skipped.append(f"{name}: {error.strerror or error}")
+            return copied, skipped
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 

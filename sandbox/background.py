@@ -72,6 +72,11 @@ class BackgroundSandbox:
             self._sandbox = sandbox
 
     @property
+    def failed(self) -> bool:
+        """Whether its start ended in an error (raised to each use): no container is there."""
+        return self._error is not None
+
+    @property
     def used(self) -> bool:
         """Whether anything has asked for the sandbox yet."""
         return self._used

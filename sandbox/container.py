@@ -16,7 +16,7 @@ import docker.errors
 import requests
 from docker.types import LogConfig, Ulimit
 
-from sandbox import boundary
+from sandbox import boundary, landing
 from sandbox.boundary import HOST_DIR_LABEL, LABEL, OWNER_LABEL, SESSION_LABEL, WORKSPACE
 from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.kernel import CONN_PREFIX
@@ -28,17 +28,28 @@ REMOVAL_WAIT_S = 30  # a removal another process began, waited for
 # connection folder and could undo its seal. The image's user is 1000; 1001 is its stand-in.
 SANDBOX_UID = 1001 if os.getuid() == 1000 else 1000
 SANDBOX_USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
+# The host's own commands (the file helper) run as the sandbox's uid, so they read and write
+# every workspace file, but in a group model code is not in: the kernel then refuses model
+# code the helper's /proc/<pid>/fd (ptrace access needs uid AND gid equal), so it cannot open
+# the helper's stdout and write into what the host reads. gVisor's runsc (2022-12) does not
+# check that: there the host's unpacking (landing.py) is what holds.
+HELPER_USER = f"{SANDBOX_UID}:{SANDBOX_UID + 1000}"
+
+
+ENGINE_TIMEOUT_S = 60  # one call to the engine (a container's removal can take a while)
+PING_TIMEOUT_S = 5  # the first: an engine that is stopped or stuck is said so at once
 
 
 def engine() -> docker.DockerClient:
     try:
-        client = docker.from_env(timeout=60)
+        client = docker.from_env(timeout=PING_TIMEOUT_S)
         client.ping()
-    except docker.errors.DockerException as error:
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
         raise SandboxUnavailable(
             f"no Docker engine answers ({error}). Start one (`make engine`, or start Docker "
             "Desktop) and check that your user may use it (`docker info`)."
         ) from None
+    client.api.timeout = ENGINE_TIMEOUT_S
     return client
 
 
@@ -162,20 +173,34 @@ def start(
     try:
         container = client.containers.create(**options)
         container.start()
-    except docker.errors.APIError as error:  # e.g. a mount refused, a runtime that fails
+    # e.g. a mount refused, a runtime that fails, an engine that stopped answering
+    except (docker.errors.APIError, requests.exceptions.RequestException) as error:
         if container is not None:
             container.remove(force=True)
         remove_host_dirs(conn_dir)
         raise SandboxError(
-            f"the sandbox container would not start: {error.explanation or error}. "
+            f"the sandbox container would not start: {getattr(error, 'explanation', None) or error}. "
             "Check `docker info` (runtimes, storage) and the input paths."
         ) from None
     return container
 
 
 def staging_path(conn_dir: str) -> Path:
-    """Where a pool sandbox's inputs are placed: beside its connection folder."""
+    """The private folder (0700) beside a connection folder that holds a pool sandbox's
+    input staging folder (`make_staging`)."""
     return Path(conn_dir + "-data")
+
+
+def make_staging(conn_dir: str) -> Path:
+    """Where a pool sandbox's inputs are placed (hard links to the user's files), mounted
+    read-only at /data. It sits in a 0700 folder of the host user's, so other host accounts
+    can neither list nor enter it; the sandbox's user reaches it through the mount alone,
+    which never walks the private folder (the engine, as root, resolved the path)."""
+    private = staging_path(conn_dir)
+    private.mkdir(mode=0o700)
+    inside = private / "inputs"
+    inside.mkdir(mode=0o755)
+    return inside
 
 
 def remove_host_dirs(conn_dir: str) -> None:
@@ -186,7 +211,7 @@ def remove_host_dirs(conn_dir: str) -> None:
         if path.parent.resolve() != base or not path.name.startswith(CONN_PREFIX):
             continue
         if path.is_dir() and not path.is_symlink():
-            os.chmod(path, 0o755)  # unseal, else the kernel's socket files cannot be removed
+            os.chmod(path, 0o700)  # unseal (for the owner alone), else its files cannot go
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -254,15 +279,15 @@ def exec_in(
     max_out: int = EXEC_OUT_BYTES,
     through_cat: bool = False,
 ) -> tuple[int, bytes, bytes]:
-    """Run cmd as the sandbox user; feed stdin; read at most max_out bytes of stdout and
-    EXEC_ERR_BYTES of stderr. Model code runs as the same uid and can write into the
-    helper's output, so both are bounded whatever the helper meant to send."""
+    """Run cmd as HELPER_USER; feed stdin; read at most max_out bytes of stdout and
+    EXEC_ERR_BYTES of stderr. Under gVisor model code can write into the helper's output
+    (same uid), so both are bounded whatever the helper meant to send."""
     if through_cat:
         cmd = ["sh", "-c", THROUGH_CAT, "sh", *cmd]
     api = container.client.api
     try:
         exec_id = api.exec_create(
-            container.id, cmd, stdin=stdin is not None, user=SANDBOX_USER, workdir=WORKSPACE
+            container.id, cmd, stdin=stdin is not None, user=HELPER_USER, workdir=WORKSPACE
         )["Id"]
         sock = api.exec_start(exec_id, socket=True)
     except docker.errors.APIError:
@@ -311,19 +336,28 @@ def _frames(raw):
 def extract_tar(data: bytes, host_dir: Path, cap: int) -> list[str]:
     """Unpack a tar made inside the sandbox. It is hostile input (model code can write into
     the helper's stdout): only a plain tar is read (no decompression: a small bz2 could
-    unpack to any size), its files may add up to `cap` bytes, and the data filter refuses
-    links out, devices and absolute paths, so nothing lands outside host_dir."""
+    unpack to any size), its files may add up to `cap` bytes, the data filter refuses links
+    out, devices and absolute paths, and it is unpacked into a private staging folder from
+    which only the regular files on disk move to host_dir, each checked to stay inside: the
+    names the archive gave are never used. The files placed, relative to host_dir."""
     host_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".extract-", dir=host_dir))
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
             members = [m for m in archive.getmembers() if m.isfile() or m.isdir()]
             total = sum(m.size for m in members)
             if total > cap:
                 raise SandboxError(f"the workspace archive holds {total} bytes, over {cap}")
-            archive.extractall(host_dir, members=members, filter="data")
+            archive.extractall(staging, members=members, filter="data")
+        placed = []
+        for name in landing.files_in(staging):
+            landing.move_inside(staging / name, host_dir, name)
+            placed.append(name)
+        return placed
     except (tarfile.TarError, EOFError, OSError) as error:
         raise SandboxError(f"the workspace could not be copied: {error}") from None
-    return sorted(m.name.removeprefix("./") for m in members if m.isfile())
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def send_signal(container, signal_name: str) -> None:

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import docker.errors
+import requests
 
 from sandbox import boundary, kernel
 from sandbox import container as ctr
@@ -61,10 +62,8 @@ class DockerSandbox:
         ctr.reap_orphans(self.client)
         self.conn_dir, info = kernel.make_connection_dir()
         # A pool sandbox gets its inputs later: it mounts a private, empty staging folder.
-        self.staging_dir = ctr.staging_path(self.conn_dir) if staging else None
+        self.staging_dir = ctr.make_staging(self.conn_dir) if staging else None
         mounts = self.inputs.mounts()
-        if self.staging_dir:
-            self.staging_dir.mkdir(mode=0o755)
         self._info = info
         self._client = None
         # The live kernel client, also held by the finalizer: a sandbox dropped without
@@ -365,7 +364,7 @@ def _cleanup(container, conn_dir: str, live: list) -> None:
             container.remove(force=True)
         except docker.errors.NotFound:
             pass  # already gone
-        except docker.errors.DockerException as error:
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
             warnings.warn(
                 f"sandbox container {container.short_id} was not removed ({error}); "
                 "`sandcell gc` removes it once this process has exited",

@@ -41,7 +41,9 @@ class SandboxPool:
         self._ready: queue.Queue[DockerSandbox] = queue.Queue()
         self._wanted = threading.Semaphore(0)  # one permit per sandbox to start
         self._closed = threading.Event()
-        self.errors: list[Exception] = []  # starts that failed in the background
+        # The latest background start's failure, None once a start succeeds: an engine
+        # outage leaves one error, not one per worker per retry, and none after it ends.
+        self.error: Exception | None = None
         self._workers = [
             threading.Thread(target=self._fill, daemon=True, name=f"pool-{i}")
             for i in range(max(1, min(size, 4)))
@@ -63,11 +65,12 @@ class SandboxPool:
                 return
             try:
                 sandbox = self._new()
-            except Exception as error:  # kept and re-raised by acquire(), not hidden
-                self.errors.append(error)
+            except Exception as error:  # kept: acquire() then starts one itself, and says
+                self.error = error
                 if not self._closed.wait(RETRY_AFTER_S):
                     self._wanted.release()  # try the slot again later: the pool keeps its size
                 continue
+            self.error = None
             if self._closed.is_set():
                 sandbox.close()
                 return
@@ -79,12 +82,14 @@ class SandboxPool:
         """A fresh sandbox with `inputs` under /data; starts one now if none is ready."""
         if self._closed.is_set():
             raise RuntimeError("this pool is closed")
-        if self.errors:
-            raise self.errors.pop(0)
+        # While background starts fail, waiting for one is pointless: a start here raises
+        # the engine's error as it is now (or works, the outage over), never a stale one.
+        wait = timeout if self.error is None else None
         try:
-            sandbox = self._ready.get(timeout=timeout) if timeout else self._ready.get_nowait()
+            sandbox = self._ready.get(timeout=wait) if wait else self._ready.get_nowait()
         except queue.Empty:
             sandbox = self._new()
+            self.error = None
         else:
             self._wanted.release()  # refill the slot just taken
         if inputs:

@@ -43,8 +43,10 @@ class RenewableSandbox:
 
     @property
     def live(self) -> bool:
-        """Whether a container is there (or starting): it counts against --max-sessions."""
-        return self._current is not None
+        """Whether a container is there (or starting): it counts against --max-sessions. One
+        whose start failed (the engine was down) is not: the next use begins another."""
+        current = self._current
+        return current is not None and not current.failed
 
     def wake(self) -> bool:
         """Begin a sandbox in the background unless one is there; True when it began one
@@ -52,8 +54,10 @@ class RenewableSandbox:
         with self._lock:
             if self._closed:
                 raise SandboxError("this session is closed; start a new one")
-            if self._current is not None:
+            if self.live:
                 return False
+            if self._current is not None:  # its start failed: nothing to remove, begin anew
+                self._current.close()
             renewed, inputs = self._released, self.inputs
 
             def start() -> Sandbox:
@@ -76,15 +80,17 @@ class RenewableSandbox:
             self._released = True
             if current is None:
                 return False
-            current.close()  # still `live` until the container is gone: it still counts
-            self._current = None
+            try:
+                current.close()  # still `live` until the container is gone: it still counts
+            finally:  # a removal that failed (the engine gone) must not pin the session
+                self._current = None
             return True
 
     @property
     def used(self) -> bool:
         """Whether the current sandbox has run anything (else its workspace is empty)."""
         current = self._current
-        return current is not None and current.used
+        return self.live and current is not None and current.used
 
     def _ready_now(self, timing: dict) -> None:
         if self.on_ready is not None:

@@ -219,15 +219,15 @@ class ServedSession:
         the session's turn)."""
         self._releasing.set()
         try:
-            if self.sandbox.used:
-                try:
-                    self.session.collect()
-                except SandboxError as error:
-                    log.warning("files of session %s not brought back: %s", self.id, error)
-            if self.sandbox.release():
-                self.session.trace.write("sandbox_released", reason="idle")
+            if self.sandbox.used:  # every failure here is a warning: the release must happen
+                for problem in self.session.bring_back()[1]:
+                    log.warning("session %s: %s", self.id, problem)
         finally:
-            self._releasing.clear()
+            try:
+                if self.sandbox.release():
+                    self.session.trace.write("sandbox_released", reason="idle")
+            finally:
+                self._releasing.clear()
 
     def renewed(self) -> str | None:
         """Called as a message or cell begins; a warning when its sandbox is a fresh one."""
