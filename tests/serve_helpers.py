@@ -62,6 +62,21 @@ def client(base: str, token: str | None = ALICE) -> httpx.Client:
     return httpx.Client(base_url=base, headers=headers, timeout=httpx.Timeout(120, connect=10))
 
 
+def new_session(api: httpx.Client) -> str:
+    r = api.post("/api/sessions")
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def upload(api: httpx.Client, sid: str, *named: tuple[str, bytes]) -> httpx.Response:
+    """POST /files with each (name, bytes) as one `file` part."""
+    return api.post(f"/api/sessions/{sid}/files", files=[("file", nb) for nb in named])
+
+
+def execute(api: httpx.Client, sid: str, code: str, **extra) -> httpx.Response:
+    return api.post(f"/api/sessions/{sid}/execute", json={"code": code, **extra})
+
+
 def events(response: httpx.Response) -> Iterator[tuple[str, dict]]:
     """(event, data) of a text/event-stream, as they arrive; comments (pings) skipped."""
     kind, data = "message", []

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
 
+import anyio
 import nbformat
 from fastapi import APIRouter, Depends, File, Request, Response, UploadFile
 from fastapi.responses import FileResponse, RedirectResponse, StreamingResponse
@@ -94,7 +95,7 @@ def page(request: Request, token: str | None = None) -> Response:
 
 
 @router.get("/api/health")
-def health() -> dict:
+async def health() -> dict:  # on the loop: answers even when every worker thread waits
     return {"status": "ok"}
 
 
@@ -170,12 +171,11 @@ def _attachment(name: str) -> str:
 
 @router.post("/api/sessions/{id}/messages", response_class=EventSourceResponse)
 async def post_message(message: Message, served: Owned, request: Request) -> EventSourceResponse:
-    served.claim()  # Busy: a 409
-    try:
-        warning = sessions_of(request).renew(served)  # Full: a 503
-    except BaseException:
-        served.done()
-        raise
+    # The turn may wait for an idle release, the renewal for a container start: in a thread,
+    # so that one slow start holds this request only, not every user's streams. Shielded: a
+    # turn taken must reach the stream, whose worker gives it back.
+    with anyio.CancelScope(shield=True):
+        warning = await anyio.to_thread.run_sync(sessions_of(request).begin_turn, served)
     stream = MessageStream(served, message.content, warning)
     return EventSourceResponse(stream.events(), ping=15)
 
@@ -190,9 +190,8 @@ def interrupt(served: Owned) -> dict:
 
 @router.post("/api/sessions/{id}/execute")
 def execute(body: Code, served: Owned, request: Request, response: Response) -> dict:
-    served.claim()
+    warning = sessions_of(request).begin_turn(served)
     try:
-        warning = sessions_of(request).renew(served)
         ex = served.execute(body.code, body.timeout)
     finally:
         served.done()

@@ -102,6 +102,17 @@ class Sessions:
                 self._check_room()
             return served.renewed()
 
+    def begin_turn(self, served: ServedSession) -> str | None:
+        """Take the session's turn and make sure it has a sandbox, for a message or a cell;
+        the renewal's warning. Blocks (an idle release, a start under way): never call it
+        on the event loop. Busy, Full: the turn is not kept."""
+        served.claim()
+        try:
+            return self.renew(served)
+        except BaseException:
+            served.done()
+            raise
+
     def delete(self, user: str, sid: str) -> None:
         with self._lock:  # not while a request resumes it
             stored = self._stored.get(sid)
