@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from sandbox import Limits
 from tests.scripted_server import ScriptedServer
 from tests.serve_helpers import (
     ask,
@@ -73,3 +74,25 @@ def test_health_answers_within_1s_while_a_container_starts_and_an_upload_waits_o
         for thread in threads:
             thread.join(120)
         assert waiting == {"upload": 201, "message": "then"}
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(240)
+def test_execute_may_ask_for_less_than_the_servers_cell_timeout_never_more(model, tmp_path):
+    with (
+        serving(config(model, tmp_path / "d", limits=Limits(timeout_s=5))) as base,
+        client(base) as api,
+    ):
+        field = api.get("/openapi.json").json()["components"]["schemas"]["Code"]
+        assert "--timeout" in field["properties"]["timeout"]["description"]
+        sid = new_session(api)
+        for asked in (5.5, 24 * 3600):
+            r = execute(api, sid, "1", timeout=asked)
+            assert r.status_code == 422, r.text
+            assert "cell timeout of 5 s (sandcell serve --timeout)" in r.json()["error"]
+        began = time.monotonic()
+        r = execute(api, sid, "while True: pass", timeout=1)
+        assert r.status_code == 200 and r.json()["timed_out"], r.text
+        assert time.monotonic() - began < 5
+        r = execute(api, sid, "import time\ntime.sleep(30)")  # none asked: the server's 5 s
+        assert r.json()["timed_out"] and r.json()["duration_s"] < 15, r.text

@@ -58,7 +58,15 @@ class Message(BaseModel):
 
 class Code(BaseModel):
     code: str = Field(max_length=MAX_TEXT)
-    timeout: float | None = Field(None, gt=0, le=24 * 3600, description="seconds for this cell")
+    timeout: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "seconds for this cell, at most the server's cell timeout (`sandcell serve "
+            "--timeout`, 60 s unless the operator set another); more is refused with a 422 "
+            "that names the server's maximum. Omitted: the server's cell timeout."
+        ),
+    )
 
 
 class Created(BaseModel):
@@ -190,6 +198,15 @@ def interrupt(served: Owned) -> dict:
 
 @router.post("/api/sessions/{id}/execute")
 def execute(body: Code, served: Owned, request: Request, response: Response) -> dict:
+    # Refused rather than cut short: a client that asked for more would otherwise read a
+    # timeout it did not choose. Busy sessions are never reaped: this deadline is the bound.
+    most = request.app.state.config.limits.timeout_s
+    if body.timeout is not None and body.timeout > most:
+        raise HTTPException(
+            422,
+            f"timeout: {body.timeout:g} s is over this server's cell timeout of {most:g} s "
+            "(sandcell serve --timeout); ask for that or less, or leave it out",
+        )
     warning = sessions_of(request).begin_turn(served)
     try:
         ex = served.execute(body.code, body.timeout)
