@@ -390,7 +390,9 @@ def test_table_html_is_sanitized_and_a_model_error_ends_the_stream_with_error(mo
 @pytest.mark.timeout(240)
 def test_past_max_sessions_503_with_retry_after_until_one_is_deleted(model, tmp_path):
     with (
-        serving(config(model, tmp_path / "d", max_sessions=2, idle_minutes=10)) as base,
+        serving(
+            config(model, tmp_path / "d", max_sessions=2, max_sessions_per_user=2, idle_minutes=10)
+        ) as base,
         client(base) as api,
     ):
         first, second = new_session(api), new_session(api)

@@ -129,21 +129,33 @@ def delete_session(id: str, request: Request, user: User) -> Response:
 
 
 @router.post("/api/sessions/{id}/files", status_code=201, response_model=Uploaded)
-def upload(served: Owned, file: Annotated[list[UploadFile], File()]) -> dict:
+def upload(served: Owned, file: Annotated[list[UploadFile], File()], request: Request) -> dict:
     names = [files.clean_name(f.filename) for f in file]
     taken = [n for i, n in enumerate(names) if n in names[:i] or n in served.session.inputs]
     if taken:
         raise HTTPException(
             409, f"an input named {taken[0]} is there already; rename the file and send it again"
         )
-    with served.uploading:  # two uploads at once: one after the other
+    sessions = sessions_of(request)
+    declared = request.headers.get("content-length", "")
+    size = int(declared) if declared.isdigit() else 0  # files and their multipart framing
+    refused = f"this upload ({size / (1 << 20):.1f} MB) is refused" if size else ""
+    # one upload of the user's at a time (two at once: one after the other): the room left
+    # is measured, then counted down as the files are written, so none can pass the budget
+    with sessions.uploading(served.user), served.uploading:
+        room = sessions.disk_room(served.user, size, refused or "this upload is refused")
+        used = sessions.config.max_user_bytes - room
         saved = []
         try:
             for upload_file, name in zip(file, names, strict=True):
                 try:
-                    saved.append(files.save_upload(upload_file.file, served.inputs_dir, name))
+                    path = files.save_upload(upload_file.file, served.inputs_dir, name, room)
                 except FileExistsError:
                     raise HTTPException(409, f"an input named {name} is there already")
+                except files.OverBudget:
+                    raise sessions.over_budget(f"this upload is refused at {name}", used) from None
+                saved.append(path)
+                room -= path.stat().st_size
             served.session.add_inputs({p.name: p for p in saved})
             served.touch()  # a session being given files is not idle
         except BaseException:  # nothing of a refused upload stays
