@@ -27,6 +27,11 @@ ALICE, BOB = "alice-token-0123456789", "bob-token-9876543210"
 USERS = {"alice": ALICE, "bob": BOB}
 
 
+def make_users(count: int) -> dict[str, str]:
+    """COUNT users (name -> token) for config(users=...) in a test of many users at once."""
+    return {f"user{i}": f"user{i}-token-{i:016d}" for i in range(count)}
+
+
 def config(server, data: Path, **overrides) -> ServeConfig:
     model = OpenAIModel("scripted", base_url=server.url, api_key="k", retry_base_s=0.01)
     settings = {"users": USERS, "data": data, "pool": 0, "limits": Limits(timeout_s=30)}

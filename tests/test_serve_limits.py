@@ -19,6 +19,7 @@ from tests.serve_helpers import (
     python,
     serving,
     upload,
+    wait_for,
 )
 
 SLOW_START_S = 8  # the rebuild of a resumed session re-runs a cell that sleeps this long
@@ -189,3 +190,18 @@ def test_a_users_disk_budget_counts_uploads_and_session_folders_507_past_it(mode
         assert execute(bob, new_session(bob), "1").status_code == 200  # bob's disk is his own
         assert api.delete(f"/api/sessions/{sid}").status_code == 204
         assert execute(api, new_session(api), "1").status_code == 200  # room again
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(240)
+def test_a_released_session_of_a_user_at_their_cap_is_not_renewed_429(model, tmp_path):
+    cfg = config(model, tmp_path / "d", max_sessions=4, max_sessions_per_user=1, idle_minutes=0.1)
+    with serving(cfg) as base, client(base) as api:
+        first = new_session(api)
+        assert execute(api, first, "x = 1").status_code == 200
+        wait_for(lambda: api.get(f"/api/sessions/{first}").json()["sandbox"] == "released", 60)
+        second = new_session(api)  # her one sandbox now
+        r = execute(api, first, "1")
+        assert r.status_code == 429 and "--max-sessions-per-user" in r.json()["error"], r.text
+        assert int(r.headers["retry-after"]) >= 1
+        assert execute(api, second, "2").status_code == 200

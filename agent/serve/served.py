@@ -230,6 +230,7 @@ class ServedSession:
         one file first, so they take its bytes once."""
         files.link_duplicates(staging, names)
         adding = files.disk_usage(staging)
+        # a file replaced frees its bytes when every name of it is replaced
         replaced: dict[tuple[int, int], list[int]] = {}  # inode: size, links, names replaced
         for name in names:
             try:
@@ -238,7 +239,7 @@ class ServedSession:
                 continue
             if stat.S_ISREG(st.st_mode):
                 replaced.setdefault((st.st_dev, st.st_ino), [st.st_size, st.st_nlink, 0])[2] += 1
-        freed = sum(size for size, links, names in replaced.values() if names >= links)
+        freed = sum(size for size, links, gone in replaced.values() if gone >= links)
         if adding - freed > self._room(skip=staging):
             mb = 1 << 20
             raise SandboxError(
