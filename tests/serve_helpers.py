@@ -27,6 +27,11 @@ ALICE, BOB = "alice-token-0123456789", "bob-token-9876543210"
 USERS = {"alice": ALICE, "bob": BOB}
 
 
+def make_users(count: int) -> dict[str, str]:
+    """COUNT users (name -> token) for config(users=...) in a test of many users at once."""
+    return {f"user{i}": f"user{i}-token-{i:016d}" for i in range(count)}
+
+
 def config(server, data: Path, **overrides) -> ServeConfig:
     model = OpenAIModel("scripted", base_url=server.url, api_key="k", retry_base_s=0.01)
     settings = {"users": USERS, "data": data, "pool": 0, "limits": Limits(timeout_s=30)}
@@ -60,6 +65,21 @@ def serving(cfg: ServeConfig) -> Iterator[str]:
 def client(base: str, token: str | None = ALICE) -> httpx.Client:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.Client(base_url=base, headers=headers, timeout=httpx.Timeout(120, connect=10))
+
+
+def new_session(api: httpx.Client) -> str:
+    r = api.post("/api/sessions")
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def upload(api: httpx.Client, sid: str, *named: tuple[str, bytes]) -> httpx.Response:
+    """POST /files with each (name, bytes) as one `file` part."""
+    return api.post(f"/api/sessions/{sid}/files", files=[("file", nb) for nb in named])
+
+
+def execute(api: httpx.Client, sid: str, code: str, **extra) -> httpx.Response:
+    return api.post(f"/api/sessions/{sid}/execute", json={"code": code, **extra})
 
 
 def events(response: httpx.Response) -> Iterator[tuple[str, dict]]:

@@ -30,11 +30,14 @@ from tests.serve_helpers import (
     config,
     container_of,
     events,
+    execute,
     last_tool_message,
+    new_session,
     python,
     raw_get,
     serve_process,
     serving,
+    upload,
     wait_for,
 )
 
@@ -61,20 +64,6 @@ def model():
 def base(model, tmp_path):
     with serving(config(model, tmp_path / "data", max_upload_mb=1)) as url:
         yield url
-
-
-def new_session(api) -> str:
-    r = api.post("/api/sessions")
-    assert r.status_code == 201, r.text
-    return r.json()["id"]
-
-
-def upload(api, sid: str, *named: tuple[str, bytes]):
-    return api.post(f"/api/sessions/{sid}/files", files=[("file", nb) for nb in named])
-
-
-def execute(api, sid: str, code: str, **extra):
-    return api.post(f"/api/sessions/{sid}/execute", json={"code": code, **extra})
 
 
 def value(response) -> str:
@@ -401,7 +390,9 @@ def test_table_html_is_sanitized_and_a_model_error_ends_the_stream_with_error(mo
 @pytest.mark.timeout(240)
 def test_past_max_sessions_503_with_retry_after_until_one_is_deleted(model, tmp_path):
     with (
-        serving(config(model, tmp_path / "d", max_sessions=2, idle_minutes=10)) as base,
+        serving(
+            config(model, tmp_path / "d", max_sessions=2, max_sessions_per_user=2, idle_minutes=10)
+        ) as base,
         client(base) as api,
     ):
         first, second = new_session(api), new_session(api)

@@ -152,6 +152,19 @@ def users_of(path: Path | None) -> dict[str, str]:
     help="Sessions holding a sandbox at once; more answer 503 with Retry-After.",
 )
 @click.option(
+    "--max-sessions-per-user",
+    type=click.IntRange(1, 10_000),
+    help="Of those, one user's at once; past it that user gets 429 with Retry-After "
+    "[default: half of --max-sessions; all of them with one user].",
+)
+@click.option(
+    "--max-user-mb",
+    type=click.FloatRange(0, 1 << 30, min_open=True),
+    default=2048.0,
+    show_default=True,
+    help="Disk for one user: uploads and session folders under DATA/<user> (507 past it).",
+)
+@click.option(
     "--pool",
     type=click.IntRange(0, 64),
     default=2,
@@ -182,7 +195,18 @@ def users_of(path: Path | None) -> dict[str, str]:
 @agent_options
 @exits.reported()
 def serve_cmd(
-    host, port, data, users, max_sessions, pool, idle_minutes, max_upload_mb, allowed_hosts, opts
+    host,
+    port,
+    data,
+    users,
+    max_sessions,
+    max_sessions_per_user,
+    max_user_mb,
+    pool,
+    idle_minutes,
+    max_upload_mb,
+    allowed_hosts,
+    opts,
 ):
     """Serve sessions over HTTP: an API for programs (and, later, a page for people)."""
     # Ctrl-C stops the server even when it was started with SIGINT ignored (any `cmd &` from a
@@ -205,6 +229,8 @@ def serve_cmd(
         rules=build_rules(opts),
         protocol=opts["protocol"],
         max_sessions=max_sessions,
+        max_sessions_per_user=max_sessions_per_user,
+        max_user_mb=max_user_mb,
         pool=pool,
         idle_minutes=idle_minutes,
         max_upload_mb=max_upload_mb,

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 
 from agent.serve.bodylimit import BodyLimit
 from agent.serve.config import ServeConfig
-from agent.serve.files import BadName
+from agent.serve.files import BadName, OverBudget
 from agent.serve.guard import Guard, Hosts
 from agent.serve.routes import STATIC, router
 from agent.serve.served import Busy
@@ -66,6 +66,7 @@ def _json(status: int, message: str, headers: dict | None = None) -> JSONRespons
 
 def _errors(app: FastAPI) -> None:
     statuses = {NotFound: 404, Busy: 409, BadName: 400, InputError: 400, SandboxError: 503}
+    statuses[OverBudget] = 507  # Insufficient Storage: the user's --max-user-mb
     for kind, status in statuses.items():
 
         async def handler(request: Request, exc: Exception, status: int = status) -> JSONResponse:
@@ -74,8 +75,8 @@ def _errors(app: FastAPI) -> None:
         app.add_exception_handler(kind, handler)
 
     @app.exception_handler(Full)
-    async def full(request: Request, exc: Full) -> JSONResponse:
-        return _json(503, str(exc), {"Retry-After": str(exc.retry_after)})
+    async def full(request: Request, exc: Full) -> JSONResponse:  # 503, or a user's own 429
+        return _json(exc.status, str(exc), {"Retry-After": str(exc.retry_after)})
 
     @app.exception_handler(HTTPException)
     async def http(request: Request, exc: HTTPException) -> JSONResponse:

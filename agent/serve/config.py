@@ -31,6 +31,10 @@ class ServeConfig:
     protocol: str = "auto"
     image: str | None = None
     max_sessions: int = 8  # sessions holding a sandbox at once
+    # of those, one user's, so that another user is still served; None: half of them (at
+    # least 1), or all of them when the server has one user
+    max_sessions_per_user: int | None = None
+    max_user_mb: float = 2048.0  # one user's disk: uploads and session folders, DATA/<user>
     pool: int = 2  # warm sandboxes waiting
     idle_minutes: float = 30.0  # then a session's sandbox is released
     max_upload_mb: float = 100.0  # one upload request, all its files together
@@ -43,8 +47,19 @@ class ServeConfig:
         return self.idle_minutes * 60
 
     @property
+    def user_sessions(self) -> int:
+        """The cap on one user's sessions holding a sandbox."""
+        if self.max_sessions_per_user is not None:
+            return min(self.max_sessions_per_user, self.max_sessions)
+        return self.max_sessions if len(self.users) == 1 else max(1, self.max_sessions // 2)
+
+    @property
     def max_upload_bytes(self) -> int:
         return int(self.max_upload_mb * (1 << 20))
+
+    @property
+    def max_user_bytes(self) -> int:
+        return int(self.max_user_mb * (1 << 20))
 
 
 def token_owner(users: dict[str, str], token: str | None) -> str | None:

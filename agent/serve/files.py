@@ -3,8 +3,10 @@ session folder, the listing, and putting collected files back into a fresh sandb
 
 from __future__ import annotations
 
+import hashlib
 import mimetypes
 import os
+import secrets
 import stat
 import tempfile
 import unicodedata
@@ -31,6 +33,10 @@ class BadName(ValueError):
     """An upload's name cannot be used; the message says why (a 400)."""
 
 
+class OverBudget(RuntimeError):
+    """A user's files would pass their disk budget (--max-user-mb); a 507."""
+
+
 def clean_name(raw: str | None) -> str:
     """The file name an upload gets under /data. A path is cut to its last part (browsers
     and some clients send one); a name that is empty, hidden, `..` or holds control
@@ -47,15 +53,19 @@ def clean_name(raw: str | None) -> str:
     return name
 
 
-def save_upload(source: BinaryIO, folder: Path, name: str) -> Path:
+def save_upload(source: BinaryIO, folder: Path, name: str, max_bytes: int | None = None) -> Path:
     """Write an upload to folder/name, whole or not at all (a temp file renamed into place);
-    never over a file already there."""
+    never over a file already there. Past max_bytes, OverBudget and nothing is kept."""
     handle, tmp = tempfile.mkstemp(prefix=".upload-", dir=folder)
     try:
         # readable by the sandbox's user: its /data is a hard link to this very file
         os.fchmod(handle, 0o444)
+        written = 0
         with os.fdopen(handle, "wb") as out:
             while chunk := source.read(CHUNK):
+                written += len(chunk)
+                if max_bytes is not None and written > max_bytes:
+                    raise OverBudget(f"{name} is over the {max_bytes} bytes left")
                 out.write(chunk)
         target = folder / name
         os.link(tmp, target)  # fails if the name is taken: nothing is overwritten
@@ -134,3 +144,56 @@ def collected(folder: Path) -> Iterator[tuple[Path, str]]:
         for rel, _ in _walk(folder / top, top):
             inside = rel.partition("/")[2] if top == WORKSPACE_DIR else rel
             yield folder / rel, f"{WORKSPACE}/{inside}"
+
+
+def collect_target(folder: Path, name: str) -> Path:
+    """Where Session.collect puts a workspace file: output/ and figures/ as they are, every
+    other file under workspace/."""
+    top, _, rest = name.partition("/")
+    if top in (OUTPUT_DIR, FIGURES_DIR) and rest:
+        return folder / name
+    return folder / WORKSPACE_DIR / name
+
+
+def disk_usage(root: Path, skip: Path | None = None) -> int:
+    """Bytes of the regular files under root (links not followed, folder skip left out),
+    each inode once: hard links share their bytes."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for top, dirs, names in os.walk(root):
+        if skip is not None:
+            dirs[:] = [d for d in dirs if Path(top, d) != skip]
+        for name in names:
+            try:
+                st = os.lstat(os.path.join(top, name))
+            except FileNotFoundError:  # removed meanwhile (a temp file)
+                continue
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return total
+
+
+def link_duplicates(root: Path, names: list[str]) -> None:
+    """Make files under root with the same bytes one file, hard links of each other. The
+    workspace's tar sends a hard link as a plain file: a figure linked a thousand times in
+    the sandbox would otherwise be a thousand copies on the host."""
+    by_size: dict[int, list[Path]] = {}
+    for name in names:
+        path = root / name
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_size:
+            by_size.setdefault(st.st_size, []).append(path)
+    for same_size in by_size.values():
+        first_of: dict[str, Path] = {}
+        for path in same_size if len(same_size) > 1 else ():
+            first = first_of.setdefault(_digest(path), path)
+            if first != path:
+                tmp = path.parent / f".link-{secrets.token_hex(8)}"  # any name's length
+                os.link(first, tmp)
+                os.replace(tmp, path)
+
+
+def _digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

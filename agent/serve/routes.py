@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
 
+import anyio
 import nbformat
 from fastapi import APIRouter, Depends, File, Request, Response, UploadFile
 from fastapi.responses import FileResponse, RedirectResponse, StreamingResponse
@@ -58,7 +59,15 @@ class Message(BaseModel):
 
 class Code(BaseModel):
     code: str = Field(max_length=MAX_TEXT)
-    timeout: float | None = Field(None, gt=0, le=24 * 3600, description="seconds for this cell")
+    timeout: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "seconds for this cell, at most the server's cell timeout (`sandcell serve "
+            "--timeout`, 60 s unless the operator set another); more is refused with a 422 "
+            "that names the server's maximum. Omitted: the server's cell timeout."
+        ),
+    )
 
 
 class Created(BaseModel):
@@ -98,7 +107,7 @@ def page(request: Request, token: str | None = None) -> Response:
 
 
 @router.get("/api/health")
-def health() -> dict:
+async def health() -> dict:  # on the loop: answers even when every worker thread waits
     return {"status": "ok"}
 
 
@@ -124,21 +133,33 @@ def delete_session(id: str, request: Request, user: User) -> Response:
 
 
 @router.post("/api/sessions/{id}/files", status_code=201, response_model=Uploaded)
-def upload(served: Owned, file: Annotated[list[UploadFile], File()]) -> dict:
+def upload(served: Owned, file: Annotated[list[UploadFile], File()], request: Request) -> dict:
     names = [files.clean_name(f.filename) for f in file]
     taken = [n for i, n in enumerate(names) if n in names[:i] or n in served.session.inputs]
     if taken:
         raise HTTPException(
             409, f"an input named {taken[0]} is there already; rename the file and send it again"
         )
-    with served.uploading:  # two uploads at once: one after the other
+    sessions = sessions_of(request)
+    declared = request.headers.get("content-length", "")
+    size = int(declared) if declared.isdigit() else 0  # files and their multipart framing
+    refused = f"this upload ({size / (1 << 20):.1f} MB) is refused" if size else ""
+    # one upload of the user's at a time (two at once: one after the other): the room left
+    # is measured, then counted down as the files are written, so none can pass the budget
+    with sessions.uploading(served.user), served.uploading:
+        room = sessions.disk_room(served.user, size, refused or "this upload is refused")
+        used = sessions.config.max_user_bytes - room
         saved = []
         try:
             for upload_file, name in zip(file, names, strict=True):
                 try:
-                    saved.append(files.save_upload(upload_file.file, served.inputs_dir, name))
+                    path = files.save_upload(upload_file.file, served.inputs_dir, name, room)
                 except FileExistsError:
                     raise HTTPException(409, f"an input named {name} is there already")
+                except files.OverBudget:
+                    raise sessions.over_budget(f"this upload is refused at {name}", used) from None
+                saved.append(path)
+                room -= path.stat().st_size
             served.session.add_inputs({p.name: p for p in saved})
             served.touch()  # a session being given files is not idle
         except BaseException:  # nothing of a refused upload stays
@@ -174,12 +195,11 @@ def _attachment(name: str) -> str:
 
 @router.post("/api/sessions/{id}/messages", response_class=EventSourceResponse)
 async def post_message(message: Message, served: Owned, request: Request) -> EventSourceResponse:
-    served.claim()  # Busy: a 409
-    try:
-        warning = sessions_of(request).renew(served)  # Full: a 503
-    except BaseException:
-        served.done()
-        raise
+    # The turn may wait for an idle release, the renewal for a container start: in a thread,
+    # so that one slow start holds this request only, not every user's streams. Shielded: a
+    # turn taken must reach the stream, whose worker gives it back.
+    with anyio.CancelScope(shield=True):
+        warning = await anyio.to_thread.run_sync(sessions_of(request).begin_turn, served)
     stream = MessageStream(served, message.content, warning)
     return EventSourceResponse(stream.events(), ping=15)
 
@@ -194,9 +214,17 @@ def interrupt(served: Owned) -> dict:
 
 @router.post("/api/sessions/{id}/execute")
 def execute(body: Code, served: Owned, request: Request, response: Response) -> dict:
-    served.claim()
+    # Refused rather than cut short: a client that asked for more would otherwise read a
+    # timeout it did not choose. Busy sessions are never reaped: this deadline is the bound.
+    most = request.app.state.config.limits.timeout_s
+    if body.timeout is not None and body.timeout > most:
+        raise HTTPException(
+            422,
+            f"timeout: {body.timeout:g} s is over this server's cell timeout of {most:g} s "
+            "(sandcell serve --timeout); ask for that or less, or leave it out",
+        )
+    warning = sessions_of(request).begin_turn(served)
     try:
-        warning = sessions_of(request).renew(served)
         ex = served.execute(body.code, body.timeout)
     finally:
         served.done()

@@ -18,6 +18,9 @@ from sandbox.execution import Execution
 
 Acquire = Callable[[Inputs], Sandbox]  # e.g. a pool's acquire
 Prepare = Callable[[Sandbox], None]  # run on a renewed sandbox before anything uses it
+# run on what an export brought to host_dir (the names given), before anyone moves it; it may
+# refuse it with a SandboxError
+CheckExport = Callable[[Path, list[str]], None]
 
 
 class RenewableSandbox:
@@ -29,9 +32,11 @@ class RenewableSandbox:
         prepare: Prepare | None = None,
         on_ready: OnReady | None = None,
         released: bool = False,
+        check_export: CheckExport | None = None,
     ):
         self.limits, self.inputs = limits, inputs
         self._acquire, self._prepare, self.on_ready = acquire, prepare, on_ready
+        self._check_export = check_export
         self._lock = threading.RLock()  # an upload, a release and a start never interleave
         self._current: BackgroundSandbox | None = None
         # once released, every sandbox begun is a fresh kernel, `prepare`d; a session resumed
@@ -135,7 +140,12 @@ class RenewableSandbox:
         return self._live().files() if self.used else []  # nothing ran: nothing there
 
     def export(self, host_dir: str | Path, subdir: str = "") -> list[str]:
-        return self._live().export(host_dir, subdir) if self.used else []
+        if not self.used:
+            return []  # nothing ran: nothing there
+        names = self._live().export(host_dir, subdir)
+        if self._check_export is not None:
+            self._check_export(Path(host_dir), names)
+        return names
 
     def close(self) -> None:
         with self._lock:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -47,7 +48,7 @@ class ServedSession:
         pool: SandboxPool,
         past: Past | None = None,  # a session from before a server restart, continued
     ):
-        self.id, self.user, self.folder = sid, user, folder
+        self.id, self.user, self.folder, self.config = sid, user, folder, config
         self.created = past.created if past else _now()
         inputs = past.inputs if past else Inputs()
         # cells that bring a fresh kernel to where the session left off, run as it first starts
@@ -70,6 +71,7 @@ class ServedSession:
             inputs,
             prepare=self._restore,
             released=past is not None,  # no container until it is used
+            check_export=self._check_collected,
         )
         agent = Agent(
             config.model,
@@ -203,6 +205,9 @@ class ServedSession:
                 continue
             try:
                 data = self.session.sandbox.read(path, MAX_FIGURE_BYTES)
+                if len(data) > self._room():
+                    log.warning("chart %s of session %s not copied: --max-user-mb", path, self.id)
+                    continue
                 (self.folder / FIGURES_DIR).mkdir(exist_ok=True)
                 tmp = self.folder / FIGURES_DIR / f".{name}.tmp"
                 tmp.write_bytes(data)
@@ -212,6 +217,36 @@ class ServedSession:
                 continue
             urls.append(f"{self.url}/files/{FIGURES_DIR}/{quote(name)}")
         return urls
+
+    # -- the user's disk ---------------------------------------------------------------------
+    def _room(self, skip: Path | None = None) -> int:
+        """Bytes the user may still add under --max-user-mb (negative when past it)."""
+        return self.config.max_user_bytes - files.disk_usage(self.folder.parent, skip)
+
+    def _check_collected(self, staging: Path, names: list[str]) -> None:
+        """Files a collect brought to its staging folder fit the user's disk budget, or none
+        of them is copied (a SandboxError: a warning of the question, not its failure). What
+        they replace is counted off; copies of one file (hard links in the sandbox) are made
+        one file first, so they take its bytes once."""
+        files.link_duplicates(staging, names)
+        adding = files.disk_usage(staging)
+        # a file replaced frees its bytes when every name of it is replaced
+        replaced: dict[tuple[int, int], list[int]] = {}  # inode: size, links, names replaced
+        for name in names:
+            try:
+                st = os.lstat(files.collect_target(self.folder, name))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if stat.S_ISREG(st.st_mode):
+                replaced.setdefault((st.st_dev, st.st_ino), [st.st_size, st.st_nlink, 0])[2] += 1
+        freed = sum(size for size, links, gone in replaced.values() if gone >= links)
+        if adding - freed > self._room(skip=staging):
+            mb = 1 << 20
+            raise SandboxError(
+                f"the files the code made ({adding / mb:.1f} MB) would take your files past "
+                f"your {self.config.max_user_mb:g} MB (--max-user-mb), so none was copied; "
+                "delete sessions you no longer need, or save less under /workspace"
+            )
 
     # -- idle release, renewal, end ----------------------------------------------------------
     def release(self) -> None:

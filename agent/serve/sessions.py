@@ -1,7 +1,8 @@
 """The served sessions, apart from HTTP: where each lives on disk, whose it is, and the
-server's limits: how many hold a sandbox at once (--max-sessions), and the release of idle
-sandboxes (--idle-minutes). Sessions left on disk by an earlier run of the server are listed
-again and continued when next used."""
+server's limits: how many hold a sandbox at once (--max-sessions, --max-sessions-per-user),
+each user's disk (--max-user-mb), and the release of idle sandboxes (--idle-minutes).
+Sessions left on disk by an earlier run of the server are listed again and continued when
+next used."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from sandbox import SandboxError, SandboxPool
 from sandbox.container import REMOVAL_WAIT_S, engine, reap_orphans
 
 log = logging.getLogger(__name__)
+MB = 1 << 20
 
 
 class NotFound(LookupError):
@@ -27,10 +29,30 @@ class NotFound(LookupError):
 
 
 class Full(RuntimeError):
+    """The server holds its most sessions with a sandbox: a 503 with Retry-After."""
+
+    status = 503
+
     def __init__(self, limit: int, retry_after: int):
         super().__init__(
             f"the server holds its most sessions with a sandbox ({limit}, --max-sessions); "
             f"try again in {retry_after} s, or delete a session you no longer need"
+        )
+        self.retry_after = retry_after
+
+
+class UserFull(Full):
+    """This user holds their most sessions with a sandbox: a 429 (their own limit; other
+    users are still served)."""
+
+    status = 429
+
+    def __init__(self, limit: int, retry_after: int):
+        RuntimeError.__init__(
+            self,
+            f"you hold your most sessions with a sandbox ({limit}, --max-sessions-per-user); "
+            f"try again in {retry_after} s (an idle one's sandbox is released by then), or "
+            "delete a session you no longer need",
         )
         self.retry_after = retry_after
 
@@ -47,13 +69,14 @@ class Sessions:
         self.pool = SandboxPool(config.pool, config.limits, config.image)
         self._by_id: dict[str, ServedSession] = {}
         self._lock = threading.Lock()
+        self._uploads: dict[str, threading.Lock] = {}  # a user's uploads, one at a time
         self._closed = threading.Event()
         self._reaper = threading.Thread(target=self._reap, daemon=True, name="idle-sessions")
         self._reaper.start()
 
     def create(self, user: str) -> ServedSession:
         with self._lock:
-            self._check_room()
+            self._check_room(user)
             sid = secrets.token_hex(8)
             folder = self.config.data / user / sid
             # a user's files are theirs: other accounts on this machine cannot read them
@@ -99,8 +122,44 @@ class Sessions:
         is room); a warning when its kernel is a fresh one."""
         with self._lock:
             if not served.sandbox.live:
-                self._check_room()
+                self._check_room(served.user)
             return served.renewed()
+
+    def begin_turn(self, served: ServedSession) -> str | None:
+        """Take the session's turn and make sure it has a sandbox, for a message or a cell;
+        the renewal's warning. Blocks (an idle release, a start under way): never call it
+        on the event loop. OverBudget, Busy, Full: the turn is not kept."""
+        self.disk_room(served.user, 0, "no question or cell starts")
+        served.claim()
+        try:
+            return self.renew(served)
+        except BaseException:
+            served.done()
+            raise
+
+    # -- the user's disk ---------------------------------------------------------------------
+    def disk_room(self, user: str, wanted: int, what: str) -> int:
+        """Bytes the user may still add under --max-user-mb; OverBudget (saying `what` was
+        refused) when `wanted` more do not fit, or nothing does."""
+        used = files.disk_usage(self.config.data / user)
+        room = self.config.max_user_bytes - used
+        if wanted > room or room <= 0:
+            raise self.over_budget(what, used)
+        return room
+
+    def over_budget(self, what: str, used: int) -> files.OverBudget:
+        """The 507 a user past --max-user-mb reads: what was refused and what to delete."""
+        return files.OverBudget(
+            f"{what}: your files take {used / MB:.1f} MB of your {self.config.max_user_mb:g} "
+            "MB (--max-user-mb: uploads and session folders); delete sessions you no longer "
+            "need (DELETE /api/sessions/{id}) to make room"
+        )
+
+    def uploading(self, user: str) -> threading.Lock:
+        """Held while one of the user's uploads is saved: two at once cannot both take the
+        room that is left."""
+        with self._lock:
+            return self._uploads.setdefault(user, threading.Lock())
 
     def delete(self, user: str, sid: str) -> None:
         with self._lock:  # not while a request resumes it
@@ -118,14 +177,23 @@ class Sessions:
         served.stop()
         shutil.rmtree(served.folder, ignore_errors=True)
 
-    def _check_room(self) -> None:
+    def _check_room(self, user: str) -> None:
+        """Room for one more session with a sandbox: the user's own cap first (their 429),
+        then the server's (a 503). A user's cap as large as the server's is the server's."""
         live = [s for s in self._by_id.values() if s.sandbox.live]
-        if len(live) < self.config.max_sessions:
-            return
+        mine = [s for s in live if s.user == user]
+        cap = self.config.user_sessions
+        if len(mine) >= cap and cap < self.config.max_sessions:
+            raise UserFull(cap, self._retry_after(mine))
+        if len(live) >= self.config.max_sessions:
+            raise Full(self.config.max_sessions, self._retry_after(live))
+
+    def _retry_after(self, live: list[ServedSession]) -> int:
+        """Seconds until the first of these goes idle and the reaper releases its sandbox."""
         now, idle = time.monotonic(), self.config.idle_s
         waits = [s.last_used + idle - now for s in live if not s.busy]
         retry = min(waits) + self._interval() if waits else min(idle, 60)
-        raise Full(self.config.max_sessions, max(1, math.ceil(retry)))
+        return max(1, math.ceil(retry))
 
     def _interval(self) -> float:
         return max(0.2, min(30.0, self.config.idle_s / 4))

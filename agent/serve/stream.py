@@ -127,4 +127,5 @@ class MessageStream:
         finally:
             if not self.finished.is_set():  # the client went away: stop the question too
                 self.served.sink = None
-                self.served.cancel()
+                # the interrupt goes through the kernel client: not on the event loop
+                threading.Thread(target=self.served.cancel, daemon=True).start()
