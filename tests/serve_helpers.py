@@ -141,17 +141,22 @@ def free_port() -> int:
 
 
 def serve_process(
-    folder: Path, replies: list, *options: str, stderr=subprocess.PIPE
+    folder: Path,
+    replies: list,
+    *options: str,
+    stderr=subprocess.PIPE,
+    users: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen, str]:
-    """`sandcell serve` in its own process, as deployed: alice's token in a users file,
-    scripted replies (--replay), sessions under FOLDER/d; (the process, its base URL) once
-    it has printed its URL. Pass stderr=DEVNULL where nobody reads it (a full pipe blocks)."""
-    users, script = folder / "users", folder / "replies.json"
-    users.write_text(f"alice:{ALICE}\n")
+    """`sandcell serve` in its own process, as deployed: the users (alice alone by default) in
+    a users file, scripted replies (--replay), sessions under FOLDER/d; (the process, its base
+    URL) once it has printed its URL. Pass stderr=DEVNULL where nobody reads it (a full pipe
+    blocks)."""
+    users_file, script = folder / "users", folder / "replies.json"
+    users_file.write_text("".join(f"{n}:{t}\n" for n, t in (users or {"alice": ALICE}).items()))
     script.write_text(json.dumps(replies))
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), "--users", str(users),
+        [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), "--users", str(users_file),
          "--data", str(folder / "d"), "--replay", str(script), *options],
         stdout=subprocess.PIPE, stderr=stderr, text=True,
     )  # fmt: skip
