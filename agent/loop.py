@@ -238,9 +238,9 @@ class Loop:
             )
             extra.pop("tool_choice", None)
             return self._complete(watch, timed, **extra)
-        except ModelError:
-            if timed:  # the reply was given up at the wall time: that is what ended it
-                watch.check_wall()
+        except ModelError as exc:
+            if timed:  # the request was given up at the wall time: that is what ended it
+                watch.check_wall(str(exc))
             raise
         watch.spent(reply.usage.total)
         self.usage = self.usage + reply.usage
