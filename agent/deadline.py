@@ -3,7 +3,7 @@
 httpx's read timeout holds between two reads: a server that keeps a stream alive with SSE
 pings (llama-cpp-python's, queued behind an earlier request, pings every 15 s) or trickles
 bytes never trips it. `RequestDeadline` is a timer, independent of bytes arriving: at the
-deadline it shuts down the socket of every response it watches, which wakes the thread
+deadline (or once the caller cancels) it shuts down the socket of every response it watches, which wakes the thread
 blocked reading it at once (closing the socket would not wake a blocked read on Linux).
 Before a response exists (the request is sent, no headers yet) the read timeout, cut to the
 time left, is the bound: nothing is read then, so nothing resets it."""
@@ -13,34 +13,38 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+POLL_S = 0.2  # how often a cancel from another thread is looked for
+
 
 class RequestDeadline:
-    """`with RequestDeadline(deadline) as limit:` then `limit.watch(http_response)` once the
-    response's headers are in. `limit.fired` says the deadline ended the request."""
+    """`with RequestDeadline(deadline, cancelled) as limit:` then `limit.watch(http_response)`
+    once the response's headers are in. `limit.fired` says what ended the request: "deadline",
+    "cancelled" (the caller's `cancelled()` turned true: a Stop button, Ctrl-C), or "" (not
+    ended by this)."""
 
-    def __init__(self, deadline: float | None):
-        self.deadline, self.fired = deadline, False
+    def __init__(self, deadline: float | None, cancelled: Callable[[], bool] | None = None):
+        self.deadline, self.cancelled, self.fired = deadline, cancelled, ""
         self.chunks = 0  # reply chunks read so far, for the message that says what came
         self.answered = False  # the request under way has its response's headers
         self._responses: list[Any] = []
         self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> RequestDeadline:
-        if self.deadline is not None:
-            self._timer = threading.Timer(max(0.0, self.deadline - time.monotonic()), self._fire)
-            self._timer.daemon = True
-            self._timer.start()
+        if self.deadline is not None or self.cancelled is not None:
+            self._thread = threading.Thread(target=self._wait, daemon=True, name="deadline")
+            self._thread.start()
         return self
 
     def __exit__(
         self, kind: type | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        self._done.set()
 
     def begin(self) -> None:
         """A new request under the same deadline (a fallback): nothing of it has come yet."""
@@ -54,12 +58,20 @@ class RequestDeadline:
         if fired:  # the deadline came while its headers were on their way
             _shut(response)
 
-    def _fire(self) -> None:
-        left = (self.deadline or 0.0) - time.monotonic()
-        if left > 0:  # a timer may wake a little early: the deadline is a promise both ways
-            time.sleep(left)
+    def _wait(self) -> None:
+        while True:
+            left = None if self.deadline is None else self.deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return self._fire("deadline")
+            if self.cancelled is not None and self.cancelled():
+                return self._fire("cancelled")
+            wait = left if self.cancelled is None else min(POLL_S, left or POLL_S)
+            if self._done.wait(wait):
+                return  # the request ended first
+
+    def _fire(self, why: str) -> None:
         with self._lock:
-            self.fired = True
+            self.fired = why
             responses = list(self._responses)
         for response in responses:
             _shut(response)

@@ -124,6 +124,7 @@ class OpenAIModel:
         stop: list[str] | None = None,
         on_token: OnToken | None = None,
         deadline: float | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> Reply:
         request: dict = {"model": self.name, "messages": [_wire(m) for m in messages]}
         if tools:
@@ -140,7 +141,7 @@ class OpenAIModel:
         started = time.monotonic()
         for attempt in range(self.max_retries + 1):
             try:
-                reply = self._send(request, on_token, deadline)
+                reply = self._send(request, on_token, deadline, cancelled)
             except _Broken as exc:
                 raise ModelError(str(exc)) from None
             except (*_TRANSIENT, _BadBody) as exc:
@@ -175,16 +176,25 @@ class OpenAIModel:
 
     # -- one request -----------------------------------------------------------------------
 
-    def _send(self, request: dict, on_token: OnToken | None, deadline: float | None) -> Reply:
-        """One request (and its fallbacks), given up at the deadline whatever the server
-        sends or withholds: a timer shuts its response down (agent.deadline)."""
+    def _send(
+        self,
+        request: dict,
+        on_token: OnToken | None,
+        deadline: float | None,
+        cancelled: Callable[[], bool] | None,
+    ) -> Reply:
+        """One request (and its fallbacks), given up at the deadline, or once the caller
+        cancels, whatever the server sends or withholds: its response is shut down from a
+        timer (agent.deadline)."""
         started = time.monotonic()
-        with RequestDeadline(deadline) as limit:
+        with RequestDeadline(deadline, cancelled) as limit:
             try:
                 return self._send_once(request, on_token, deadline, limit)
             except LimitReached:
                 raise  # the caller's own stop (a cancel, the wall seen in a token)
             except Exception:
+                if limit.fired == "cancelled":
+                    raise _Broken(f"the request to {self.where} was stopped from outside") from None
                 if limit.fired:  # whatever the shut-down socket raised, the deadline did it
                     raise _Broken(self._busy_at_deadline(limit, started, request)) from None
                 raise

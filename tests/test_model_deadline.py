@@ -110,3 +110,25 @@ def test_sandcell_run_on_a_pinging_server_exits_1_at_the_wall(tmp_path):
     assert final[0]["duration_s"] < 5 + GRACE_S
     assert (out / "notebook.ipynb").exists() and (out / "answer.md").exists()
     assert json.loads((out / "notebook.ipynb").read_text())["cells"] is not None
+
+
+def test_a_cancel_ends_a_request_the_server_only_pings_at_once(tmp_path):
+    """The Stop button of `serve` (and a batch's shutdown, chat's second Ctrl-C) cancel the
+    question: a request waiting on a server that only pings is given up at once, not at the
+    wall, and the question ends `interrupted`."""
+    import threading
+
+    with ScriptedServer([{"ping_every": 0.5}, "never"]) as server:
+        agent = ask(server.url, 60.0, "react")
+        with agent.session([], tmp_path) as session:
+            results: list = []
+            worker = threading.Thread(target=lambda: results.append(session.ask("x")))
+            worker.start()
+            time.sleep(1.5)  # the request is waiting on pings now
+            cancelled = time.monotonic()
+            session.cancel()
+            worker.join(10)
+            took = time.monotonic() - cancelled
+        assert server.left() == 1
+    assert results and results[0].stop_reason == "interrupted", results
+    assert took < 1.5, took
