@@ -3,7 +3,11 @@ through the `openai` client, with retries, streaming, usage and errors a user ca
 
 Every reply is streamed, with or without an on_token callback (unstreamed only where a server
 cannot stream it, below): the read timeout then holds between chunks, not for the whole reply,
-so a slow server that keeps sending never trips it; no wait outlasts the caller's deadline.
+so a slow server that keeps sending never trips it. The caller's deadline (the question's
+wall time) and its cancel hold for the whole request instead: a timer shuts the response down
+then, whatever the server sends or withholds (agent.deadline), and a retry that would start
+after the deadline is not waited for. Messages name the endpoint without the credentials its
+URL may carry (agent.redact).
 Each reply is capped (max_tokens, 4096 unless --max-tokens or SANDCELL_MAX_TOKENS say), so a
 local model that never stops still ends. 429, 5xx and connection errors are retried until the
 first token arrives; a timeout is not (the server may still be working on the request), and a
