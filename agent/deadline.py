@@ -44,7 +44,8 @@ class RequestDeadline:
     def __exit__(
         self, kind: type | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._done.set()
+        with self._lock:  # a response back in the pool after this is not shut down
+            self._done.set()
 
     def begin(self) -> None:
         """A new request under the same deadline (a fallback): nothing of it has come yet."""
@@ -71,6 +72,8 @@ class RequestDeadline:
 
     def _fire(self, why: str) -> None:
         with self._lock:
+            if self._done.is_set():  # the request ended just now, on its own
+                return
             self.fired = why
             responses = list(self._responses)
         for response in responses:
