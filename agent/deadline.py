@@ -48,8 +48,10 @@ class RequestDeadline:
             self._done.set()
 
     def begin(self) -> None:
-        """A new request under the same deadline (a fallback): nothing of it has come yet."""
-        self.chunks, self.answered = 0, False
+        """A new request under the same deadline (a fallback): nothing of it has come yet, and
+        the last one's connection is closed or back in the pool, not to be shut down."""
+        with self._lock:
+            self.chunks, self.answered, self._responses = 0, False, []
 
     def watch(self, response: Any) -> None:
         """An httpx response (httpx or the openai client's httpx2) to end at the deadline."""
