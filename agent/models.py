@@ -45,6 +45,7 @@ import openai
 
 from agent.assembly import Assembly
 from agent.deadline import RequestDeadline
+from agent.endpoint_errors import closed, invalid, no_response, refuses_choice, short
 from agent.redact import redact_url, scrub
 from agent.seams import (
     LimitReached,
@@ -149,7 +150,7 @@ class OpenAIModel:
             except _Broken as exc:
                 raise ModelError(str(exc)) from None
             except (*_TRANSIENT, _BadBody) as exc:
-                if _invalid(exc):  # sent again, it would be refused again
+                if invalid(exc):  # sent again, it would be refused again
                     raise self._refused(exc, bool(tools)) from None
                 if attempt >= self._retries_for(exc):
                     raise ModelError(self._explain(exc, attempt + 1)) from None
@@ -258,9 +259,7 @@ class OpenAIModel:
                     # strict servers refuse the field; usage is then estimated
                     log.info("%s refuses stream_options: %s", self.where, self._said(exc))
                     self._usage_option = False
-                elif (
-                    choice and choice not in self._refused_choices and _refuses_choice(exc, choice)
-                ):
+                elif choice and choice not in self._refused_choices and refuses_choice(exc, choice):
                     log.info("%s refuses tool_choice %r: %s", self.where, choice, self._said(exc))
                     self._refused_choices.add(choice)
                     del request["tool_choice"]
@@ -337,7 +336,7 @@ class OpenAIModel:
         except openai.APIStatusError:
             raise  # refused before the stream began
         except openai.APIError as exc:  # timed out, connection lost, an error event
-            if not got.seen_choice and _closed(exc) and (opened or _no_response(exc)):
+            if not got.seen_choice and closed(exc) and (opened or no_response(exc)):
                 raise _Dropped() from None
             if not got.chunks:
                 raise
@@ -384,7 +383,7 @@ class OpenAIModel:
     def _said(self, exc: Exception) -> str:
         """What an error says, in short, without the URL's credentials (an HTTP client's
         message may quote the URL)."""
-        return scrub(_short(exc), self.base_url)
+        return scrub(short(exc), self.base_url)
 
     def _retries_for(self, exc: Exception) -> int:
         if isinstance(exc, openai.APITimeoutError):
@@ -449,44 +448,12 @@ class OpenAIModel:
         return ModelError(f"{where} refused the request (HTTP {status}): {self._said(exc)}")
 
 
-def _closed(exc: Exception) -> bool:
-    """The connection closed or broke (not a timeout, not an error event the server sent)."""
-    return isinstance(exc, openai.APIConnectionError) and not isinstance(
-        exc, openai.APITimeoutError
-    )
-
-
 def _wire(message: dict) -> dict:
     """A history message as every server takes it: an assistant's tool calls with content ""
     rather than null (llama-cpp-python's server refuses null there with an HTTP 500)."""
     if message.get("role") == "assistant" and message.get("content") is None:
         return {**message, "content": ""}
     return message
-
-
-def _invalid(exc: Exception) -> bool:
-    """An HTTP 500 that says the request itself is invalid (llama-cpp-python's server answers
-    a body it cannot validate so): not a passing failure, so not retried."""
-    return isinstance(exc, openai.InternalServerError) and "validation error" in str(exc)
-
-
-def _no_response(exc: Exception) -> bool:
-    """The server read the request and closed the connection without a response (httpx's
-    RemoteProtocolError; llama-cpp-python's server does that too when a streamed request fails
-    at once). Unlike a refused connection, the server is there, and done with the request."""
-    return type(exc.__cause__).__name__ == "RemoteProtocolError"
-
-
-def _refuses_choice(exc: openai.APIStatusError, choice: str) -> bool:
-    """A refusal of the request's tool_choice: a 400/422 naming it, or the bare HTTP 500 that
-    llama-cpp-python's chatml-function-calling answers "required" with (a failed assertion,
-    so an empty message). Any other 500 is an ordinary server error, retried as such."""
-    if exc.status_code in (400, 422):
-        return "tool_choice" in str(exc)
-    body = exc.body if isinstance(exc.body, dict) else {}
-    error = body.get("error", body)
-    said = error.get("message") if isinstance(error, dict) else body
-    return exc.status_code == 500 and choice != "auto" and not said
 
 
 def _max_tokens(given: int | None) -> int:
@@ -505,8 +472,3 @@ def _max_tokens(given: int | None) -> int:
             f"(the default is {DEFAULT_MAX_TOKENS})"
         )
     return cap
-
-
-def _short(exc: Exception) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= 300 else text[:297] + "..."
