@@ -32,7 +32,7 @@ def main() -> int:
     args = parser.parse_args()
     if os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY"):
         model = OpenAIModel()
-        print(f"model: {model.name} at {model.base_url}")
+        print(f"model: {model.name} at {model.where}")
     else:
         model = ScriptedModel(DEMO / "clean_sales.json")
         print(

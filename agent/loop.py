@@ -225,6 +225,7 @@ class Loop:
                 stop=request["stop"],
                 on_token=on_token,
                 deadline=deadline,
+                cancelled=lambda: self.cancelled is not None,  # a Stop ends the request at once
                 **extra,
             )
         except ToolsUnsupported as exc:
@@ -238,9 +239,13 @@ class Loop:
             )
             extra.pop("tool_choice", None)
             return self._complete(watch, timed, **extra)
-        except ModelError:
-            if timed:  # the reply was given up at the wall time: that is what ended it
-                watch.check_wall()
+        except ModelError as exc:
+            if self.cancelled:  # the request was given up for a cancel: that is what ended it
+                raise LimitReached(
+                    self.cancelled, "the question was stopped from outside"
+                ) from None
+            if timed:  # the request was given up at the wall time: that is what ended it
+                watch.check_wall(str(exc))
             raise
         watch.spent(reply.usage.total)
         self.usage = self.usage + reply.usage

@@ -3,7 +3,11 @@ through the `openai` client, with retries, streaming, usage and errors a user ca
 
 Every reply is streamed, with or without an on_token callback (unstreamed only where a server
 cannot stream it, below): the read timeout then holds between chunks, not for the whole reply,
-so a slow server that keeps sending never trips it; no wait outlasts the caller's deadline.
+so a slow server that keeps sending never trips it. The caller's deadline (the question's
+wall time) and its cancel hold for the whole request instead: a timer shuts the response down
+then, whatever the server sends or withholds (agent.deadline), and a retry that would start
+after the deadline is not waited for. Messages name the endpoint without the credentials its
+URL may carry (agent.redact).
 Each reply is capped (max_tokens, 4096 unless --max-tokens or SANDCELL_MAX_TOKENS say), so a
 local model that never stops still ends. 429, 5xx and connection errors are retried until the
 first token arrives; a timeout is not (the server may still be working on the request), and a
@@ -40,7 +44,11 @@ from collections.abc import Callable
 import openai
 
 from agent.assembly import Assembly
+from agent.deadline import RequestDeadline
+from agent.endpoint_errors import closed, invalid, no_response, refuses_choice, short
+from agent.redact import redact_url, scrub
 from agent.seams import (
+    LimitReached,
     ModelError,
     OnToken,
     Reply,
@@ -87,11 +95,12 @@ class OpenAIModel:
         self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip(
             "/"
         )
+        self.where = redact_url(self.base_url)  # what messages show: no credentials
         self.name = model or os.environ.get("SANDCELL_MODEL") or DEFAULT_MODEL
         key = api_key or os.environ.get("OPENAI_API_KEY")
         if not key and self.base_url == DEFAULT_BASE_URL:
             raise ModelError(
-                f"no API key for {self.base_url}: set OPENAI_API_KEY (or pass --api-key), "
+                f"no API key for {self.where}: set OPENAI_API_KEY (or pass --api-key), "
                 "or point OPENAI_BASE_URL at a local server (vLLM, Ollama, llama.cpp)"
             )
         self.temperature = temperature
@@ -109,7 +118,7 @@ class OpenAIModel:
         )
 
     def __repr__(self) -> str:
-        return f"OpenAIModel({self.name!r} at {self.base_url})"
+        return f"OpenAIModel({self.name!r} at {self.where})"
 
     def complete(
         self,
@@ -120,6 +129,7 @@ class OpenAIModel:
         stop: list[str] | None = None,
         on_token: OnToken | None = None,
         deadline: float | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> Reply:
         request: dict = {"model": self.name, "messages": [_wire(m) for m in messages]}
         if tools:
@@ -136,17 +146,22 @@ class OpenAIModel:
         started = time.monotonic()
         for attempt in range(self.max_retries + 1):
             try:
-                reply = self._send(request, on_token, deadline)
+                reply = self._send(request, on_token, deadline, cancelled)
             except _Broken as exc:
                 raise ModelError(str(exc)) from None
             except (*_TRANSIENT, _BadBody) as exc:
-                if _invalid(exc):  # sent again, it would be refused again
+                if invalid(exc):  # sent again, it would be refused again
                     raise self._refused(exc, bool(tools)) from None
                 if attempt >= self._retries_for(exc):
                     raise ModelError(self._explain(exc, attempt + 1)) from None
                 delay = self._delay(exc, attempt)
+                if deadline is not None and time.monotonic() + delay >= deadline:
+                    raise ModelError(
+                        f"{self._explain(exc, attempt + 1)} No retry: the question's wall time "
+                        f"comes before it (in {max(0.0, deadline - time.monotonic()):.1f} s)."
+                    ) from None
                 log.warning(
-                    "%s: %s; retry %d in %.1f s", self.base_url, _short(exc), attempt + 1, delay
+                    "%s: %s; retry %d in %.1f s", self.where, self._said(exc), attempt + 1, delay
                 )
                 self._sleep(delay)
                 continue
@@ -154,8 +169,8 @@ class OpenAIModel:
                 raise self._refused(exc, bool(tools)) from None
             except openai.APIError as exc:  # an error event in the stream, before any token
                 raise ModelError(
-                    f"the model endpoint {self.base_url} sent an error instead of a reply: "
-                    f"{_short(exc)}"
+                    f"the model endpoint {self.where} sent an error instead of a reply: "
+                    f"{self._said(exc)}"
                 ) from None
             if reply.usage.total == 0:
                 written = len(reply.text) + sum(len(c.arguments) for c in reply.tool_calls)
@@ -166,36 +181,86 @@ class OpenAIModel:
 
     # -- one request -----------------------------------------------------------------------
 
-    def _send(self, request: dict, on_token: OnToken | None, deadline: float | None) -> Reply:
+    def _send(
+        self,
+        request: dict,
+        on_token: OnToken | None,
+        deadline: float | None,
+        cancelled: Callable[[], bool] | None,
+    ) -> Reply:
+        """One request (and its fallbacks), given up at the deadline, or once the caller
+        cancels, whatever the server sends or withholds: its response is shut down from a
+        timer (agent.deadline)."""
+        started = time.monotonic()
+        with RequestDeadline(deadline, cancelled) as limit:
+            try:
+                return self._send_once(request, on_token, deadline, limit)
+            except LimitReached:
+                raise  # the caller's own stop (a cancel, the wall seen in a token)
+            except Exception:
+                if limit.fired == "cancelled":
+                    raise _Broken(f"the request to {self.where} was stopped from outside") from None
+                if limit.fired:  # whatever the shut-down socket raised, the deadline did it
+                    raise _Broken(self._busy_at_deadline(limit, started, request)) from None
+                raise
+
+    def _busy_at_deadline(self, limit: RequestDeadline, started: float, request: dict) -> str:
+        if limit.chunks:
+            got = f"the reply was still coming ({limit.chunks} chunks so far)"
+        elif limit.answered:
+            got = (
+                "it had answered 200 but sent no token, only keep-alives or nothing: most "
+                "likely queued behind an earlier request it is still generating"
+            )
+        else:
+            got = "no response yet: most likely queued behind an earlier request"
+        # a tool call llama-cpp-python cannot stream is asked unstreamed, and cannot be stopped
+        hint = "use --protocol react (its replies stream), " if request.get("tools") else ""
+        return (
+            f"the model endpoint {self.where} was still busy with the request when the "
+            f"question's wall time came ({time.monotonic() - started:.1f} s: {got}). Lower "
+            f"--max-tokens [env SANDCELL_MAX_TOKENS] (now {self.max_tokens}), {hint}or start "
+            "the server with its option to interrupt a request when a new one comes "
+            "(llama-cpp-python: --interrupt_requests true, for streamed requests)."
+        )
+
+    def _send_once(
+        self,
+        request: dict,
+        on_token: OnToken | None,
+        deadline: float | None,
+        limit: RequestDeadline,
+    ) -> Reply:
         whole = False
         while True:  # each fallback below is taken at most once
+            limit.begin()
             try:
                 if whole:
-                    return self._whole(request, on_token, deadline)
-                return self._stream(request, on_token, deadline)
+                    return self._whole(request, on_token, deadline, limit)
+                return self._stream(request, on_token, deadline, limit)
             except _Dropped:
+                if limit.fired:  # the deadline shut it: no second request after the wall
+                    raise
                 # asked again unstreamed: the server's real error, or the reply (a tool call
                 # llama-cpp-python's chatml-function-calling cannot stream); only this request,
                 # so text replies go on streaming
                 log.info(
-                    "%s closed a streamed reply before any chunk: asking unstreamed", self.base_url
+                    "%s closed a streamed reply before any chunk: asking unstreamed", self.where
                 )
                 whole = True
             except openai.APIStatusError as exc:
                 said, choice = str(exc), request.get("tool_choice")
                 if exc.status_code == 400 and "max_tokens" in request and "max_completion" in said:
                     # OpenAI's o-series and gpt-5 models take only max_completion_tokens
-                    log.info("%s takes max_completion_tokens, not max_tokens", self.base_url)
+                    log.info("%s takes max_completion_tokens, not max_tokens", self.where)
                     self._cap = "max_completion_tokens"
                     request["max_completion_tokens"] = request.pop("max_tokens")
                 elif exc.status_code == 400 and self._usage_option and "stream_options" in said:
                     # strict servers refuse the field; usage is then estimated
-                    log.info("%s refuses stream_options: %s", self.base_url, _short(exc))
+                    log.info("%s refuses stream_options: %s", self.where, self._said(exc))
                     self._usage_option = False
-                elif (
-                    choice and choice not in self._refused_choices and _refuses_choice(exc, choice)
-                ):
-                    log.info("%s refuses tool_choice %r: %s", self.base_url, choice, _short(exc))
+                elif choice and choice not in self._refused_choices and refuses_choice(exc, choice):
+                    log.info("%s refuses tool_choice %r: %s", self.where, choice, self._said(exc))
                     self._refused_choices.add(choice)
                     del request["tool_choice"]
                     if "auto" not in self._refused_choices:
@@ -203,7 +268,13 @@ class OpenAIModel:
                 else:
                     raise
 
-    def _whole(self, request: dict, on_token: OnToken | None, deadline: float | None) -> Reply:
+    def _whole(
+        self,
+        request: dict,
+        on_token: OnToken | None,
+        deadline: float | None,
+        limit: RequestDeadline,
+    ) -> Reply:
         """One request unstreamed, for a server that can answer it only that way. Nothing
         arrives before the end, so the wait is bounded by the caller's deadline too, and a
         timeout, which may leave the server busy, is not retried. On a connection of its own:
@@ -211,10 +282,13 @@ class OpenAIModel:
         wait, why = self._wait(deadline)
         try:
             with self._new_client() as client:
-                done = client.chat.completions.create(**request, timeout=wait)
+                create = client.chat.completions.with_streaming_response.create
+                with create(**request, timeout=wait) as response:  # the headers are in
+                    limit.watch(response.http_response)
+                    done = response.parse()
         except openai.APITimeoutError:
             raise _Broken(
-                f"the model endpoint {self.base_url} sent no reply within {wait:.1f} s{why} to "
+                f"the model endpoint {self.where} sent no reply within {wait:.1f} s{why} to "
                 "a request it can only answer unstreamed; not retried, since the server may still "
                 "be busy with it. Lower --max-tokens [env SANDCELL_MAX_TOKENS] (now "
                 f"{self.max_tokens}), or use --protocol react, whose replies stream."
@@ -227,7 +301,13 @@ class OpenAIModel:
         got.add_message(done.choices[0], done.usage)
         return got.reply()
 
-    def _stream(self, request: dict, on_token: OnToken | None, deadline: float | None) -> Reply:
+    def _stream(
+        self,
+        request: dict,
+        on_token: OnToken | None,
+        deadline: float | None,
+        limit: RequestDeadline,
+    ) -> Reply:
         started = time.monotonic()
         got = Assembly(on_token)
         opened = False  # the endpoint answered 200 and the stream began
@@ -239,12 +319,14 @@ class OpenAIModel:
             create = self.client.chat.completions.create
             with create(**request, stream=True, timeout=wait, **extra) as stream:
                 opened = True
+                limit.watch(stream.response)
                 for chunk in stream:
                     got.add(chunk)
+                    limit.chunks = got.chunks
                     if got.chunks > self.max_tokens:  # each chunk holds a token at least
                         # the server ignores max_tokens (llama-cpp-python's tool-calling
                         # format does): the reply is cut here, as the server should have
-                        log.info("%s ignores max_tokens: reply cut", self.base_url)
+                        log.info("%s ignores max_tokens: reply cut", self.where)
                         got.finish = "length"
                         break
         except (json.JSONDecodeError, openai.APIResponseValidationError) as exc:
@@ -254,7 +336,7 @@ class OpenAIModel:
         except openai.APIStatusError:
             raise  # refused before the stream began
         except openai.APIError as exc:  # timed out, connection lost, an error event
-            if not got.seen_choice and _closed(exc) and (opened or _no_response(exc)):
+            if not got.seen_choice and closed(exc) and (opened or no_response(exc)):
                 raise _Dropped() from None
             if not got.chunks:
                 raise
@@ -262,9 +344,10 @@ class OpenAIModel:
                 why = f"no data for {wait:g} s"
             elif isinstance(exc, openai.APIConnectionError):
                 cause = exc.__cause__ or exc
-                why = f"the connection broke ({type(cause).__name__}: {cause})"
+                said = scrub(str(cause), self.base_url)
+                why = f"the connection broke ({type(cause).__name__}: {said})"
             else:
-                why = f"it sent an error: {_short(exc)}"
+                why = f"it sent an error: {self._said(exc)}"
             raise _Broken(self._cut_short(got, started, why)) from None
         if not got.seen_choice:
             raise _Dropped()  # a 200 and an empty stream: what went wrong is not said
@@ -288,7 +371,7 @@ class OpenAIModel:
 
     def _cut_short(self, got: Assembly, started: float, why: str) -> str:
         return (
-            f"the model endpoint {self.base_url} stopped mid-reply after {got.chunks} chunks "
+            f"the model endpoint {self.where} stopped mid-reply after {got.chunks} chunks "
             f"({got.chars} characters, ending {got.tail()!r}) in "
             f"{time.monotonic() - started:.1f} s: {why}; not retried, since the server may "
             "still be busy with this reply. Check that the server is not stuck or overloaded, "
@@ -296,6 +379,11 @@ class OpenAIModel:
         )
 
     # -- errors ----------------------------------------------------------------------------
+
+    def _said(self, exc: Exception) -> str:
+        """What an error says, in short, without the URL's credentials (an HTTP client's
+        message may quote the URL)."""
+        return scrub(short(exc), self.base_url)
 
     def _retries_for(self, exc: Exception) -> int:
         if isinstance(exc, openai.APITimeoutError):
@@ -318,7 +406,7 @@ class OpenAIModel:
         return self.retry_base_s * (2**attempt) * (1 + random.random() / 2)
 
     def _explain(self, exc: Exception, tries: int) -> str:
-        where = f"the model endpoint {self.base_url}"
+        where = f"the model endpoint {self.where}"
         if isinstance(exc, openai.APITimeoutError):
             return (
                 f"{where} sent nothing within {self.timeout_s:g} s; not retried, since the "
@@ -327,45 +415,37 @@ class OpenAIModel:
             )
         if isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__ or exc
+            said = scrub(str(cause), self.base_url)
             return (
-                f"cannot reach {where} ({type(cause).__name__}: {cause}; {tries} tries). Check "
+                f"cannot reach {where} ({type(cause).__name__}: {said}; {tries} tries). Check "
                 "that the server is running and that OPENAI_BASE_URL (or --base-url) points at "
                 "it, usually ending in /v1."
             )
         if isinstance(exc, openai.RateLimitError):
             return f"{where} kept answering 429 Too Many Requests ({tries} tries). Wait, or check the account's quota."
         if isinstance(exc, openai.APIStatusError):
-            return (
-                f"{where} kept failing with HTTP {exc.status_code} ({tries} tries): {_short(exc)}"
-            )
+            return f"{where} kept failing with HTTP {exc.status_code} ({tries} tries): {self._said(exc)}"
         return (
             f"{where} answered with something that is not an OpenAI chat completion ({tries} "
-            f"tries): {_short(exc)}. Check that OPENAI_BASE_URL is an OpenAI-compatible /v1 URL."
+            f"tries): {self._said(exc)}. Check that OPENAI_BASE_URL is an OpenAI-compatible /v1 URL."
         )
 
     def _refused(self, exc: openai.APIStatusError, had_tools: bool) -> ModelError:
-        where, status = f"the model endpoint {self.base_url}", exc.status_code
+        where, status = f"the model endpoint {self.where}", exc.status_code
         if status in (401, 403):
             return ModelError(
-                f"{where} rejected the API key (HTTP {status}: {_short(exc)}). Check OPENAI_API_KEY "
+                f"{where} rejected the API key (HTTP {status}: {self._said(exc)}). Check OPENAI_API_KEY "
                 "(or --api-key) and that the key may use this model."
             )
         if status == 404:
             return ModelError(
-                f"{where} answered 404 for model {self.name!r} ({_short(exc)}). Check SANDCELL_MODEL "
+                f"{where} answered 404 for model {self.name!r} ({self._said(exc)}). Check SANDCELL_MODEL "
                 "(or --model) and that OPENAI_BASE_URL ends in /v1."
             )
         body = str(exc).lower()
         if had_tools and status in (400, 422) and any(w in body for w in _TOOL_WORDS):
-            return ToolsUnsupported(f"{where} does not accept tool definitions: {_short(exc)}")
-        return ModelError(f"{where} refused the request (HTTP {status}): {_short(exc)}")
-
-
-def _closed(exc: Exception) -> bool:
-    """The connection closed or broke (not a timeout, not an error event the server sent)."""
-    return isinstance(exc, openai.APIConnectionError) and not isinstance(
-        exc, openai.APITimeoutError
-    )
+            return ToolsUnsupported(f"{where} does not accept tool definitions: {self._said(exc)}")
+        return ModelError(f"{where} refused the request (HTTP {status}): {self._said(exc)}")
 
 
 def _wire(message: dict) -> dict:
@@ -374,31 +454,6 @@ def _wire(message: dict) -> dict:
     if message.get("role") == "assistant" and message.get("content") is None:
         return {**message, "content": ""}
     return message
-
-
-def _invalid(exc: Exception) -> bool:
-    """An HTTP 500 that says the request itself is invalid (llama-cpp-python's server answers
-    a body it cannot validate so): not a passing failure, so not retried."""
-    return isinstance(exc, openai.InternalServerError) and "validation error" in str(exc)
-
-
-def _no_response(exc: Exception) -> bool:
-    """The server read the request and closed the connection without a response (httpx's
-    RemoteProtocolError; llama-cpp-python's server does that too when a streamed request fails
-    at once). Unlike a refused connection, the server is there, and done with the request."""
-    return type(exc.__cause__).__name__ == "RemoteProtocolError"
-
-
-def _refuses_choice(exc: openai.APIStatusError, choice: str) -> bool:
-    """A refusal of the request's tool_choice: a 400/422 naming it, or the bare HTTP 500 that
-    llama-cpp-python's chatml-function-calling answers "required" with (a failed assertion,
-    so an empty message). Any other 500 is an ordinary server error, retried as such."""
-    if exc.status_code in (400, 422):
-        return "tool_choice" in str(exc)
-    body = exc.body if isinstance(exc.body, dict) else {}
-    error = body.get("error", body)
-    said = error.get("message") if isinstance(error, dict) else body
-    return exc.status_code == 500 and choice != "auto" and not said
 
 
 def _max_tokens(given: int | None) -> int:
@@ -417,8 +472,3 @@ def _max_tokens(given: int | None) -> int:
             f"(the default is {DEFAULT_MAX_TOKENS})"
         )
     return cap
-
-
-def _short(exc: Exception) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= 300 else text[:297] + "..."

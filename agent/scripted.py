@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from agent.seams import ModelError, OnToken, Reply, ToolCall, estimated_usage
@@ -56,6 +57,7 @@ class ScriptedModel:
         stop: list[str] | None = None,
         on_token: OnToken | None = None,
         deadline: float | None = None,  # replies are instant here
+        cancelled: Callable[[], bool] | None = None,
     ) -> Reply:
         started = time.monotonic()
         self.requests.append(

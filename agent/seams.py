@@ -83,6 +83,7 @@ class Model(Protocol):
         stop: list[str] | None = None,
         on_token: OnToken | None = None,
         deadline: float | None = None,  # time.monotonic() by which the caller gives up
+        cancelled: Callable[[], bool] | None = None,  # true once the caller gave up early
     ) -> Reply: ...
 
 

@@ -66,11 +66,12 @@ class Watch:
             raise LimitReached(MAX_STEPS, f"{self.steps} steps", force_answer=True)
         self.steps += 1
 
-    def check_wall(self) -> None:
+    def check_wall(self, why: str = "") -> None:
         """Also called as a reply streams in: a slow model writing a long reply still ends
-        the question within its wall time."""
-        if time.monotonic() - self.started > self.rules.wall_s:
-            raise LimitReached(WALL_TIME, f"the question took more than {self.rules.wall_s:g} s")
+        the question within its wall time. `why`: what was under way when it came."""
+        if time.monotonic() - self.started >= self.rules.wall_s:
+            detail = f"the question took more than {self.rules.wall_s:g} s"
+            raise LimitReached(WALL_TIME, f"{detail}: {why}" if why else detail)
 
     def spent(self, tokens: int) -> None:
         self.tokens += tokens

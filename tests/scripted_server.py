@@ -14,6 +14,11 @@ Script entries, consumed one per chat-completion request:
     {"stall_after": n, "stall_s": seconds?} stream n chunks, then send nothing for stall_s (3 s)
                                             and close the connection without finishing the reply
     {"stream_error_after": n, "message"?}   stream n chunks, then an SSE error event
+    {"ping_every": seconds, "for_s"?: s}   streamed: 200, then only SSE comments (`: ping`) that
+                                            often, for for_s (600 s), as a server queued behind
+                                            an earlier request keeps the stream alive
+    {"headers_only": seconds}               200 and its headers (streamed or not), then nothing for
+                                            that long, then the connection closes
     {"reasoning": str, ...}                 the thinking, apart (`reasoning_content`, as vLLM does)
     {"malformed": true}                     200 with a body that is not JSON (or a broken SSE chunk)
     {"drop": "eof" | "chunked" | "no_response"}
@@ -171,7 +176,9 @@ def _handler(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
                 message = entry.get("message", f"scripted error {status}")  # "" stays empty
                 self._json(status, _error(message, str(status)), headers)
                 return
-            if body.get("stream"):
+            if entry.get("headers_only") or entry.get("ping_every"):
+                self._withhold(entry, bool(body.get("stream")))
+            elif body.get("stream"):
                 self._stream(body, entry)
             else:
                 self._complete(body, entry)
@@ -257,6 +264,28 @@ def _handler(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
+
+        def _withhold(self, entry: dict, streamed: bool) -> None:
+            """Answer 200 and send no reply: pings only, or nothing at all after the headers."""
+            self.send_response(200)
+            if streamed:
+                self.send_header("content-type", "text/event-stream")
+            else:  # a body that never comes
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", "100")
+            self.send_header("connection", "close")
+            self.end_headers()
+            self.wfile.flush()
+            self.close_connection = True
+            every = entry.get("ping_every")
+            if not every:
+                time.sleep(entry["headers_only"])
+                return
+            ends = time.monotonic() + entry.get("for_s", 600.0)
+            while time.monotonic() < ends:  # until the client closes the connection
+                time.sleep(every)
+                self.wfile.write(b": ping\n\n")
+                self.wfile.flush()
 
         def _json(self, status: int, obj: dict, headers: dict | None = None) -> None:
             self._send(status, json.dumps(obj).encode(), "application/json", headers)

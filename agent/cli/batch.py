@@ -7,7 +7,7 @@ import click
 
 from agent import stops
 from agent.batch import RESULTS, Batch, JobsError, load_jobs, settled
-from agent.cli import exits
+from agent.cli import exits, terminal
 from agent.cli.options import agent_options, build_limits, build_model, build_rules
 from agent.scripted import ScriptedModel
 from sandbox.container import preflight
@@ -120,9 +120,9 @@ def batch_cmd(
     for record in unanswered:
         why = record.get("error") or record.get("detail")
         reason = record["stop_reason"] + (f" ({why})" if why else "")
-        click.echo(f"  {record['id']}: stopped: {reason}", err=True)
+        terminal.echo(f"  {record['id']}: stopped: {reason}", err=True)
     for record in failed:
-        click.echo(f"  {record['id']}: failed: {record['error']}", err=True)
+        terminal.echo(f"  {record['id']}: failed: {record['error']}", err=True)
     retried = [r for r in records if not settled(r)]
     if retried:
         click.echo(f"rerun the same command to retry the {len(retried)} unfinished jobs", err=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as escape_markup
 
 from agent import stops
 from agent.cli import exits
@@ -24,10 +24,18 @@ from agent.cli.options import (
     output_folder,
     overwrite_option,
 )
+from agent.cli.terminal import for_terminal
 from agent.seams import ModelError, Result, Terminated
 from agent.session import FIGURES_DIR, Session
 from sandbox import SandboxError
 from sandbox.inputs import Inputs
+
+
+def escape(console: Console, text: object) -> str:
+    """Text from elsewhere (an error, a file name the code chose) as markup for this console:
+    control characters visible on a terminal (agent.cli.terminal), brackets not markup."""
+    return escape_markup(for_terminal(str(text), console.is_terminal))
+
 
 HELP = """commands:
   /files        list the files in /workspace
@@ -69,7 +77,7 @@ def ask_interruptibly(session: Session, question: str, console: Console) -> Resu
                 "\n[yellow]interrupted the running cell (Ctrl-C again ends the session)[/yellow]"
             )
     if outcome and isinstance(outcome[0], (ModelError, SandboxError)):
-        console.print(f"[red]sandcell: {escape(str(outcome[0]))}[/red]")
+        console.print(f"[red]sandcell: {escape(console, outcome[0])}[/red]")
         return None
     if outcome and isinstance(outcome[0], BaseException):
         raise outcome[0]  # a bug: exits.reported() says so in one line (exit 70)
@@ -81,7 +89,7 @@ def show_new_charts(result: Result, folder: Path, shown: set[str], console: Cons
     for path in result.files:
         if Path(path).parent == folder / FIGURES_DIR and path not in shown:
             shown.add(path)
-            console.print(f"[bold]chart:[/bold] {escape(path)}")
+            console.print(f"[bold]chart:[/bold] {escape(console, path)}")
 
 
 def slash(command: str, session: Session, console: Console) -> bool:
@@ -90,7 +98,9 @@ def slash(command: str, session: Session, console: Console) -> bool:
     try:
         return _slash(command, session, console)
     except (SandboxError, OSError) as error:
-        console.print(f"[red]{escape(command.split()[0])} failed: {escape(str(error))}[/red]")
+        console.print(
+            f"[red]{escape(console, command.split()[0])} failed: {escape(console, error)}[/red]"
+        )
         return True
 
 
@@ -101,7 +111,7 @@ def _slash(command: str, session: Session, console: Console) -> bool:
     if name == "/files":
         files = session.files()
         for f in files:
-            console.print(f"  {f['path']}  ({f['size']} bytes)")
+            console.print(f"  {escape(console, f['path'])}  ({f['size']} bytes)")
         if not files:
             console.print("  (the workspace is empty)")
     elif name == "/export":
@@ -116,7 +126,7 @@ def _slash(command: str, session: Session, console: Console) -> bool:
     elif name == "/help":
         console.print(HELP)
     else:
-        console.print(f"unknown command {name}; /help lists them")
+        console.print(f"unknown command {escape(console, name)}; /help lists them")
     return True
 
 

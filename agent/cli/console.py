@@ -9,6 +9,8 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.syntax import Syntax
 
+from agent.cli.terminal import for_terminal
+
 
 class EventPrinter:
     def __init__(
@@ -23,13 +25,18 @@ class EventPrinter:
         self._streamed = ""  # the text of the reply streamed last
         self._printed = ""  # what the running cell printed, shown as it came
 
+    def _safe(self, text: object) -> str:
+        """Text from elsewhere (the model, a cell, a server) as rich markup: its control
+        characters visible on a terminal (agent.cli.terminal), its brackets not markup."""
+        return escape(for_terminal(str(text), self.console.is_terminal))
+
     def __call__(self, kind: str, data: dict) -> None:
         if kind == "token":
             if self.stream_tokens:
                 if not self._streaming:
                     self._streamed = ""
                 text = str(data.get("text", ""))
-                self.console.print(escape(text), end="", style="dim")
+                self.console.print(self._safe(text), end="", style="dim")
                 self._streaming, self._streamed = True, self._streamed + text
             return
         if self._streaming:
@@ -41,7 +48,7 @@ class EventPrinter:
 
     def _thought(self, data: dict) -> None:
         if data.get("text") and not self.stream_tokens:
-            self.console.print(f"[italic]{escape(data['text'])}[/italic]")
+            self.console.print(f"[italic]{self._safe(data['text'])}[/italic]")
 
     def _action(self, data: dict) -> None:
         tool, args = data.get("tool"), data.get("args")
@@ -54,7 +61,9 @@ class EventPrinter:
         if tool == "python" and isinstance(code, str):
             self.console.print(
                 Panel(
-                    Syntax(code, "python", theme="ansi_dark"),
+                    Syntax(
+                        for_terminal(code, self.console.is_terminal), "python", theme="ansi_dark"
+                    ),
                     title="python",
                     title_align="left",
                     border_style="blue",
@@ -62,12 +71,12 @@ class EventPrinter:
             )
         else:
             shown = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-            self.console.print(f"[bold blue]{escape(str(tool))}[/bold blue] {escape(shown)}")
+            self.console.print(f"[bold blue]{self._safe(tool)}[/bold blue] {self._safe(shown)}")
 
     def _output(self, data: dict) -> None:
         text = str(data.get("text", ""))
         self.console.print(
-            escape(text), end="", style="red" if data.get("name") == "stderr" else ""
+            self._safe(text), end="", style="red" if data.get("name") == "stderr" else ""
         )
         self._printed += text
 
@@ -80,7 +89,7 @@ class EventPrinter:
         style = "green" if data.get("ok") else "red"
         self.console.print(
             Panel(
-                escape(str(data.get("text", ""))),
+                self._safe(data.get("text", "")),
                 title="observation",
                 title_align="left",
                 border_style=style,
@@ -89,7 +98,7 @@ class EventPrinter:
 
     def _warning(self, data: dict) -> None:
         self.console.print(
-            f"[yellow]note to the model: {escape(str(data.get('text', '')))}[/yellow]"
+            f"[yellow]note to the model: {self._safe(data.get('text', ''))}[/yellow]"
         )
 
     def _answer(self, data: dict) -> None:
@@ -102,13 +111,13 @@ class EventPrinter:
         if data.get("answer") is None:
             reason = data.get("stop_reason")
             self.console.print(
-                f"[red]stopped without an answer: {escape(str(reason))} "
-                f"{escape(str(data.get('detail') or ''))}[/red]"
+                f"[red]stopped without an answer: {self._safe(reason)} "
+                f"{self._safe(data.get('detail') or '')}[/red]"
             )
             return
         self.console.print(
             Panel(
-                escape(str(data["answer"])),
+                self._safe(data["answer"]),
                 title="answer",
                 title_align="left",
                 border_style="bold green",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from agent.cli import exits
+from agent.cli import exits, terminal
 from agent.cli.options import MEMORY_MB, TIMEOUT_S, input_option, rich_options, runtime_option
 from sandbox import DockerSandbox, Limits
 from sandbox.execution import StreamChunk
@@ -15,7 +15,7 @@ from sandbox.render import render
 
 
 def print_live(chunk: StreamChunk) -> None:
-    click.echo(chunk.text, nl=False, err=chunk.name == "stderr")
+    terminal.echo(chunk.text, nl=False, err=chunk.name == "stderr")
 
 
 @click.command("exec")
@@ -57,9 +57,9 @@ def exec_cmd(inputs, timeout, memory, output, rich_outputs, rich_mb, runtime, as
         observation = render(ex, limits.observation_chars)
         printed = "".join(chunk.text for chunk in ex.stream)
         if observation.strip() != printed.strip():
-            click.echo(observation)
+            terminal.echo(observation)
     for path in saved:
-        click.echo(f"saved {path}", err=True)
+        terminal.echo(f"saved {path}", err=True)  # names the code chose
     if ex.images and not output:
         click.echo("sandcell: the sandbox is gone; pass --output DIR to keep its files", err=True)
     sys.exit(exits.for_execution(ex))

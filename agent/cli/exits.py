@@ -50,11 +50,12 @@ class OneLine(logging.Formatter):
     traceback a log record may carry is for --debug, not for the user's terminal."""
 
     def format(self, record: logging.LogRecord) -> str:
+        from agent.cli.terminal import for_terminal, is_terminal  # light: click only
+
+        said = for_terminal(record.getMessage(), is_terminal(sys.stderr))  # may quote a server
         if record.exc_info and record.exc_info[1] is not None:  # kept in a file, named here
-            return (
-                f"sandcell: {record.getMessage()}; details in {_save_details(record.exc_info[1])}"
-            )
-        return f"sandcell: {record.getMessage()}"
+            return f"sandcell: {said}; details in {_save_details(record.exc_info[1])}"
+        return f"sandcell: {said}"
 
 
 def setup_logging(debug: bool) -> None:
@@ -136,7 +137,9 @@ def for_execution(ex: Execution) -> int:
 
 def fail(message: str, status: int) -> NoReturn:
     """Say what went wrong on stderr, as `sandcell: <message>`, and exit with status."""
-    click.echo(f"sandcell: {message}", err=True)
+    from agent.cli import terminal  # light: click only
+
+    terminal.echo(f"sandcell: {message}", err=True)  # an error may quote a server or a cell
     sys.exit(status)
 
 

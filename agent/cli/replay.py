@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from agent.cli import exits
+from agent.cli import exits, terminal
 from agent.replay import ReplayError, replay
 
 SHOWN_DIFF_LINES = 40
@@ -30,7 +30,7 @@ def replay_cmd(trace: Path, inputs: tuple[Path, ...], image: str | None) -> None
     except ReplayError as exc:
         raise click.UsageError(str(exc)) from None
     for name in replayed.changed:
-        click.echo(f"sandcell: warning: input {name} changed since the recorded run", err=True)
+        terminal.echo(f"sandcell: warning: input {name} changed since the recorded run", err=True)
     cells = replayed.cells
     if not cells:
         click.echo(f"{trace}: no python cells recorded; nothing to replay")
@@ -46,7 +46,7 @@ def replay_cmd(trace: Path, inputs: tuple[Path, ...], image: str | None) -> None
             lineterm="",
         )
         lines = list(diff)
-        click.echo("\n".join(f"  {line}" for line in lines[:SHOWN_DIFF_LINES]))
+        terminal.echo("\n".join(f"  {line}" for line in lines[:SHOWN_DIFF_LINES]))
         if len(lines) > SHOWN_DIFF_LINES:
             click.echo(f"  ... {len(lines) - SHOWN_DIFF_LINES} more diff lines")
     click.echo(

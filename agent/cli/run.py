@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from agent import stops
-from agent.cli import exits
+from agent.cli import exits, terminal
 from agent.cli.options import (
     agent_options,
     build_agent,
@@ -55,17 +55,17 @@ def run_cmd(task, inputs, output, overwrite, quiet, opts):
     result = agent.run(task, inputs=checked, output_dir=output)
     write_answer(result, output)
     for warning in result.warnings:
-        click.echo(f"sandcell: warning: {warning}", err=True)
+        terminal.echo(f"sandcell: warning: {warning}", err=True)
     for path in result.files:
-        click.echo(f"wrote {path}", err=True)
+        terminal.echo(f"wrote {path}", err=True)  # names the code chose
     click.echo(f"trace: {result.trace_path}\nnotebook: {result.notebook_path}", err=True)
     if result.answered:
-        click.echo(result.answer)
+        terminal.echo(result.answer)
         return
     if result.stop_reason in (stops.INTERRUPTED, stops.TERMINATED):
-        click.echo(f"sandcell: {result.detail}; what was done is kept in {output}", err=True)
+        terminal.echo(f"sandcell: {result.detail}; what was done is kept in {output}", err=True)
     else:
-        click.echo(
+        terminal.echo(
             f"sandcell: stopped without an answer: {result.stop_reason}"
             + (f" ({result.detail})" if result.detail else ""),
             err=True,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from agent.cli import exits
+from agent.cli import exits, terminal
 from agent.cli.options import input_option
 from sandbox.inputs import Inputs
 from tools import Registry, calculator_tool, file_metadata_tool
@@ -24,7 +24,7 @@ def tool(name: str, args: str, inputs: tuple[Path, ...]) -> None:
     registry = Registry([calculator_tool, file_metadata_tool(Inputs.from_paths(inputs))])
     obs = registry.call(name, args)
     if obs.ok:
-        click.echo(obs.text)
+        terminal.echo(obs.text)
         return
-    click.echo(f"error: {obs.text}", err=True)
+    terminal.echo(f"error: {obs.text}", err=True)
     sys.exit(exits.STOPPED)

@@ -1,0 +1,164 @@
+"""Terminal control sequences (issue 21, finding 4): what a cell prints, what the model writes
+and what an answer says reach a terminal with their control characters shown as visible
+escapes, sandcell's own colours kept; piped output stays byte-exact. Units of the escaping
+function and the real rich printer; then `sandcell exec` and `sandcell run` through a real
+pseudo-terminal and through a pipe, with real sandboxes."""
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pexpect
+import pytest
+from rich.console import Console
+
+from agent.cli.console import EventPrinter
+from agent.cli.terminal import for_terminal, visible
+
+pytestmark = pytest.mark.timeout(60)
+
+SANDCELL = [sys.executable, "-m", "agent.cli"]
+OSC52 = "\x1b]52;c;cm0gLXJmIH4=\x07"  # writes "rm -rf ~" to the clipboard, BEL-terminated
+OSC0 = "\x1b]0;owned\x1b\\"  # the window title, ST-terminated
+OSC8 = "\x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\"  # a hyperlink
+CSI = "\x1b[2J\x1b[5;5H"  # clear the screen, move the cursor
+SGR = re.compile(r"\x1b\[[0-9;]*m")  # colours: the only sequences sandcell itself writes
+
+
+@pytest.mark.parametrize(
+    "raw,shown",
+    [
+        (OSC52, "\\x1b]52;c;cm0gLXJmIH4=\\x07"),
+        (OSC0, "\\x1b]0;owned\\x1b\\"),
+        (OSC8, "\\x1b]8;;https://evil.example/\\x1b\\click\\x1b]8;;\\x1b\\"),
+        (CSI, "\\x1b[2J\\x1b[5;5H"),
+        ("\x9b31m", "\\x9b31m"),  # C1 CSI, one character
+        ("\x9d0;t\x9c", "\\x9d0;t\\x9c"),  # C1 OSC ... ST
+        ("a\x1bb", "a\\x1bb"),  # a lone ESC
+        ("bell\x07 bs\x08 cr\r del\x7f nul\x00", "bell\\x07 bs\\x08 cr\\x0d del\\x7f nul\\x00"),
+        ("evil\u202etxt.exe", "evil\\u202etxt.exe"),  # a right-to-left override
+        ("lines\n\tand tabs stay\n", "lines\n\tand tabs stay\n"),
+        ("é, 中文, emoji 🙂, [brackets]", "é, 中文, emoji 🙂, [brackets]"),
+    ],
+)  # fmt: skip
+def test_visible_shows_every_control_character(raw, shown):
+    assert visible(raw) == shown
+    assert "\x1b" not in visible(raw) and "\x9b" not in visible(raw)
+
+
+def test_visible_is_the_same_for_a_stream_split_anywhere():
+    text = f"a{OSC52}b{CSI}c\x9bd"
+    assert all(visible(text[:i]) + visible(text[i:]) == visible(text) for i in range(len(text)))
+
+
+def test_for_terminal_leaves_piped_text_as_it_is():
+    text = f"{OSC52}{CSI}\x9b"
+    assert for_terminal(text, False) == text and for_terminal(text, True) == visible(text)
+
+
+def printed(terminal: bool, events: list[tuple[str, dict]]) -> str:
+    out = io.StringIO()
+    colours = "standard" if terminal else None
+    console = Console(
+        file=out, force_terminal=terminal, color_system=colours, width=100, highlight=False
+    )
+    printer = EventPrinter(console)
+    for kind, data in events:
+        printer(kind, data)
+    return out.getvalue()
+
+
+EVENTS = [
+    ("token", {"text": f"Thought: {OSC0}look"}),
+    ("action", {"tool": "python", "args": {"code": f"print('{CSI}')  # {OSC8}"}}),
+    ("output", {"name": "stdout", "text": f"out {OSC52}\n"}),
+    ("observation", {"tool": "python", "ok": False, "text": f"other {OSC52}"}),
+    ("warning", {"text": f"note {CSI}"}),
+    ("answer", {"answer": f"done {OSC8}", "stop_reason": "answered"}),
+]
+
+
+def test_the_printer_escapes_others_control_bytes_and_keeps_its_own_colours():
+    shown = printed(True, EVENTS)
+    assert "\x1b" not in SGR.sub("", shown)  # every escape left is one of rich's colours
+    assert SGR.search(shown)  # and the colours are there
+    assert "\\x1b]52;c;" in shown and "\\x1b]0;owned" in shown and "\\x1b[2J" in shown
+
+
+def test_the_printer_to_a_pipe_keeps_the_text_as_it_is():
+    shown = printed(False, EVENTS[2:3])
+    assert shown == f"out {OSC52}\n".replace("\x07", "")  # rich itself drops BEL, as before
+
+
+def cell_printing(text: str) -> str:
+    return f"import sys; sys.stdout.write({text!r}); sys.stdout.flush()"
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
+def test_exec_on_a_terminal_shows_a_cells_control_sequences_as_escapes(tmp_path):
+    code = cell_printing(f"clip{OSC52} title{OSC0} moved{CSI} c1\x9b31m end\n")
+    child = pexpect.spawn(
+        SANDCELL[0],
+        [*SANDCELL[1:], "exec", "-c", code],
+        env={**os.environ, "TERM": "xterm-256color"},
+        timeout=150,
+    )
+    raw = child.read()  # every byte the terminal received, to the end
+    child.close()
+    assert child.exitstatus == 0, raw
+    assert b"\x1b" not in raw and "\x9b".encode() not in raw, raw
+    text = raw.decode()
+    assert "clip\\x1b]52;c;cm0gLXJmIH4=\\x07" in text and "title\\x1b]0;owned\\x1b\\" in text
+    assert "c1\\x9b31m end" in text
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
+def test_exec_to_a_pipe_is_byte_exact():
+    text = f"clip{OSC52} title{OSC0} link{OSC8} c1\x9b31m tab\tend\n"
+    done = subprocess.run([*SANDCELL, "exec", "-c", cell_printing(text)], capture_output=True, timeout=150)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == text.encode()
+
+
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "script.json"
+    cell = cell_printing(f"from the cell{OSC52}\n")
+    replies = [
+        {"content": f"Thought: print it.{OSC0}", "tool_calls": [{"name": "python", "arguments": {"code": cell}}]},
+        f"Final Answer: done {CSI}\x1b[31mred{OSC8}",
+    ]  # fmt: skip
+    path.write_text(json.dumps(replies))
+    return path
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
+def test_run_on_a_terminal_keeps_its_colours_and_escapes_everything_else(tmp_path):
+    args = ["run", "--task", "x", "--output", str(tmp_path / "out"), "--replay", str(script(tmp_path)), "--protocol", "tools"]  # fmt: skip
+    child = pexpect.spawn(
+        SANDCELL[0],
+        [*SANDCELL[1:], *args],
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"},
+        timeout=150,
+    )
+    raw = child.read().decode()
+    child.close()
+    assert child.exitstatus == 0, raw
+    assert SGR.search(raw), raw  # sandcell's own colours (panels, the code) still show
+    assert "\x1b" not in SGR.sub("", raw), raw  # and nothing else reaches the terminal raw
+    assert "\\x1b]52;c;" in raw and "done \\x1b[2J\\x1b[5;5H\\x1b[31mred" in raw
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
+def test_run_to_a_pipe_writes_the_answer_byte_exact(tmp_path):
+    args = ["run", "--task", "x", "--output", str(tmp_path / "out"), "--replay", str(script(tmp_path)), "--protocol", "tools"]  # fmt: skip
+    done = subprocess.run([*SANDCELL, *args], capture_output=True, timeout=150)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"done {CSI}\x1b[31mred{OSC8}\n".encode()
