@@ -38,6 +38,15 @@ BACKGROUND, ON_DEMAND = "background", "on_demand"  # when a session's own sandbo
 InputPaths = Inputs | list[str | Path]
 
 
+def collected_place(name: str) -> tuple[str, str]:
+    """Where collect puts a workspace file, as (folder of the session, path in it):
+    output/ and figures/ as they are, every other file under workspace/."""
+    top, _, rest = name.partition("/")
+    if top in (OUTPUT_DIR, FIGURES_DIR) and rest:
+        return top, rest
+    return WORKSPACE_DIR, name
+
+
 class Agent:
     def __init__(
         self,
@@ -189,13 +198,9 @@ class Session:
             self.sandbox.export(staging)
             copied, skipped = [], []
             for name in files_in(staging):
-                top, _, rest = name.partition("/")
-                if top in (OUTPUT_DIR, FIGURES_DIR) and rest:
-                    root, rel = self.folder / top, rest
-                else:
-                    root, rel = self.folder / WORKSPACE_DIR, name
+                root, rel = collected_place(name)
                 try:
-                    copied.append(str(move_inside(staging / name, root, rel)))
+                    copied.append(str(move_inside(staging / name, self.folder / root, rel)))
                 except OSError as error:
                     skipped.append(f"{name}: {error.strerror or error}")
             return copied, skipped

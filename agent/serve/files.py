@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from agent.session import FIGURES_DIR, OUTPUT_DIR, WORKSPACE_DIR
+from agent.session import FIGURES_DIR, OUTPUT_DIR, WORKSPACE_DIR, collected_place
 from sandbox.boundary import WORKSPACE
 from tools.paths import Refused, open_confined
 
@@ -147,12 +147,9 @@ def collected(folder: Path) -> Iterator[tuple[Path, str]]:
 
 
 def collect_target(folder: Path, name: str) -> Path:
-    """Where Session.collect puts a workspace file: output/ and figures/ as they are, every
-    other file under workspace/."""
-    top, _, rest = name.partition("/")
-    if top in (OUTPUT_DIR, FIGURES_DIR) and rest:
-        return folder / name
-    return folder / WORKSPACE_DIR / name
+    """Where Session.collect puts a workspace file."""
+    root, rel = collected_place(name)
+    return folder / root / rel
 
 
 def disk_usage(root: Path, skip: Path | None = None) -> int:
