@@ -258,7 +258,7 @@ def build_server(cells: Cells, limits: Limits) -> Server:
             raise ToolError(f"{name}: {problem}")
         try:
             result = await handler(ctx=Context(request_context=server.request_context), **arguments)
-        except Exception as error:  # the client sees it as an isError result, as FastMCP says it
+        except Exception as error:  # an isError result that names the tool, as FastMCP's did
             raise ToolError(f"Error executing tool {name}: {error}") from error
         if isinstance(result, str):  # write_file's one line, also as {"result": line}
             return [TextContent(type="text", text=result)], {"result": result}
