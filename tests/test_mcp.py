@@ -25,8 +25,11 @@ from mcp.shared.exceptions import McpError
 from mcp.types import CancelledNotification, CancelledNotificationParams, ClientNotification
 
 from agent.cli import main
+from agent.mcp.definitions import definitions
+from sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
 from tests.containers import container_labels, owner_label
 from tests.serve_helpers import ALICE, BOB, wait_for
+from tools import Registry, calculator_tool, file_metadata_tool, python_tool
 
 SANDCELL = [sys.executable, "-m", "agent.cli"]
 TOOLS = {"run_python", "describe_file", "list_files", "read_file", "write_file"}
@@ -100,6 +103,56 @@ def test_stdio_tools_state_charts_errors_and_bad_arguments():
             assert nowhere.isError and "--output DIR" in text(nowhere)
 
     anyio.run(scenario)
+
+
+# What the agent calls each of its tools over MCP (the README's table names them so)
+AGENT_TOOLS = {"run_python": "python", "describe_file": "file_metadata", "calculator": "calculator"}
+MCP_NAME = {agent: mcp for mcp, agent in AGENT_TOOLS.items()}
+
+
+def mcp_spelling(description: str) -> str:
+    """An agent description with the tools it names spelled as MCP clients know them."""
+    return re.sub(r"\b(python|file_metadata)\b", lambda m: MCP_NAME[m[1]], description)
+
+
+def never_started() -> Sandbox:
+    raise AssertionError("only the tools' definitions are read: no sandbox is needed")
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+def test_listed_tools_are_the_agent_definitions_so_they_cannot_drift():
+    """Each tool the agent has too is listed with the agent's own description (at most an MCP
+    note after it) and schema (at most optional MCP-only arguments beside it); the file tools,
+    which the agent has not, come from agent.mcp.definitions and nowhere else."""
+    agent_sandbox = BackgroundSandbox(
+        never_started, Limits(), Inputs.from_paths([]), background=False
+    )
+    agent = Registry([python_tool(agent_sandbox), file_metadata_tool(), calculator_tool])
+    mcp_only = {tool.name: tool for tool in definitions(Limits(timeout_s=30))}
+
+    async def scenario():
+        async with stdio("--timeout", "30") as session:
+            return (await session.list_tools()).tools
+
+    listed = anyio.run(scenario)
+    assert {tool.name for tool in listed} == TOOLS
+    for tool in listed:
+        if tool.name not in AGENT_TOOLS:
+            own = mcp_only[tool.name]
+            assert (tool.description, tool.inputSchema) == (own.description, own.inputSchema)
+            continue
+        spec = agent.get(AGENT_TOOLS[tool.name]).spec
+        said = mcp_spelling(spec.description)
+        assert tool.description == said or tool.description.startswith(said + " "), tool.name
+        schema, theirs = tool.inputSchema, spec.parameters
+        assert {k: v for k, v in schema.items() if k != "properties"} == {
+            k: v for k, v in theirs.items() if k != "properties"
+        }, tool.name
+        for arg, arg_schema in theirs["properties"].items():
+            assert schema["properties"][arg] == arg_schema, (tool.name, arg)
+        extra = set(schema["properties"]) - set(theirs["properties"])
+        assert extra == ({"timeout_s"} if tool.name == "run_python" else set()), tool.name
 
 
 @pytest.mark.docker

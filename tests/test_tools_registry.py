@@ -9,7 +9,19 @@ import pytest
 from click.testing import CliRunner
 
 from agent.cli import main
-from tools import Observation, Registry, Tool, ToolError, calculator_tool
+from sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
+from tools import (
+    Observation,
+    Registry,
+    Tool,
+    ToolError,
+    calculator,
+    calculator_tool,
+    file_metadata,
+    file_metadata_tool,
+    python,
+    python_tool,
+)
 
 
 def _echo_tool(**kw) -> Tool:
@@ -148,6 +160,28 @@ def test_openai_and_react_renderings():
     block = reg.react_block()
     assert "calculator: Exact arithmetic" in block and "Not for data in files" in block
     assert "text (string, required): what to echo" in block and "times (integer, optional)" in block
+
+
+def never_started() -> Sandbox:
+    raise AssertionError("only the tools' definitions are read: no sandbox is needed")
+
+
+def test_each_agent_tool_is_its_one_definition_in_both_renderings():
+    """The agent's tools are their modules' SPECs (the MCP server lists the same ones), and a
+    model sees each argument's words in both renderings."""
+    sandbox = BackgroundSandbox(never_started, Limits(), Inputs.from_paths([]), background=False)
+    agent = [python_tool(sandbox), file_metadata_tool(), calculator_tool]
+    assert [tool.spec for tool in agent] == [python.SPEC, file_metadata.SPEC, calculator.SPEC]
+    reg = Registry(agent)
+    for entry, tool in zip(reg.openai_tools(), agent, strict=True):
+        assert entry["function"] == {
+            "name": tool.spec.name,
+            "description": tool.spec.description,
+            "parameters": tool.spec.parameters,
+        }
+    block = reg.react_block()
+    assert "code (string, required): Python source for one cell" in block
+    assert "path (string, required): /data/<name> or a /workspace path" in block
 
 
 def test_registry_rejects_bad_definitions():

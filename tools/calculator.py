@@ -16,7 +16,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 
-from tools.registry import Tool, ToolError
+from tools.registry import Spec, Tool, ToolError
 
 MAX_INPUT_CHARS = 1000
 MAX_DEPTH = (
@@ -346,7 +346,7 @@ def _calculate(expression: str) -> str:
         raise ToolError(f"calculator: {exc}") from None
 
 
-calculator_tool = Tool(
+SPEC = Spec(
     name="calculator",
     description=(
         "Exact arithmetic on one expression, e.g. '(1,234.5 * 3) ^ 2 / 7' or 'sqrt(2) * pi'. "
@@ -358,7 +358,6 @@ calculator_tool = Tool(
         "required": ["expression"],
         "additionalProperties": False,
     },
-    function=_calculate,
-    timeout_s=5.0,
-    cacheable=True,
 )
+
+calculator_tool = Tool.of(SPEC, _calculate, timeout_s=5.0, cacheable=True)

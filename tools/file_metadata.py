@@ -37,14 +37,27 @@ from tools.profile import (
     human_size,
     render,
 )
-from tools.registry import LRU, Observation, Tool, ToolError
+from tools.registry import LRU, Observation, Spec, Tool, ToolError
 
 _CACHE_SIZE = 128
 
-DESCRIPTION = (
-    "Profile one file without loading it: type, size, encoding, delimiter, rows, column types, "
-    "nulls, first rows. For files in /data or /workspace whose layout you do not know yet "
-    "(inputs are profiled above already); not for statistics: use python."
+# Said once for every front end: that the agent's prompt profiles its inputs already is said
+# by that prompt (profile_inputs' header), not here, since an MCP client gets no such profiles.
+SPEC = Spec(
+    name="file_metadata",
+    description=(
+        "Profile one file without loading it: type, size, encoding, delimiter, rows, column "
+        "types, nulls, first rows. For files in /data or /workspace whose layout you do not "
+        "know yet; not for statistics: use python."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "/data/<name> or a /workspace path"},
+        },
+        "required": ["path"],
+        "additionalProperties": False,
+    },
 )
 
 
@@ -185,18 +198,9 @@ def file_metadata_tool(
     """The tool over these inputs ({name: host path}, or paths named by basename, as the sandbox
     mounts them at /data/<name>) and, when a sandbox runs, its workspace."""
     fm = FileMetadata(inputs, workspace, caps)
-    return Tool(
-        name="file_metadata",
-        description=DESCRIPTION,
-        parameters={
-            "type": "object",
-            "properties": {
-                "path": {"type": "string"},
-            },
-            "required": ["path"],
-            "additionalProperties": False,
-        },
-        function=fm.describe,
+    return Tool.of(
+        SPEC,
+        fm.describe,
         timeout_s=2 * caps.time_s
         + 10,  # reads and parsing stop at caps.time_s; this is the backstop
         cacheable=False,  # cached inside, by file identity and mtime: a changed file is re-read
@@ -218,7 +222,10 @@ def profile_inputs(
         return "There are no input files."
     budget = max(600, max_chars // len(fm.inputs))
     fm.caps = dataclasses.replace(caps, max_chars=budget, identity=False)
-    out = ["Input files (read-only, under /data; write outputs to /workspace):"]
+    out = [
+        "Input files (read-only, under /data; write outputs to /workspace), profiled already "
+        "(file_metadata is for other files):"
+    ]
     for item in fm.inputs:
         try:
             obs = fm.describe(item.sandbox_path)

@@ -9,12 +9,21 @@ from sandbox.errors import SandboxError
 from sandbox.execution import StreamChunk
 from sandbox.render import render
 from sandbox.seams import Sandbox
-from tools.registry import Observation, Tool
+from tools.registry import Observation, Spec, Tool
 
-DESCRIPTION = (
-    "Run Python in a persistent Jupyter kernel (pandas, numpy, matplotlib; no network). "
-    "Inputs are read-only in /data; write to /workspace/output. For loading, cleaning, "
-    "statistics and charts; not for arithmetic on numbers you already have."
+SPEC = Spec(
+    name="python",
+    description=(
+        "Run Python in a persistent Jupyter kernel (pandas, numpy, matplotlib; no network). "
+        "Inputs are read-only in /data; write to /workspace/output. For loading, cleaning, "
+        "statistics and charts; not for arithmetic on numbers you already have (calculator)."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {"code": {"type": "string", "description": "Python source for one cell"}},
+        "required": ["code"],
+        "additionalProperties": False,
+    },
 )
 
 
@@ -33,16 +42,9 @@ def python_tool(
         execution = sandbox.run(code, on_output=on_output)
         return Observation(ok=execution.ok, text=render(execution, chars), data=execution)
 
-    return Tool(
-        name="python",
-        description=DESCRIPTION,
-        parameters={
-            "type": "object",
-            "properties": {"code": {"type": "string"}},
-            "required": ["code"],
-            "additionalProperties": False,
-        },
-        function=run_python,
+    return Tool.of(
+        SPEC,
+        run_python,
         # the sandbox enforces the cell deadline (interrupt, then restart); this is a backstop
         timeout_s=limits.timeout_s + limits.interrupt_grace_s + 60,
         raises=(

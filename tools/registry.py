@@ -51,6 +51,17 @@ class Observation:
     data: object = None  # e.g. the sandbox Execution for the python tool
 
 
+@dataclass(frozen=True)
+class Spec:
+    """What a model or an MCP client is told about a tool: its name, when to use it (and when
+    not), and the JSON schema of its arguments. The one definition: every front end derives
+    its own view of the tool from it (agent.mcp.definitions for MCP)."""
+
+    name: str
+    description: str
+    parameters: dict  # JSON schema of the arguments (type object)
+
+
 @dataclass
 class Tool:
     name: str
@@ -61,6 +72,15 @@ class Tool:
     cacheable: bool = False  # deterministic: cache results by (name, args)
     # errors that end the question instead of becoming an observation (no sandbox at all)
     raises: tuple[type[Exception], ...] = ()
+
+    @classmethod
+    def of(cls, spec: Spec, function: Callable[..., str | Observation], **options) -> Tool:
+        """The tool `spec` defines, run by `function` (options: timeout_s, cacheable, raises)."""
+        return cls(spec.name, spec.description, spec.parameters, function, **options)
+
+    @property
+    def spec(self) -> Spec:
+        return Spec(self.name, self.description, self.parameters)
 
 
 class ToolError(Exception):

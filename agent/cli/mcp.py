@@ -136,7 +136,7 @@ class HttpSettings:
 
 
 def _serve_stdio(limits, inputs, output) -> None:
-    from agent.mcp.server import Cells, build_server
+    from agent.mcp.server import Cells, build_server, run_stdio
     from sandbox import DockerSandbox
     from sandbox.pool import warmed
 
@@ -148,7 +148,7 @@ def _serve_stdio(limits, inputs, output) -> None:
     # server and then wait forever on the stdin reader thread.
     signal.signal(signal.SIGINT, _interrupt)
     try:
-        build_server(cells, limits).run("stdio")
+        run_stdio(build_server(cells, limits))
     except (KeyboardInterrupt, Terminated) as stop:
         cells.close_all()
         _exit_now(stop)

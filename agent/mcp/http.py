@@ -14,8 +14,8 @@ from contextlib import asynccontextmanager
 
 from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
 from mcp.server.auth.provider import AccessToken
-from mcp.server.fastmcp import FastMCP
 from mcp.server.fastmcp.server import StreamableHTTPASGIApp
+from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -43,10 +43,10 @@ class UsersVerifier:
 
 
 def http_app(
-    server: FastMCP, users: dict[str, str], hosts: Hosts, idle_s: float, max_sessions: int
+    server: Server, users: dict[str, str], hosts: Hosts, idle_s: float, max_sessions: int
 ) -> Starlette:
     manager = StreamableHTTPSessionManager(
-        app=server._mcp_server,  # FastMCP's own low-level server: the tools and the lifespan
+        app=server,  # agent.mcp.server's: the tools and the lifespan that opens a sandbox
         # Host and Origin are checked by the Guard below, as `sandcell serve` checks them
         # (the SDK's own check knows loopback names only, and no --allowed-host)
         security_settings=None,

@@ -1,29 +1,33 @@
 """The MCP tools over one sandbox per MCP session: a thin map from tool calls onto the
 Sandbox seam and the agent's own tools (render, file_metadata, calculator).
 
-FastMCP runs the server's lifespan once per `Server.run`, which is once for stdio and once
-per session for streamable HTTP, so the lifespan is where a session's sandbox is opened and
-closed (`Cells`). Every blocking sandbox call runs in a worker thread: one session's long
-cell must not stall the others' event loop."""
+The tools are the SDK's low-level `Server`'s, listed as agent.mcp.definitions defines them
+(the agent's own definitions for the tools it shares). The server runs its lifespan once per
+`Server.run`, which is once for stdio and once per session for streamable HTTP, so the
+lifespan is where a session's sandbox is opened and closed (`Cells`). Every blocking sandbox
+call runs in a worker thread: one session's long cell must not stall the others' event loop."""
 
-# No `from __future__ import annotations`: FastMCP reads each tool's annotations, and those of
-# run_python name a local (the server's timeout cap).
+from __future__ import annotations
+
 import base64
+import json
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import anyio
 from jsonschema import Draft202012Validator
-from mcp.server.fastmcp import Context, FastMCP
+from mcp.server.fastmcp import Context
 from mcp.server.fastmcp.exceptions import ToolError
-from mcp.types import CallToolResult, ImageContent, TextContent
-from pydantic import Field
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from mcp.types import CallToolResult, ImageContent, TextContent, Tool
 
+from agent.mcp.definitions import READ_DEFAULT, definitions
 from sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
 from sandbox.boundary import INTERNAL
 from sandbox.render import render
@@ -32,7 +36,6 @@ from tools.paths import INPUT_ROOT, WORKSPACE_ROOT, parse_request
 from tools.registry import ToolError as SandcellToolError
 from tools.registry import schema_problem
 
-READ_DEFAULT, READ_MAX = 64 << 10, 1 << 20  # read_file: bytes by default, and at most
 MAX_IMAGES = 8  # figures sent as image content per call; the rest are named, not sent
 
 INSTRUCTIONS = (
@@ -132,9 +135,9 @@ def sandbox_path(path: str, cell: Cell, writable: bool = False) -> str:
     return target.shown
 
 
-def build_server(cells: Cells, limits: Limits) -> FastMCP:
+def build_server(cells: Cells, limits: Limits) -> Server:
     @asynccontextmanager
-    async def lifespan(_server: FastMCP) -> AsyncIterator[Cell]:
+    async def lifespan(_server: Server) -> AsyncIterator[Cell]:
         cell = cells.open()
         try:
             yield cell
@@ -142,7 +145,7 @@ def build_server(cells: Cells, limits: Limits) -> FastMCP:
             with anyio.CancelScope(shield=True):  # a cancelled session still removes it
                 await anyio.to_thread.run_sync(cells.close, cell)
 
-    mcp = FastMCP("sandcell", instructions=INSTRUCTIONS, lifespan=lifespan, log_level="WARNING")
+    server = Server("sandcell", instructions=INSTRUCTIONS, lifespan=lifespan)
 
     def cell_of(ctx: Context) -> Cell:
         return ctx.request_context.lifespan_context
@@ -151,19 +154,8 @@ def build_server(cells: Cells, limits: Limits) -> FastMCP:
         obs = await blocking(cell_of(ctx).registry.call, name, args)
         return CallToolResult(content=[TextContent(type="text", text=obs.text)], isError=not obs.ok)
 
-    @mcp.tool()
-    async def run_python(
-        code: Annotated[str, Field(description="Python source for one cell")],
-        ctx: Context,
-        timeout_s: Annotated[
-            float | None,
-            Field(gt=0, le=limits.timeout_s, description="deadline of this cell in seconds"),
-        ] = None,
-    ) -> CallToolResult:
-        """Run Python in a stateful Jupyter kernel inside a sealed, offline container
-        (variables persist between calls; pandas, numpy, matplotlib). Inputs are read-only in
-        /data; write files to /workspace/output. Use for loading, cleaning, statistics and
-        charts (each figure comes back as an image); not for plain arithmetic (calculator)."""
+    # Each tool's handler; what the client is told about it is in agent.mcp.definitions
+    async def run_python(code: str, ctx: Context, timeout_s: float | None = None) -> CallToolResult:
         cell = cell_of(ctx)
         running, given_up = threading.Event(), threading.Event()
 
@@ -182,29 +174,13 @@ def build_server(cells: Cells, limits: Limits) -> FastMCP:
         execution = await blocking(run, cancelled=cancel)
         return observation(execution, limits.observation_chars)
 
-    @mcp.tool()
-    async def describe_file(
-        path: Annotated[str, Field(description="/data/<name> or a /workspace path")],
-        ctx: Context,
-    ) -> CallToolResult:
-        """Profile one file without loading it: type, size, encoding, delimiter, rows, column
-        types, nulls, first rows. Use before run_python on a file whose layout you do not
-        know; not for statistics (run_python)."""
+    async def describe_file(path: str, ctx: Context) -> CallToolResult:
         return await agent_tool(ctx, "file_metadata", {"path": path})
 
-    @mcp.tool()
-    async def calculator(
-        expression: Annotated[str, Field(description="e.g. '(1,234.5 * 3) ^ 2 / 7'")],
-        ctx: Context,
-    ) -> CallToolResult:
-        """Exact arithmetic on one expression, e.g. 'sqrt(2) * pi'. Not for data in files,
-        dates or statistics: use run_python."""
+    async def calculator(expression: str, ctx: Context) -> CallToolResult:
         return await agent_tool(ctx, "calculator", {"expression": expression})
 
-    @mcp.tool()
     async def list_files(ctx: Context) -> dict[str, Any]:
-        """List the input files (read-only, /data) and the files in /workspace, with sizes.
-        Use to see what the code wrote or what is there to read."""
         cell = cell_of(ctx)
         inputs = [
             {"path": item.sandbox_path, "size": item.size, "read_only": True}
@@ -214,15 +190,8 @@ def build_server(cells: Cells, limits: Limits) -> FastMCP:
         listed = [{"path": f"/workspace/{f['path']}", "size": f.get("size")} for f in workspace]
         return {"files": inputs + listed}
 
-    @mcp.tool()
-    async def read_file(
-        path: Annotated[str, Field(description="/data/<name> or a /workspace path")],
-        ctx: Context,
-        max_bytes: Annotated[int, Field(gt=0, le=READ_MAX)] = READ_DEFAULT,
-    ) -> dict[str, Any]:
-        """Read a file from /data or /workspace: UTF-8 text as it is, anything else as base64;
-        at most max_bytes (truncated says whether more was there). For small files and
-        results; profile big data files with describe_file or load them in run_python."""
+    async def read_file(path: str, ctx: Context, max_bytes: int = READ_DEFAULT) -> dict[str, Any]:
+        max_bytes = int(max_bytes)  # JSON Schema counts 6.0 as an integer
         cell = cell_of(ctx)
         where = sandbox_path(path, cell)
         data = await blocking(cell.sandbox.read, where, max_bytes + 1)
@@ -240,24 +209,14 @@ def build_server(cells: Cells, limits: Limits) -> FastMCP:
             text = data[: error.start].decode("utf-8")
         return {"path": where, "encoding": "utf-8", "content": text, "truncated": truncated}
 
-    @mcp.tool()
-    async def write_file(
-        path: Annotated[str, Field(description="a path under /workspace (relative ones too)")],
-        content: Annotated[str, Field(description="the text to write (UTF-8)")],
-        ctx: Context,
-    ) -> str:
-        """Write a text file into /workspace (a script, a lookup table, parameters) for
-        run_python to use. /data is read-only."""
+    async def write_file(path: str, content: str, ctx: Context) -> str:
         cell = cell_of(ctx)
         where = sandbox_path(path, cell, writable=True)
         data = content.encode("utf-8")
         await blocking(cell.sandbox.write, where, data)
         return f"wrote {len(data)} bytes to {where}"
 
-    @mcp.tool()
     async def export_outputs(ctx: Context) -> dict[str, Any]:
-        """Copy /workspace/output to the folder the server was started with (--output) and
-        return the host paths. Call once the results are written there."""
         cell = cell_of(ctx)
         if cell.output is None:
             raise ToolError(
@@ -267,21 +226,55 @@ def build_server(cells: Cells, limits: Limits) -> FastMCP:
         names = await blocking(cell.sandbox.export, cell.output, "output")
         return {"files": [str(cell.output / name) for name in names]}
 
+    handlers = {
+        "run_python": run_python,
+        "describe_file": describe_file,
+        "calculator": calculator,
+        "list_files": list_files,
+        "read_file": read_file,
+        "write_file": write_file,
+        "export_outputs": export_outputs,
+    }
+    listed = definitions(limits)
+    if {tool.name for tool in listed} != set(handlers):  # a tool defined but not served
+        raise RuntimeError("agent.mcp.definitions and the server's handlers name other tools")
     # Every call is checked against its tool's schema first, as the agent's registry checks
-    # its tools (errors in words); the schemas forbid unknown arguments, which FastMCP alone
-    # would drop silently. Validators are built once: the SDK's own check (jsonschema.validate)
-    # re-checks the schema on each call, 2 ms, as long as a whole trivial cell.
-    validators = {}
-    for tool in mcp._tool_manager.list_tools():
-        tool.parameters["additionalProperties"] = False
-        validators[tool.name] = Draft202012Validator(tool.parameters)
+    # its tools (errors in words; unknown arguments refused). Validators are built once: the
+    # SDK's own check (jsonschema.validate) re-checks the schema on each call, 2 ms, as long
+    # as a whole trivial cell.
+    validators = {tool.name: Draft202012Validator(tool.inputSchema) for tool in listed}
 
-    async def checked_call(name: str, arguments: dict[str, Any]):
-        validator = validators.get(name)
-        problem = validator and schema_problem(validator, arguments or {})
-        if problem:  # the low-level server answers isError with this text
+    @server.list_tools()
+    async def list_tools() -> list[Tool]:
+        return listed
+
+    @server.call_tool(validate_input=False)
+    async def call_tool(name: str, arguments: dict[str, Any]):
+        handler = handlers.get(name)
+        if handler is None:  # the low-level server answers isError with this text
+            raise ToolError(f"Unknown tool: {name}")
+        problem = schema_problem(validators[name], arguments)
+        if problem:
             raise ToolError(f"{name}: {problem}")
-        return await mcp.call_tool(name, arguments)
+        try:
+            result = await handler(ctx=Context(request_context=server.request_context), **arguments)
+        except Exception as error:  # an isError result that names the tool, as FastMCP's did
+            raise ToolError(f"Error executing tool {name}: {error}") from error
+        if isinstance(result, str):  # write_file's one line, also as {"result": line}
+            return [TextContent(type="text", text=result)], {"result": result}
+        if isinstance(result, dict):  # an object: structured, and as JSON text for older clients
+            text = json.dumps(result, indent=2, ensure_ascii=False)
+            return [TextContent(type="text", text=text)], result
+        return result
 
-    mcp._mcp_server.call_tool(validate_input=False)(checked_call)
-    return mcp
+    return server
+
+
+def run_stdio(server: Server) -> None:
+    """Serve the one client on stdin/stdout until it closes the pipe."""
+
+    async def serve() -> None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    anyio.run(serve)
