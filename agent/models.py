@@ -91,17 +91,9 @@ class OpenAIModel:
     ):
         """The Python API: each argument not given is taken from the environment
         (ModelSettings.from_env), else its default."""
-        settings = ModelSettings.from_env(
-            name=model,
-            base_url=base_url,
-            api_key=api_key,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            timeout_s=timeout_s,
-            max_retries=max_retries,
-            retry_base_s=retry_base_s,
-        )
-        self._start(settings, sleep)
+        given = {"name": model, "base_url": base_url, "api_key": api_key, "max_tokens": max_tokens}
+        as_is = {"temperature": temperature, "timeout_s": timeout_s, "max_retries": max_retries}
+        self._start(ModelSettings.from_env(**given, **as_is, retry_base_s=retry_base_s), sleep)
 
     @classmethod
     def from_settings(
