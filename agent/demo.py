@@ -4,7 +4,6 @@ Uses the endpoint in OPENAI_BASE_URL / OPENAI_API_KEY / SANDCELL_MODEL when set,
 bundled scripted replies (a replay, and it says so). The sandbox is real either way."""
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from agent.cli import exits
 from agent.cli.console import EventPrinter
 from agent.cli.options import output_folder
 from agent.jobfiles import write_answer
+from agent.model_settings import endpoint_in
 from agent.models import OpenAIModel
 from agent.scripted import ScriptedModel
 from agent.session import Agent
@@ -30,7 +30,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--output", type=Path, default=Path("sandcell-out/demo"))
     args = parser.parse_args()
-    if os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY"):
+    if endpoint_in():
         model = OpenAIModel()
         print(f"model: {model.name} at {model.where}")
     else:

@@ -8,11 +8,11 @@ wall time) and its cancel hold for the whole request instead: a timer shuts the 
 then, whatever the server sends or withholds (agent.deadline), and a retry that would start
 after the deadline is not waited for. Messages name the endpoint without the credentials its
 URL may carry (agent.redact).
-Each reply is capped (max_tokens, 4096 unless --max-tokens or SANDCELL_MAX_TOKENS say), so a
-local model that never stops still ends. 429, 5xx and connection errors are retried until the
-first token arrives; a timeout is not (the server may still be working on the request), and a
-reply that stops mid-way is one clear error, not a retry queued behind a server still busy
-with the first request.
+Each reply is capped (max_tokens, 4096 unless --max-tokens or SANDCELL_MAX_TOKENS say, resolved
+once with the other settings by agent.model_settings), so a local model that never stops still
+ends. 429, 5xx and connection errors are retried until the first token arrives; a timeout is
+not (the server may still be working on the request), and a reply that stops mid-way is one
+clear error, not a retry queued behind a server still busy with the first request.
 
 What real servers do unlike the OpenAI API, and what is done about it here (each has a test in
 tests/test_agent_models.py, and tests/test_realmodel.py runs llama-cpp-python's server):
@@ -36,7 +36,6 @@ from __future__ import annotations
 import email.utils
 import json
 import logging
-import os
 import random
 import time
 from collections.abc import Callable
@@ -46,7 +45,8 @@ import openai
 from agent.assembly import Assembly
 from agent.deadline import RequestDeadline
 from agent.endpoint_errors import closed, invalid, no_response, refuses_choice, short
-from agent.redact import redact_url, scrub
+from agent.model_settings import API_KEY_ENV, BASE_URL_ENV, DEFAULT_BASE_URL, ModelSettings
+from agent.redact import scrub
 from agent.seams import (
     LimitReached,
     ModelError,
@@ -58,9 +58,6 @@ from agent.seams import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BASE_URL = "https://api.openai.com/v1"
-DEFAULT_MODEL = "gpt-4o-mini"
-DEFAULT_MAX_TOKENS = 4096  # the CLI's --max-tokens shows the same default
 _TRANSIENT = (openai.RateLimitError, openai.InternalServerError, openai.APIConnectionError)
 _TOOL_WORDS = ("tool", "function")  # in a 400 body: the endpoint refused the tool definitions
 
@@ -92,24 +89,38 @@ class OpenAIModel:
         retry_base_s: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
     ):
-        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip(
-            "/"
-        )
-        self.where = redact_url(self.base_url)  # what messages show: no credentials
-        self.name = model or os.environ.get("SANDCELL_MODEL") or DEFAULT_MODEL
-        key = api_key or os.environ.get("OPENAI_API_KEY")
-        if not key and self.base_url == DEFAULT_BASE_URL:
+        """The Python API: each argument not given is taken from the environment
+        (ModelSettings.from_env), else its default."""
+        given = {"name": model, "base_url": base_url, "api_key": api_key, "max_tokens": max_tokens}
+        as_is = {"temperature": temperature, "timeout_s": timeout_s, "max_retries": max_retries}
+        self._start(ModelSettings.from_env(**given, **as_is, retry_base_s=retry_base_s), sleep)
+
+    @classmethod
+    def from_settings(
+        cls, settings: ModelSettings, sleep: Callable[[float], None] = time.sleep
+    ) -> OpenAIModel:
+        """A client for settings resolved already (the CLI's, a Ray node's): the environment
+        is not read again."""
+        model = cls.__new__(cls)
+        model._start(settings, sleep)
+        return model
+
+    def _start(self, settings: ModelSettings, sleep: Callable[[float], None]) -> None:
+        self.settings = settings
+        self.base_url, self.name = settings.base_url, settings.name
+        self.where = settings.where  # what messages show: no credentials
+        if not settings.api_key and self.base_url == DEFAULT_BASE_URL:
             raise ModelError(
-                f"no API key for {self.where}: set OPENAI_API_KEY (or pass --api-key), "
-                "or point OPENAI_BASE_URL at a local server (vLLM, Ollama, llama.cpp)"
+                f"no API key for {self.where}: set {API_KEY_ENV} (or pass --api-key), "
+                f"or point {BASE_URL_ENV} at a local server (vLLM, Ollama, llama.cpp)"
             )
-        self.temperature = temperature
-        self.max_tokens = _max_tokens(max_tokens)
+        self.temperature, self.max_tokens = settings.temperature, settings.max_tokens
         self._cap = "max_tokens"  # "max_completion_tokens" once the endpoint asks for it
         self._usage_option = True  # stream_options.include_usage, until the endpoint refuses it
         self._refused_choices: set[str] = set()  # tool_choice values the endpoint refused
-        self.max_retries, self.retry_base_s, self._sleep = max_retries, retry_base_s, sleep
-        self._key, self.timeout_s = key or "sk-local", timeout_s  # local servers ignore the key
+        self.max_retries, self.retry_base_s = settings.max_retries, settings.retry_base_s
+        self._sleep, self.timeout_s = sleep, settings.timeout_s
+        self._key = settings.api_key or "sk-local"  # local servers ignore the key
         self.client = self._new_client()
 
     def _new_client(self) -> openai.OpenAI:
@@ -454,21 +465,3 @@ def _wire(message: dict) -> dict:
     if message.get("role") == "assistant" and message.get("content") is None:
         return {**message, "content": ""}
     return message
-
-
-def _max_tokens(given: int | None) -> int:
-    """The cap on each reply: the caller's (the CLI flag), else SANDCELL_MAX_TOKENS, else 4096."""
-    raw = given if given is not None else os.environ.get("SANDCELL_MAX_TOKENS") or None
-    if raw is None:
-        return DEFAULT_MAX_TOKENS
-    try:
-        cap = int(raw)
-    except ValueError:
-        cap = 0
-    if cap < 1:
-        where = "max_tokens" if given is not None else "SANDCELL_MAX_TOKENS"
-        raise ModelError(
-            f"{where}={raw!r} is not a number of tokens: give a whole number of at least 1 "
-            f"(the default is {DEFAULT_MAX_TOKENS})"
-        )
-    return cap

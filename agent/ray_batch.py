@@ -40,6 +40,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from agent import stops
 from agent.batch import STOP_WAIT_S, Batch, Job, Running, failed, fresh_folder, run_job
+from agent.model_settings import ModelSettings
 from agent.scripted import ScriptedModel, load_script
 from agent.seams import Model, Terminated
 from agent.stops import Rules
@@ -61,7 +62,7 @@ class Settings:
     limits: Limits
     rules: Rules
     protocol: str
-    model: dict  # OpenAIModel's arguments but the key: model, base_url, temperature, max_tokens
+    model: ModelSettings  # with no key: that travels as an object (RayBatch._key_box)
     shared_paths: bool = False
 
 
@@ -150,7 +151,7 @@ def endpoint_model(settings: Settings, key_box: list | None):
     from agent.models import OpenAIModel  # loads openai: on the nodes only
 
     key = ray.get(key_box[0]) if key_box else None  # else OPENAI_API_KEY of the node
-    return OpenAIModel(**settings.model, api_key=key)
+    return OpenAIModel.from_settings(replace(settings.model, api_key=key).filled())
 
 
 def run_here(
@@ -243,8 +244,7 @@ class RayBatch(Batch):
         rules: Rules,
         protocol: str = "auto",
         *,
-        model: dict | None = None,
-        api_key: str | None = None,
+        model: ModelSettings | None = None,
         address: str | None = None,
         shared_paths: bool = False,
         max_input_mb: int = MAX_INPUT_MB,
@@ -253,8 +253,10 @@ class RayBatch(Batch):
         jobs = [replace(job, inputs=Inputs.from_paths(job.inputs)) for job in jobs]
         super().__init__(jobs, output, 0, None, limits, rules, protocol, progress)
         self.address = address or os.environ.get("RAY_ADDRESS") or "auto"
-        self.settings = Settings(limits, rules, protocol, dict(model or {}), shared_paths)
-        self.api_key, self.max_input_mb = api_key, max_input_mb
+        model = model or ModelSettings.from_env()
+        keyless = replace(model, api_key=None)
+        self.settings = Settings(limits, rules, protocol, keyless, shared_paths)
+        self.api_key, self.max_input_mb = model.api_key, max_input_mb
         self.counts.update(nodes=0, slots="0/0")
         self.runners: dict[str, object] = {}
         self._runner_class = ray.remote(NodeRunner)

@@ -4,6 +4,7 @@ any token, none once tokens arrived, and the clear errors. ScriptedModel: its sc
 entry by entry when loaded."""
 
 import json
+import pickle
 import time
 
 import click
@@ -12,7 +13,8 @@ from click.testing import CliRunner
 
 from agent.cli import exits, main
 from agent.cli.options import agent_options, build_model
-from agent.models import DEFAULT_MAX_TOKENS, OpenAIModel
+from agent.model_settings import DEFAULT_MAX_TOKENS, ModelSettings
+from agent.models import OpenAIModel
 from agent.scripted import ScriptedModel, ScriptError
 from agent.seams import ModelError, ToolsUnsupported
 from tests.scripted_server import ScriptedServer, dead_url
@@ -64,17 +66,23 @@ def test_a_bad_max_tokens_variable_is_a_clear_error(monkeypatch, value):
         OpenAIModel("m", base_url="http://127.0.0.1:9/v1")
 
 
-def _probe(args: list[str], env: dict | None = None):
-    """The shared options of run/batch/chat, parsed by click, built into a model."""
-    built = []
+def _parsed(args: list[str], env: dict | None = None):
+    """The shared options of run/batch/chat, parsed by click in env: the result and opts."""
+    seen = []
 
     @click.command()
     @agent_options
     def probe(opts):
-        built.append(build_model(opts))
+        seen.append(opts)
 
     result = CliRunner().invoke(probe, args, env=env)
-    return result, (built[0] if built else None)
+    return result, (seen[0] if seen else None)
+
+
+def _probe(args: list[str], env: dict | None = None):
+    """The shared options of run/batch/chat, parsed by click, built into a model."""
+    result, opts = _parsed(args, env)
+    return result, (build_model(opts) if opts else None)
 
 
 def test_max_tokens_flag_and_variable_reach_the_request():
@@ -474,6 +482,66 @@ def test_settings_come_from_the_environment(monkeypatch):
         m = OpenAIModel()
         assert m.complete(USER).text == "from env"
     assert s.requests[0]["model"] == "env-model"
+
+
+def test_settings_resolve_what_is_given_over_the_variables_over_the_defaults():
+    env = {
+        "SANDCELL_MODEL": "env-model",
+        "OPENAI_BASE_URL": "http://h:1/v1/",
+        "OPENAI_API_KEY": "ek",
+    }
+    env["SANDCELL_MAX_TOKENS"] = "321"
+    assert ModelSettings.from_env(env) == ModelSettings(
+        "env-model", "http://h:1/v1", "ek", 0.0, 321
+    )
+    given = ModelSettings.from_env(
+        env, name="m", base_url="http://g:2/v1", api_key="gk", max_tokens=7, temperature=0.5
+    )
+    assert given == ModelSettings("m", "http://g:2/v1", "gk", 0.5, 7)
+    unset = {k: "" for k in env}  # an empty variable counts as unset, as click's envvar did
+    assert ModelSettings.from_env(unset) == ModelSettings() == ModelSettings.from_env({})
+    assert ModelSettings().max_tokens == DEFAULT_MAX_TOKENS == 4096
+    with pytest.raises(ModelError, match="SANDCELL_MAX_TOKENS='0'"):
+        ModelSettings.from_env({"SANDCELL_MAX_TOKENS": "0"})
+
+
+def test_the_cli_reads_the_environment_once_and_a_flag_overrides_it(monkeypatch):
+    """The CLI's flags and variables become one ModelSettings when the command starts; the
+    client built from it does not read the environment again (it did: a --model not given
+    was looked up once by click and again by OpenAIModel)."""
+    with ScriptedServer(["from flags", "from env"], api_key="env-key") as s:
+        env = {"OPENAI_BASE_URL": s.url, "OPENAI_API_KEY": "env-key"}
+        env.update(SANDCELL_MODEL=None, SANDCELL_MAX_TOKENS=None)
+        result, opts = _parsed(["--model", "flag-model", "--max-tokens", "9"], env)
+        assert result.exit_code == 0, result.output
+        assert opts["model"] == ModelSettings("flag-model", s.url, "env-key", 0.0, 9)
+        assert not {"model_name", "base_url", "api_key", "max_tokens"} & set(opts)
+        build_model(opts).complete(USER)
+        result, opts = _parsed([], env)
+        monkeypatch.setenv("SANDCELL_MODEL", "changed-later")
+        monkeypatch.setenv("SANDCELL_MAX_TOKENS", "5")
+        build_model(opts).complete(USER)
+    assert [(r["model"], r["max_tokens"]) for r in s.requests] == [
+        ("flag-model", 9),
+        ("gpt-4o-mini", 4096),
+    ]
+    bad = _parsed([], {"SANDCELL_MAX_TOKENS": "lots"})[0]
+    assert bad.exit_code == 2 and "SANDCELL_MAX_TOKENS='lots'" in bad.output
+
+
+def test_settings_travel_pickled_with_the_key_kept_out_of_reprs():
+    settings = ModelSettings.from_env(
+        {}, name="m", base_url="https://me:pa55word@h.example/v1?api_key=q-SECRET", api_key="SK-1"
+    )
+    assert pickle.loads(pickle.dumps(settings)) == settings  # as it goes to a Ray node
+    model = OpenAIModel.from_settings(settings)
+    for shown in (repr(settings), str(settings), repr(model)):
+        assert "SK-1" not in shown and "pa55word" not in shown and "q-SECRET" not in shown
+        assert "h.example" in shown
+    # a Ray node given no key by the driver takes its own; the rest stays the driver's
+    node = {"OPENAI_API_KEY": "node-key", "SANDCELL_MODEL": "other", "SANDCELL_MAX_TOKENS": "5"}
+    keyless = ModelSettings.from_env({}, name="m", base_url="http://h:1/v1", max_tokens=9)
+    assert keyless.filled(node) == ModelSettings("m", "http://h:1/v1", "node-key", 0.0, 9)
 
 
 def test_no_key_for_the_openai_default_endpoint_is_a_clear_error(monkeypatch):

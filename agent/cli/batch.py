@@ -139,16 +139,13 @@ def ray_batch(jobs, output, address, shared_paths, max_input_mb, no_progress, op
         raise click.UsageError(
             "--ray needs Ray on this host and on every node: pip install 'sandcell[ray]'"
         ) from None
-    model = {k: opts[o] for k, o in (("model", "model_name"), ("base_url", "base_url"))}
-    model.update(temperature=opts["temperature"], max_tokens=opts["max_tokens"])
     return RayBatch(
         jobs,
         output,
         build_limits(opts),
         build_rules(opts),
         opts["protocol"],
-        model=model,
-        api_key=opts["api_key"],
+        model=opts["model"],
         address=address or None,
         shared_paths=shared_paths,
         max_input_mb=max_input_mb,

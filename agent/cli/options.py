@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from click.core import ParameterSource
 
+from agent.model_settings import (
+    API_KEY_ENV,
+    BASE_URL_ENV,
+    DEFAULT_MAX_TOKENS,
+    MAX_TOKENS_ENV,
+    MODEL_ENV,
+    ModelSettings,
+)
 from agent.stops import Rules
 from sandbox.limits import Limits
 
@@ -122,19 +131,14 @@ def overwrite_option(command):
     )(command)
 
 
+# No envvar= on the endpoint's options: ModelSettings.from_env reads those variables (once).
 _OPTIONS = [
-    click.option(
-        "--model",
-        "model_name",
-        envvar="SANDCELL_MODEL",
-        help="Model name at the endpoint [env SANDCELL_MODEL].",
-    ),
+    click.option("--model", "model_name", help=f"Model name at the endpoint [env {MODEL_ENV}]."),
     click.option(
         "--base-url",
-        envvar="OPENAI_BASE_URL",
-        help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 [env OPENAI_BASE_URL].",
+        help=f"OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 [env {BASE_URL_ENV}].",
     ),
-    click.option("--api-key", envvar="OPENAI_API_KEY", help="API key [env OPENAI_API_KEY]."),
+    click.option("--api-key", help=f"API key [env {API_KEY_ENV}]."),
     click.option(
         "--replay",
         type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -150,12 +154,11 @@ _OPTIONS = [
     click.option("--temperature", type=click.FloatRange(0, 2), default=0.0, show_default=True),
     click.option(
         "--max-tokens",
-        envvar="SANDCELL_MAX_TOKENS",
         type=click.IntRange(min=1),
-        default=4096,  # agent.models.DEFAULT_MAX_TOKENS (not imported here: it loads openai)
+        default=DEFAULT_MAX_TOKENS,  # shown; when not given, SANDCELL_MAX_TOKENS may say
         show_default=True,
         help="Cap on each reply's tokens, so a model that never stops still ends "
-        "[env SANDCELL_MAX_TOKENS].",
+        f"[env {MAX_TOKENS_ENV}].",
     ),
     click.option(
         "--max-steps",
@@ -217,8 +220,33 @@ def _gathered(command, options: list, names: list[str]):
 
 
 def agent_options(command):
-    """Add the model and limit options; the command receives them as `opts` (a dict)."""
-    return _gathered(command, _OPTIONS + _LIMIT_OPTIONS, _MODEL_NAMES + _LIMIT_NAMES)
+    """Add the model and limit options; the command receives them as `opts` (a dict), the
+    endpoint's as one value, opts["model"] (ModelSettings), resolved before the command runs."""
+
+    @functools.wraps(command)
+    def resolved(*args, opts: dict, **kwargs):
+        return command(*args, opts=with_model_settings(opts), **kwargs)
+
+    return _gathered(resolved, _OPTIONS + _LIMIT_OPTIONS, _MODEL_NAMES + _LIMIT_NAMES)
+
+
+def with_model_settings(opts: dict) -> dict:
+    """opts with the endpoint's flags replaced by opts["model"]: each flag given wins, else its
+    variable, else the default. A bad SANDCELL_MAX_TOKENS is a usage error (exit 2)."""
+    from agent.seams import ModelError
+
+    opts = dict(opts)
+    given = {"name": opts.pop("model_name"), "base_url": opts.pop("base_url")}
+    given.update(api_key=opts.pop("api_key"), temperature=opts.pop("temperature"))
+    max_tokens = opts.pop("max_tokens")
+    source = click.get_current_context().get_parameter_source("max_tokens")
+    if source is not ParameterSource.DEFAULT:  # the shown default lets the variable say
+        given["max_tokens"] = max_tokens
+    try:
+        opts["model"] = ModelSettings.from_env(**given)
+    except ModelError as error:
+        raise click.UsageError(str(error)) from None
+    return opts
 
 
 def limit_options(command):
@@ -233,13 +261,7 @@ def build_model(opts: dict) -> Model:
 
     if opts["replay"]:
         return ScriptedModel(opts["replay"])
-    return OpenAIModel(
-        opts["model_name"],
-        base_url=opts["base_url"],
-        api_key=opts["api_key"],
-        temperature=opts["temperature"],
-        max_tokens=opts["max_tokens"],
-    )
+    return OpenAIModel.from_settings(opts["model"])
 
 
 def build_agent(opts: dict, on_event=None) -> Agent:
