@@ -258,6 +258,7 @@ class RayExecutor:
     def __enter__(self) -> RayExecutor:
         """Connected: a cluster that is not there (or offers no sandboxes) is said before the
         bar shows."""
+        self._sigterm = False
         try:
             self._connect()
         except BaseException:
@@ -270,6 +271,7 @@ class RayExecutor:
         try:
             self._close_runners()
             ray.shutdown()
+            self.__dict__.pop("_key_box", None)  # its object went with the connection
         finally:
             if self._restore_sigterm is not None:
                 signal.signal(signal.SIGTERM, self._restore_sigterm)
