@@ -3,7 +3,8 @@
 Each job runs in its own sandbox from a warm pool; results land in DIR/<id>/ and one line of
 DIR/results.jsonl per job, appended and flushed as each job ends. A rerun skips the ids
 already in results.jsonl and redoes the rest, so a batch killed half-way loses nothing.
-`run_job` is the one job body: the threads here and a Ray node (agent/ray_batch.py) run it."""
+`run_job` is the one job body; an `Executor` runs the jobs: `ThreadExecutor` here, or
+`RayExecutor` (agent/ray_batch.py) on a Ray cluster, both calling `run_job`."""
 
 import functools
 import json
@@ -17,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from tqdm import tqdm
 
@@ -26,7 +28,7 @@ from agent.scripted import ScriptedModel, ScriptError
 from agent.seams import Model, Terminated
 from agent.session import Agent
 from agent.stops import Rules
-from sandbox import InputError, Inputs, Limits, Sandbox, SandboxPool
+from sandbox import InputError, Inputs, Limits, SandboxPool
 
 RESULTS = "results.jsonl"
 STOP_WAIT_S = 60.0  # after Ctrl-C or SIGTERM, how long running jobs get to end
@@ -145,24 +147,36 @@ class Running:
             session.stop(reason, within=max(0.0, deadline - time.monotonic()))
 
 
+@dataclass(frozen=True)
+class JobSettings:
+    """What every job of a batch shares: the sandbox's limits, the stop rules, the action
+    protocol. The model is not here: each executor makes it where the job runs."""
+
+    limits: Limits = field(default_factory=Limits)
+    rules: Rules = field(default_factory=Rules)
+    protocol: str = "auto"
+
+
 def run_job(
     job: Job,
     folder: Path,
-    make_model: Callable[[Job], Model],
-    acquire: Callable[[], Sandbox] | None,
-    limits: Limits,
-    rules: Rules,
-    protocol: str,
+    settings: JobSettings,
+    *,
+    model: Callable[[Job], Model],
+    pool: SandboxPool | None,
     running: Running,
 ) -> dict:
     """Run one job into `folder` (made afresh) and return its line of results.jsonl. The one
-    job body: the local batch calls it in a thread, a Ray node in its actor. `acquire` gives
-    the job's sandbox (a pool's); None starts a fresh one."""
+    job body: the local batch calls it in a thread, a Ray node in its actor. The job's sandbox
+    comes from `pool`; None starts a fresh one."""
     fresh_folder(folder)  # an unfinished earlier attempt's is removed
     started = time.monotonic()
     record = {"id": job.id, "task": job.task}
+    acquire = functools.partial(pool.acquire, inputs=job.inputs) if pool else None
     try:
-        agent = Agent(make_model(job), limits=limits, rules=rules, protocol=protocol)
+        agent = Agent(
+            model(job), limits=settings.limits, rules=settings.rules, protocol=settings.protocol
+        )
         # taken beside the job's first model request; the session closes it
         with agent.session(job.inputs, folder, acquire) as session, running.tracked(session):
             result = session.ask(job.task)
@@ -198,77 +212,99 @@ def fresh_folder(folder: Path) -> None:
     folder.mkdir(parents=True)
 
 
-class Batch:
-    """The driver: which jobs are left, the progress bar, results.jsonl. `_execute` runs the
-    jobs (here in threads on this host; agent.ray_batch runs them on a Ray cluster) and hands
-    each record to `_record` as it ends."""
+class Executor(Protocol):
+    """Where a batch's jobs run: threads on this host (`ThreadExecutor`) or a Ray cluster
+    (`agent.ray_batch.RayExecutor`). Entered before the progress bar shows, so a backend that
+    cannot run (no cluster) says so first; left at the end, whatever happened."""
 
-    def __init__(
-        self,
-        jobs: list[Job],
-        output: Path,
-        workers: int,
-        make_model: Callable[[Job], Model],
-        limits: Limits,
-        rules: Rules,
-        protocol: str = "auto",
-        progress: bool = True,
-    ):
-        self.jobs, self.output, self.workers = jobs, output, workers
-        self.make_model, self.limits, self.rules, self.protocol = (
-            make_model,
-            limits,
-            rules,
-            protocol,
+    def __enter__(self) -> "Executor": ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def run(self, jobs: list[Job], batch: "Batch") -> list[dict]:
+        """Run `jobs`, each into batch.output/<id>/; call batch.started() as one starts and
+        batch.record(record) as one ends; return the records. On Ctrl-C or SIGTERM
+        (KeyboardInterrupt): stop the running jobs, record them as they end, start no more,
+        re-raise."""
+        ...
+
+
+class ThreadExecutor:
+    """The jobs in threads on this host, `workers` at once, each in a sandbox from one warm
+    pool; `model` gives each job its model."""
+
+    def __init__(self, workers: int, settings: JobSettings, model: Callable[[Job], Model]):
+        self.workers, self.settings, self.model = workers, settings, model
+
+    def __enter__(self) -> "ThreadExecutor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass  # run() removes its pool and threads itself
+
+    def run(self, jobs: list[Job], batch: "Batch") -> list[dict]:
+        running = Running()
+        with (
+            # one more than the workers: the next job's sandbox is ready when a job ends
+            SandboxPool(size=min(self.workers + 1, len(jobs)), limits=self.settings.limits) as pool,
+            ThreadPoolExecutor(max_workers=self.workers) as threads,
+        ):
+            try:
+                return list(threads.map(lambda job: self._one(job, batch, pool, running), jobs))
+            except KeyboardInterrupt as stop:
+                running.stop(
+                    stops.TERMINATED if isinstance(stop, Terminated) else stops.INTERRUPTED
+                )
+                threads.shutdown(wait=True, cancel_futures=True)
+                raise
+
+    def _one(self, job: Job, batch: "Batch", pool: SandboxPool, running: Running) -> dict:
+        if running.stopping:  # queued before the stop: not started, and nothing recorded
+            return {"id": job.id, "task": job.task, "status": "interrupted"}
+        batch.started()
+        record = run_job(
+            job, batch.output / job.id, self.settings, model=self.model, pool=pool, running=running
         )
-        self.progress = progress
+        batch.record(record)
+        return record
+
+
+class Batch:
+    """The driver: which jobs are left, the progress bar, results.jsonl. Its executor runs
+    the jobs (in threads here, or on a Ray cluster) and hands each record to `record` as it
+    ends."""
+
+    def __init__(self, jobs: list[Job], output: Path, executor: Executor, progress: bool = True):
+        self.jobs, self.output, self.executor, self.progress = jobs, output, executor, progress
         self._lock = threading.Lock()
         self.counts: dict = {"done": 0, "failed": 0, "running": 0}
         self.skipped = 0  # jobs finished by an earlier run
-        self.running = Running()
 
     def run(self) -> list[dict]:
         """Every job not finished for good yet. Ctrl-C or SIGTERM stops the running jobs (their
         cells interrupted, before their next model call), records them as interrupted (a rerun
         redoes them), starts no more, removes every container, then re-raises."""
-        self.output.mkdir(parents=True, exist_ok=True)
-        done = {k: r for k, r in finished(self.output).items() if settled(r)}
-        todo = [job for job in self.jobs if job.id not in done]
-        self.skipped = len(self.jobs) - len(todo)
-        self.bar = tqdm(
-            total=len(self.jobs),
-            initial=len(self.jobs) - len(todo),
-            unit="job",
-            disable=not self.progress,
-            dynamic_ncols=True,
-        )
-        try:
-            records = self._execute(todo)
-        finally:
-            self.bar.close()
+        with self.executor:  # first: a backend that cannot run says so before any file or bar
+            self.output.mkdir(parents=True, exist_ok=True)
+            done = {k: r for k, r in finished(self.output).items() if settled(r)}
+            todo = [job for job in self.jobs if job.id not in done]
+            self.skipped = len(self.jobs) - len(todo)
+            self.bar = tqdm(
+                total=len(self.jobs),
+                initial=len(self.jobs) - len(todo),
+                unit="job",
+                disable=not self.progress,
+                dynamic_ncols=True,
+            )
+            try:
+                records = self.executor.run(todo, self) if todo else []
+            finally:
+                self.bar.close()
         latest = {**done, **{r["id"]: r for r in records}}
         ordered = [latest[j.id] for j in self.jobs if j.id in latest]
         if len(ordered) < sum(1 for _ in _lines(self.output / RESULTS)):
             self._rewrite(ordered)  # retried jobs left older lines: keep one line per job
         return ordered
-
-    def _execute(self, todo: list[Job]) -> list[dict]:
-        records = []
-        with (
-            # one more than the workers: the next job's sandbox is ready when a job ends
-            SandboxPool(size=min(self.workers + 1, len(todo)), limits=self.limits) as pool,
-            ThreadPoolExecutor(max_workers=self.workers) as workers,
-        ):
-            try:
-                for record in workers.map(lambda job: self._run_one(job, pool), todo):
-                    records.append(record)
-            except KeyboardInterrupt as stop:
-                self.running.stop(
-                    stops.TERMINATED if isinstance(stop, Terminated) else stops.INTERRUPTED
-                )
-                workers.shutdown(wait=True, cancel_futures=True)
-                raise
-        return records
 
     def _rewrite(self, records: list[dict]) -> None:
         temporary = self.output / (RESULTS + ".tmp")
@@ -278,24 +314,20 @@ class Batch:
             os.fsync(f.fileno())
         os.replace(temporary, self.output / RESULTS)  # atomic: a kill here loses nothing
 
-    def _run_one(self, job: Job, pool: SandboxPool) -> dict:
-        if self.running.stopping:  # queued before the stop: not started, and nothing recorded
-            return {"id": job.id, "task": job.task, "status": "interrupted"}
-        self._count("running", +1)
-        acquire = functools.partial(pool.acquire, inputs=job.inputs)
-        record = run_job(
-            job, self.output / job.id, self.make_model, acquire,
-            self.limits, self.rules, self.protocol, self.running,
-        )  # fmt: skip
-        self._record(record)
-        return record
-
-    def _count(self, key: str, delta: int) -> None:
+    def started(self) -> None:
+        """A job started (the bar's running count)."""
         with self._lock:
-            self.counts[key] += delta
+            self.counts["running"] += 1
             self.bar.set_postfix(self.counts, refresh=True)
 
-    def _record(self, record: dict) -> None:
+    def show(self, **figures) -> None:
+        """Figures beside the bar (an executor adds its own: Ray's nodes and slots)."""
+        with self._lock:
+            self.counts.update(figures)
+            self.bar.set_postfix(self.counts, refresh=True)
+
+    def record(self, record: dict) -> None:
+        """A job ended: its line appended to results.jsonl (flushed to disk), the bar moved."""
         with self._lock:
             with open(self.output / RESULTS, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")

@@ -1,7 +1,8 @@
 """`sandcell batch JOBS --output DIR --ray [ADDRESS]`: the same batch on a Ray cluster.
 
 What a batch means does not change (the jobs file, DIR/<id>/, results.jsonl, resume, exit
-statuses): `RayBatch` is `agent.batch.Batch` with another `_execute`. Ray does the rest:
+statuses): `RayExecutor` is the executor `agent.batch.Batch` runs its jobs with, in place
+of the threads of `ThreadExecutor`. Ray does the rest:
 - placement: each job is a task asking one unit of the custom resource `sandcell`, which a node
   declares as it joins (`ray start ... --resources '{"sandcell": N}'`: N sandboxes at once);
 - the job body: on its node the task hands the job to that node's `NodeRunner` actor, which
@@ -39,12 +40,20 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from agent import stops
-from agent.batch import STOP_WAIT_S, Batch, Job, Running, failed, fresh_folder, run_job
+from agent.batch import (
+    STOP_WAIT_S,
+    Batch,
+    Job,
+    JobSettings,
+    Running,
+    failed,
+    fresh_folder,
+    run_job,
+)
 from agent.model_settings import ModelSettings
 from agent.scripted import ScriptedModel, load_script
 from agent.seams import Model, Terminated
-from agent.stops import Rules
-from sandbox import InputError, Inputs, Limits, SandboxPool
+from sandbox import InputError, Inputs, SandboxPool
 from sandbox.errors import SandboxUnavailable
 
 RESOURCE = "sandcell"  # the custom resource a sandbox node declares: sandboxes at once
@@ -57,12 +66,11 @@ REFRESH_S = 2.0  # how often the driver looks for new nodes (and updates the bar
 
 @dataclass(frozen=True)
 class Settings:
-    """What every job of a batch shares, as sent to the nodes (never the API key)."""
+    """What every job of a batch shares, as sent to the nodes (never the API key): the job
+    settings a local batch uses too, and what a node needs to make the model itself."""
 
-    limits: Limits
-    rules: Rules
-    protocol: str
-    model: ModelSettings  # with no key: that travels as an object (RayBatch._key_box)
+    job: JobSettings
+    model: ModelSettings  # with no key: that travels as an object (RayExecutor._key_box)
     shared_paths: bool = False
 
 
@@ -85,7 +93,7 @@ class NodeRunner:
     def __init__(self, pool_size: int, settings: Settings, key_box: list | None):
         self.settings, self.key_box = settings, key_box
         remove_dead_scratch()
-        self.pool = SandboxPool(size=pool_size, limits=settings.limits)
+        self.pool = SandboxPool(size=pool_size, limits=settings.job.limits)
         self.running = Running()
         self._model = None  # one endpoint client for the node's jobs: it is thread-safe
         self._lock = threading.Lock()
@@ -182,12 +190,9 @@ def run_here(
                 return ScriptedModel(job.replies, name=job.replay_name)
             return model() if model else endpoint_model(settings, key_box)
 
-        acquire = functools.partial(pool.acquire, inputs=inputs) if pool else None
         folder = work / "out"
-        record = run_job(
-            Job(job.id, job.task, inputs), folder, make_model, acquire,
-            settings.limits, settings.rules, settings.protocol, running,
-        )  # fmt: skip
+        here = Job(job.id, job.task, inputs)
+        record = run_job(here, folder, settings.job, model=make_model, pool=pool, running=running)
         return record | {"node": node}, _files(folder)
 
 
@@ -231,55 +236,53 @@ def job_task(job: RemoteJob, blobs: dict, settings: Settings, key_box: list | No
     return ray.get(_runner[0].run.remote(job, blobs))
 
 
-class RayBatch(Batch):
-    """The driver on a Ray cluster: the jobs left go out as tasks, at most twice the slots at
-    a time (so the object store holds the inputs of those only), and each result is written
-    as it comes back."""
+class RayExecutor:
+    """A batch's jobs on a Ray cluster (`agent.batch.Executor`): they go out as tasks, at most
+    twice the slots at a time (so the object store holds the inputs of those only), and each
+    result is written as it comes back."""
 
     def __init__(
         self,
-        jobs: list[Job],
-        output: Path,
-        limits: Limits,
-        rules: Rules,
-        protocol: str = "auto",
+        settings: Settings,
         *,
-        model: ModelSettings | None = None,
+        api_key: str | None = None,
         address: str | None = None,
-        shared_paths: bool = False,
         max_input_mb: int = MAX_INPUT_MB,
-        progress: bool = True,
     ):
-        jobs = [replace(job, inputs=Inputs.from_paths(job.inputs)) for job in jobs]
-        super().__init__(jobs, output, 0, None, limits, rules, protocol, progress)
+        self.settings, self.api_key, self.max_input_mb = settings, api_key, max_input_mb
         self.address = address or os.environ.get("RAY_ADDRESS") or "auto"
-        model = model or ModelSettings.from_env()
-        keyless = replace(model, api_key=None)
-        self.settings = Settings(limits, rules, protocol, keyless, shared_paths)
-        self.api_key, self.max_input_mb = model.api_key, max_input_mb
-        self.counts.update(nodes=0, slots="0/0")
         self.runners: dict[str, object] = {}
         self._runner_class = ray.remote(NodeRunner)
-        self.slots = 0
+        self.slots, self.figures = 0, {"nodes": 0, "slots": "0/0"}
         self._sigterm, self._restore_sigterm = False, None
 
-    def run(self) -> list[dict]:
-        """The batch as on one host, connected first: a cluster that is not there (or offers
-        no sandboxes) is said before the bar shows. The runners go away at the end."""
+    def __enter__(self) -> RayExecutor:
+        """Connected: a cluster that is not there (or offers no sandboxes) is said before the
+        bar shows."""
+        self._sigterm = False
         try:
             self._connect()
-            return super().run()
-        finally:
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """The runners and their sandboxes go away; the SIGTERM handler is the one before."""
+        try:
             self._close_runners()
             ray.shutdown()
+            self.__dict__.pop("_key_box", None)  # its object went with the connection
+        finally:
             if self._restore_sigterm is not None:
                 signal.signal(signal.SIGTERM, self._restore_sigterm)
+                self._restore_sigterm = None
 
-    def _execute(self, todo: list[Job]) -> list[dict]:
-        if not todo:
-            return []
+    def run(self, jobs: list[Job], batch: Batch) -> list[dict]:
+        todo = [replace(job, inputs=Inputs.from_paths(job.inputs)) for job in jobs]
         self._refresh(len(todo))  # a runner per node, its pool sized for the jobs left
-        return self._run_all(todo)
+        batch.show(**self.figures)
+        return self._run_all(todo, batch)
 
     def _connect(self) -> None:
         _reachable(self.address)
@@ -333,15 +336,14 @@ class RayBatch(Batch):
         self.slots = int(sum(n["Resources"][RESOURCE] for n in nodes))
         self._refreshed = time.monotonic()
         free = ray.available_resources().get(RESOURCE, 0)
-        with self._lock:
-            self.counts.update(nodes=len(nodes), slots=f"{self.slots - int(free)}/{self.slots}")
+        self.figures = {"nodes": len(nodes), "slots": f"{self.slots - int(free)}/{self.slots}"}
 
     @functools.cached_property
     def _key_box(self) -> list | None:
         """The key as an object, in a list so no task spec ever carries it inline."""
         return [ray.put(self.api_key)] if self.api_key else None
 
-    def _run_all(self, todo: list[Job]) -> list[dict]:
+    def _run_all(self, todo: list[Job], batch: Batch) -> list[dict]:
         task = ray.remote(job_task).options(
             num_cpus=0,
             resources={RESOURCE: 1},
@@ -359,10 +361,10 @@ class RayBatch(Batch):
             while queue or pending:
                 while queue and len(pending) < 2 * max(1, self.slots):
                     job = queue.popleft()
-                    self._count("running", +1)
+                    batch.started()
                     refused = self._too_big(job)
                     if refused:
-                        records.append(self._failed(job, refused))
+                        records.append(self._failed(job, refused, batch))
                         continue
                     blobs = {} if self.settings.shared_paths else self._blobs(job, stored, uses)
                     pending[task.remote(self._remote(job), blobs, self.settings, self._key_box)] = (
@@ -370,16 +372,16 @@ class RayBatch(Batch):
                     )
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
                 for ref in ready:
-                    records.append(self._collect(ref, pending.pop(ref)))
+                    records.append(self._collect(ref, pending.pop(ref), batch))
                 if time.monotonic() - self._refreshed > REFRESH_S:
                     self._refresh(len(queue) + len(pending))
-                    self.bar.set_postfix(self.counts, refresh=True)
+                    batch.show(**self.figures)
         except KeyboardInterrupt as stop:
             # Ray's wait turns the Terminated our SIGTERM handler raises into a plain
             # KeyboardInterrupt: the flag says which signal it was
             terminated = isinstance(stop, Terminated) or self._sigterm
             records += self._stop_all(
-                stops.TERMINATED if terminated else stops.INTERRUPTED, pending
+                stops.TERMINATED if terminated else stops.INTERRUPTED, pending, batch
             )
             if terminated and not isinstance(stop, Terminated):
                 raise Terminated() from None
@@ -423,24 +425,24 @@ class RayBatch(Batch):
             f"replay:{job.replay.name}" if job.replay else None,
         )
 
-    def _collect(self, ref, job: Job) -> dict:
+    def _collect(self, ref, job: Job, batch: Batch) -> dict:
         """The job's record; its folder written under DIR/<id>/ first, then its results line."""
         try:
             record, files = ray.get(ref)
         except ray.exceptions.RayError as error:
-            return self._failed(job, _lost(error))
+            return self._failed(job, _lost(error), batch)
         if not self.settings.shared_paths:
             files = driver_paths(files, job)
-        write_folder(self.output / job.id, files)
-        self._record(record)
+        write_folder(batch.output / job.id, files)
+        batch.record(record)
         return record
 
-    def _failed(self, job: Job, error: str) -> dict:
+    def _failed(self, job: Job, error: str, batch: Batch) -> dict:
         record = failed(job, error)
-        self._record(record)
+        batch.record(record)
         return record
 
-    def _stop_all(self, reason: str, pending: dict) -> list[dict]:
+    def _stop_all(self, reason: str, pending: dict, batch: Batch) -> list[dict]:
         """Ctrl-C or SIGTERM: every node stops its running jobs, which come back interrupted
         and are recorded (a rerun redoes them); jobs not started yet are cancelled."""
         for runner in self.runners.values():
@@ -458,8 +460,8 @@ class RayBatch(Batch):
                 if result is None:  # or not started: nothing recorded, a rerun runs it
                     continue
                 record, files = result
-                write_folder(self.output / job.id, files)
-                self._record(record)
+                write_folder(batch.output / job.id, files)
+                batch.record(record)
                 records.append(record)
         for ref in pending:
             ray.cancel(ref)

@@ -14,10 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent import Rules, ScriptedModel
-from agent.batch import Batch, Job
+from agent import ScriptedModel
+from agent.batch import Batch, Job, JobSettings, ThreadExecutor
 from bench.tasks import TASKS, Task, answer_text, batch_script, result_in
-from sandbox import Limits
 
 MODEL_WAIT_S = 1.0  # the late replies' wait, before each one
 
@@ -66,7 +65,7 @@ def throughput(tasks: list[Task], workers: int, wait_s: float = 0.0) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="sandcell-bench-batch-") as folder:
         output = Path(folder)
-        batch = Batch(jobs, output, workers, model, Limits(), Rules(), progress=False)
+        batch = Batch(jobs, output, ThreadExecutor(workers, JobSettings(), model), progress=False)
         started = time.perf_counter()
         records = batch.run()
         seconds = time.perf_counter() - started

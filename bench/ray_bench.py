@@ -17,12 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent import Rules, ScriptedModel
-from agent.batch import Batch, Job
-from agent.ray_batch import RayBatch
+from agent import ScriptedModel
+from agent.batch import Batch, Job, JobSettings, ThreadExecutor
+from agent.model_settings import ModelSettings
+from agent.ray_batch import RayExecutor, Settings
 from bench.batch_bench import check, jobs_for
 from bench.tasks import TASKS, batch_script
-from sandbox import Limits
 
 NODE = {"num_cpus": 1, "resources": {"sandcell": 1}, "object_store_memory": 100 << 20}
 
@@ -68,15 +68,16 @@ def scripted(jobs: list[Job], by_id: dict, folder: Path) -> list[Job]:
 def local(jobs: list[Job], by_id: dict) -> dict:
     def make(jobs, output):
         scripts = {job.id: batch_script(by_id[job.id]) for job in jobs}
-        return Batch(jobs, output, 1, lambda job: ScriptedModel(scripts[job.id]),
-                     Limits(), Rules(), progress=False)  # fmt: skip
+        threads = ThreadExecutor(1, JobSettings(), lambda job: ScriptedModel(scripts[job.id]))
+        return Batch(jobs, output, threads, progress=False)
 
     return measure(make, jobs, by_id)
 
 
 def on_ray(cluster, jobs: list[Job], by_id: dict) -> dict:
     def make(jobs, output):
-        return RayBatch(jobs, output, Limits(), Rules(), address=cluster.address, progress=False)
+        ray_executor = RayExecutor(Settings(JobSettings(), ModelSettings()), address=cluster.address)
+        return Batch(jobs, output, ray_executor, progress=False)
 
     return measure(make, jobs, by_id)
 

@@ -11,8 +11,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from agent import ScriptedModel, stops
+from agent.batch import Batch, Job, JobSettings, ThreadExecutor, load_jobs
 from agent.cli import main
 from agent.trace import read_trace
+from sandbox import Limits
 from tests.containers import container_labels, owner_label
 from tests.polling import lines_in, wait_for
 from tests.realdata import CSVS
@@ -219,3 +222,87 @@ def test_a_failed_job_is_retried_on_rerun_and_results_keep_one_line_per_job(tmp_
     lines = (out / "results.jsonl").read_text().splitlines()
     assert [json.loads(x)["status"] for x in lines] == ["answered", "answered"]
     assert json.loads(lines[1])["answer"].endswith(f"has {expected['job-01']} rows.")
+
+
+class ListedExecutor:
+    """An executor of its own (agent.batch.Executor): answers each job at once, but stops
+    `failing` ones with a model error (a rerun retries those); notes what it was given."""
+
+    def __init__(self, failing: set[str] = frozenset()):
+        self.failing, self.given, self.entered, self.left = failing, [], 0, 0
+
+    def __enter__(self):
+        self.entered += 1
+        return self
+
+    def __exit__(self, *exc):
+        self.left += 1
+
+    def run(self, jobs, batch):
+        self.given.append([job.id for job in jobs])
+        records = []
+        for job in jobs:
+            batch.started()
+            (batch.output / job.id).mkdir(exist_ok=True)
+            if job.id in self.failing:
+                record = {"id": job.id, "status": "stopped", "stop_reason": stops.MODEL_ERROR}
+            else:
+                record = {"id": job.id, "status": "answered", "answer": f"{job.task}!"}
+            batch.record(record)
+            records.append(record)
+        return records
+
+
+def test_a_batch_runs_on_any_executor_and_a_rerun_gives_it_only_the_unfinished_jobs(tmp_path):
+    jobs = [Job(f"j{i}", f"task {i}") for i in range(3)]
+    out = tmp_path / "out"
+    first = ListedExecutor(failing={"j1"})
+    records = Batch(jobs, out, first, progress=False).run()
+    assert first.given == [["j0", "j1", "j2"]] and first.entered == first.left == 1
+    assert [r["status"] for r in records] == ["answered", "stopped", "answered"]
+    assert [json.loads(x)["id"] for x in (out / "results.jsonl").read_text().splitlines()] == [
+        "j0",
+        "j1",
+        "j2",
+    ]
+    second = ListedExecutor()
+    rerun = Batch(jobs, out, second, progress=False)
+    records = rerun.run()
+    assert second.given == [["j1"]] and rerun.skipped == 2
+    assert [r["status"] for r in records] == ["answered"] * 3
+    lines = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["status"]) for r in lines] == [(f"j{i}", "answered") for i in range(3)]
+    third = ListedExecutor()
+    assert len(Batch(jobs, out, third, progress=False).run()) == 3
+    assert third.given == [] and third.entered == third.left == 1  # nothing left to run
+
+
+class NoCluster(ListedExecutor):
+    def __enter__(self):
+        raise ConnectionError("no cluster here")
+
+
+def test_an_executor_that_cannot_start_fails_before_the_batch_writes_anything(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(ConnectionError):
+        Batch([Job("a", "x")], out, NoCluster(), progress=False).run()
+    assert not out.exists()
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(300)
+@pytest.mark.xdist_group("run")
+def test_a_batch_over_threads_runs_each_job_in_its_sandbox_with_the_settings_given(tmp_path):
+    jobs_file, expected = make_jobs(tmp_path, 2, looping={1})
+    out = tmp_path / "out"
+    settings = JobSettings(Limits(timeout_s=15))  # under load, pandas' import takes seconds
+    executor = ThreadExecutor(2, settings, lambda job: ScriptedModel(job.replay))
+    records = Batch(load_jobs(jobs_file), out, executor, progress=False).run()
+    by_id = {r["id"]: r for r in records}
+    assert by_id["job-00"]["status"] == "answered", by_id["job-00"]
+    assert by_id["job-00"]["answer"].endswith(f"has {expected['job-00']} rows.")
+    assert (out / "job-00" / "output" / "rows.txt").read_text() == str(expected["job-00"])
+    looping = read_trace(out / "job-01" / "trace.jsonl")
+    (ran,) = [o["execution"] for e in looping for o in e.get("observations") or []]
+    # stopped by the 15 s of the settings' limits, not the default 60 s
+    assert ran["timed_out"] and by_id["job-01"]["duration_s"] < 55, (ran, by_id["job-01"])

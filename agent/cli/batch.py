@@ -1,12 +1,21 @@
 """`sandcell batch JOBS.jsonl --output DIR --workers N`, or `--ray [ADDRESS]` for a Ray cluster."""
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from agent import stops
-from agent.batch import RESULTS, Batch, JobsError, load_jobs, settled
+from agent.batch import (
+    RESULTS,
+    Batch,
+    JobsError,
+    JobSettings,
+    ThreadExecutor,
+    load_jobs,
+    settled,
+)
 from agent.cli import exits, terminal
 from agent.cli.options import agent_options, build_limits, build_model, build_rules
 from agent.scripted import ScriptedModel
@@ -92,21 +101,14 @@ def batch_cmd(
 
     if not any(job.replay for job in jobs):
         make_model(jobs[0])  # a bad endpoint or key fails now (exit 4), not once per job
+    settings = JobSettings(build_limits(opts), build_rules(opts), opts["protocol"])
     if ray_address is not None:
-        batch = ray_batch(jobs, output, ray_address, shared_paths, max_input_mb, no_progress, opts)
+        executor = ray_executor(settings, ray_address, shared_paths, max_input_mb, opts)
     else:
-        limits = build_limits(opts)
-        preflight(runtime=limits.runtime)  # so does a missing engine, image or runtime (exit 3)
-        batch = Batch(
-            jobs,
-            output,
-            workers,
-            make_model,
-            limits,
-            build_rules(opts),
-            opts["protocol"],
-            progress=not no_progress,
-        )
+        # so does a missing engine, image or runtime (exit 3)
+        preflight(runtime=settings.limits.runtime)
+        executor = ThreadExecutor(workers, settings, make_model)
+    batch = Batch(jobs, output, executor, progress=not no_progress)
     records = batch.run()
     if batch.skipped:
         click.echo(f"skipped {batch.skipped} finished jobs (in {output / RESULTS} already)")
@@ -129,27 +131,22 @@ def batch_cmd(
     sys.exit(batch_status(failed + unanswered))
 
 
-def ray_batch(jobs, output, address, shared_paths, max_input_mb, no_progress, opts):
-    """The same batch on a Ray cluster: the nodes check Docker and the image themselves."""
+def ray_executor(settings: JobSettings, address, shared_paths, max_input_mb, opts):
+    """The jobs on a Ray cluster: the nodes check Docker and the image themselves."""
     try:
-        from agent.ray_batch import RayBatch
+        from agent.ray_batch import RayExecutor, Settings
     except ImportError as error:
         if error.name != "ray" and not (error.name or "").startswith("ray."):
             raise
         raise click.UsageError(
             "--ray needs Ray on this host and on every node: pip install 'sandcell[ray]'"
         ) from None
-    return RayBatch(
-        jobs,
-        output,
-        build_limits(opts),
-        build_rules(opts),
-        opts["protocol"],
-        model=opts["model"],
+    model = opts["model"]  # the key travels on its own, as an object in the cluster
+    return RayExecutor(
+        Settings(settings, replace(model, api_key=None), shared_paths),
+        api_key=model.api_key,
         address=address or None,
-        shared_paths=shared_paths,
         max_input_mb=max_input_mb,
-        progress=not no_progress,
     )
 
 
