@@ -6,7 +6,6 @@ the ratio of the medians (what the protocol, the pipes and the server's thread h
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import anyio
@@ -15,6 +14,7 @@ from mcp.client.stdio import stdio_client
 
 from bench.sandbox_bench import summary
 from sandbox import DockerSandbox
+from tests.cli_runner import SANDCELL
 
 CELL = "1 + 1"
 WARMUP = 20
@@ -22,7 +22,7 @@ WARMUP = 20
 
 async def _measure(runs: int) -> tuple[list[float], list[float]]:
     server = StdioServerParameters(
-        command=sys.executable, args=["-m", "agent.cli", "mcp"], env=dict(os.environ)
+        command=SANDCELL[0], args=[*SANDCELL[1:], "mcp"], env=dict(os.environ)
     )
     ours, direct = [], []
     with DockerSandbox() as sandbox:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Self
 
 import httpx
+
+from tests.cli_runner import free_port
 
 MODEL = "smollm2-135m"  # the alias the server answers to
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -44,12 +45,6 @@ def gguf_path() -> Path | None:
         return None
     path = Path(list(spec.submodule_search_locations)[0]) / GGUF
     return path if path.is_file() else None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class LlamaServer:

@@ -32,21 +32,20 @@ Script entries, consumed one per chat-completion request:
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
+from tests.cli_runner import free_port
+
 Entry = str | dict | Callable[[dict], Any]
 
 
 def dead_url() -> str:
     """An endpoint URL on a local port nothing listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    return f"http://127.0.0.1:{free_port()}/v1"
 
 
 class ScriptedServer:

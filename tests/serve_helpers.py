@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +19,7 @@ from agent import OpenAIModel
 from agent.cli.serve import listening_socket
 from agent.serve import ServeConfig, create_app
 from sandbox import Limits
+from tests.cli_runner import free_port, sandcell_process
 from tests.polling import wait_for  # noqa: F401  (the serve tests import it from here)
 
 ALICE, BOB = "alice-token-0123456789", "bob-token-9876543210"
@@ -134,12 +133,6 @@ def last_tool_message(body: dict) -> str:
     return next(m["content"] for m in reversed(body["messages"]) if m["role"] == "tool")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def serve_process(
     folder: Path,
     replies: list,
@@ -155,10 +148,9 @@ def serve_process(
     users_file.write_text("".join(f"{n}:{t}\n" for n, t in (users or {"alice": ALICE}).items()))
     script.write_text(json.dumps(replies))
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), "--users", str(users_file),
-         "--data", str(folder / "d"), "--replay", str(script), *options],
-        stdout=subprocess.PIPE, stderr=stderr, text=True,
+    proc = sandcell_process(
+        "serve", "--port", str(port), "--users", str(users_file), "--data", str(folder / "d"),
+        "--replay", str(script), *options, stderr=stderr,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     first = proc.stdout.readline()

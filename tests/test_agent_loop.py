@@ -18,6 +18,7 @@ import pytest
 
 from agent import Agent, OpenAIModel, Rules, prompts
 from agent.trace import read_trace
+from tests.cli_runner import sandcell
 from tests.scripted_server import ScriptedServer
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
@@ -268,17 +269,12 @@ def test_session_shares_kernel_state_exports_notebook_files_and_replays(tmp_path
     assert any("image/png" in o.get("data", {}) for o in code[0].outputs)
     assert first.trace_path == second.trace_path and "Question 2" in json.dumps(nb.cells[-3:])
 
-    replay = [sys.executable, "-m", "agent.cli", "replay"]
-    done = subprocess.run(
-        [*replay, str(first.trace_path)], capture_output=True, text=True, timeout=120, check=False
-    )
+    done = sandcell("replay", str(first.trace_path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 cells replayed, 2 same, 0 differ" in done.stdout
     tampered = tmp_path / "tampered.jsonl"
     tampered.write_text(first.trace_path.read_text().replace("'South': 151.95", "'South': 999.0"))
-    done = subprocess.run(
-        [*replay, str(tampered)], capture_output=True, text=True, timeout=120, check=False
-    )
+    done = sandcell("replay", str(tampered))
     assert done.returncode == 1 and "cell 1 (question 1, step 1) differs" in done.stdout
     assert "+{'East': 105.5, 'North': 141.9, 'South': 151.95}" in done.stdout
 
@@ -304,13 +300,12 @@ def test_replay_resets_where_the_session_did_and_warns_of_a_changed_input(tmp_pa
         for o in e.get("observations", [])
     ]
     assert recorded == ["42", "False"]  # the kernel was fresh after the reset
-    replay = [sys.executable, "-m", "agent.cli", "replay", str(trace)]
-    done = subprocess.run(replay, capture_output=True, text=True, timeout=120, check=False)
+    done = sandcell("replay", str(trace))
     assert done.returncode == 0, done.stdout + done.stderr  # replayed with the reset: same
     assert "2 cells replayed, 2 same, 0 differ" in done.stdout and "warning" not in done.stderr
     with data.open("a") as f:
         f.write("2024-02-01,East,widget,1,2.5\n")
-    done = subprocess.run(replay, capture_output=True, text=True, timeout=120, check=False)
+    done = sandcell("replay", str(trace))
     assert f"warning: input sales.csv ({data.resolve()}) changed" in done.stderr
     assert done.returncode == 0  # the cells do not read it: their outputs still match
 

@@ -4,12 +4,12 @@ Ctrl-C ending the session cleanly."""
 
 import json
 import signal
-import sys
 import time
 
 import pexpect
 import pytest
 
+from tests.cli_runner import sandcell_terminal
 from tests.containers import container_labels, owner_label
 
 SCRIPT = [
@@ -74,21 +74,10 @@ def test_chat_two_questions_share_state_and_ctrl_c_interrupts_the_cell(tmp_path)
     (tmp_path / "numbers.csv").write_text("n\n1\n2\n3\n")
     (tmp_path / "script.json").write_text(json.dumps(SCRIPT))
     folder = tmp_path / "session"
-    child = pexpect.spawn(
-        sys.executable,
-        [
-            "-m",
-            "agent.cli",
-            "chat",
-            "--input",
-            str(tmp_path / "numbers.csv"),
-            "--replay",
-            str(tmp_path / "script.json"),
-            "--output",
-            str(folder),
-            "--timeout",
-            "120",
-        ],
+    args = ["chat", "--input", str(tmp_path / "numbers.csv"), "--output", str(folder)]
+    args += ["--replay", str(tmp_path / "script.json"), "--timeout", "120"]
+    child = sandcell_terminal(
+        *args,
         env={"PATH": "/usr/bin:/bin", "TERM": "dumb", "COLUMNS": "120", "HOME": str(tmp_path)},
         encoding="utf-8",
         timeout=120,

@@ -10,14 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from agent.cli import main
-
-SANDCELL = [sys.executable, "-m", "agent.cli"]
-
-
-def sandcell(*args, stdin=None, env=None):
-    return subprocess.run(
-        [*SANDCELL, *args], input=stdin, capture_output=True, text=True, timeout=120, env=env
-    )
+from tests.cli_runner import sandcell
 
 
 def test_usage_error_exits_2():
@@ -57,7 +50,7 @@ def test_exec_statuses(tmp_path):
     assert timed.returncode == 124 and "Timed out" in timed.stdout
     died = sandcell("exec", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     assert died.returncode == 137 and "restarted" in died.stdout
-    piped = sandcell("exec", "--json", "-", stdin="print('hi')\n2 + 3")
+    piped = sandcell("exec", "--json", "-", input="print('hi')\n2 + 3")
     record = json.loads(piped.stdout)
     assert piped.returncode == 0
     assert (

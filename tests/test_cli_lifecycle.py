@@ -6,19 +6,18 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from agent.trace import read_trace
+from tests.cli_runner import sandcell, sandcell_process, sandcell_terminal
 from tests.containers import container_labels, owner_label
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
 
-SANDCELL = [sys.executable, "-m", "agent.cli"]
 SALES = Path(__file__).parent / "data" / "agent" / "sales.csv"
 SLOW = "import time\nprint('sleeping', flush=True)\ntime.sleep(120)"
 
@@ -51,7 +50,7 @@ def test_run_stopped_midway_keeps_trace_notebook_answer_and_files(tmp_path, sig,
     script = write_script(tmp_path / "s.json", [python(first), python(SLOW), "Final Answer: x"])
     out = tmp_path / "out"
     args = ["run", "--task", "x", "--input", str(SALES), "--output", str(out), "--replay", str(script)]  # fmt: skip
-    proc = subprocess.Popen([*SANDCELL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = sandcell_process(*args)
     try:
         wait_for(lambda: steps_in(out / "trace.jsonl") >= 1, 120)
         time.sleep(1.5)  # the second cell is sleeping now
@@ -72,7 +71,7 @@ def test_run_stopped_midway_keeps_trace_notebook_answer_and_files(tmp_path, sig,
 
 
 def test_exec_sigterm_removes_the_container_and_exits_143(tmp_path):
-    proc = subprocess.Popen([*SANDCELL, "exec", "-c", SLOW], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = sandcell_process("exec", "-c", SLOW)
     try:
         wait_for(lambda: container_labels(owner_label(proc.pid), running_only=True) != [], 120)
         time.sleep(2)
@@ -86,12 +85,8 @@ def test_exec_sigterm_removes_the_container_and_exits_143(tmp_path):
 def test_chat_sigterm_mid_cell_ends_cleanly(tmp_path):
     script = write_script(tmp_path / "s.json", [python(SLOW), "Final Answer: x"])
     folder = tmp_path / "chat"
-    proc = subprocess.Popen(
-        [*SANDCELL, "chat", "--replay", str(script), "--output", str(folder)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = sandcell_process(
+        "chat", "--replay", str(script), "--output", str(folder), stdin=subprocess.PIPE
     )
     try:
         proc.stdin.write("sleep please\n")
@@ -115,12 +110,12 @@ def test_exec_output_keeps_figures_and_files_and_prints_host_paths(tmp_path):
         "open('/workspace/sub/made.txt', 'w').write('made')"
     )
     out = tmp_path / "kept"
-    done = subprocess.run([*SANDCELL, "exec", "--output", str(out), "-c", code], capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = sandcell("exec", "--output", str(out), "-c", code)
     assert done.returncode == 0, done.stderr
     assert (out / "figures" / "figure-1.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "sub" / "made.txt").read_text() == "made"
     assert f"saved {out / 'figures' / 'figure-1.png'}" in done.stderr
-    without = subprocess.run([*SANDCELL, "exec", "-c", code], capture_output=True, text=True, timeout=120)  # fmt: skip
+    without = sandcell("exec", "-c", code)
     assert "pass --output DIR to keep its files" in without.stderr
 
 
@@ -135,7 +130,7 @@ def test_run_brings_back_charts_and_every_file_the_code_made(tmp_path):
     script = write_script(tmp_path / "s.json", [python(code), "Final Answer: saved"])
     out = tmp_path / "out"
     args = ["run", "--task", "x", "--output", str(out), "--replay", str(script)]
-    done = subprocess.run([*SANDCELL, *args], capture_output=True, text=True, timeout=120)
+    done = sandcell(*args)
     assert done.returncode == 0, done.stderr
     assert (out / "output" / "summary.txt").read_text() == "ok"
     assert (out / "figures" / "figure-1.png").read_bytes()[:4] == b"\x89PNG"
@@ -143,13 +138,13 @@ def test_run_brings_back_charts_and_every_file_the_code_made(tmp_path):
     for path in ("output/summary.txt", "figures/figure-1.png", "workspace/cleaned/sales.csv"):
         assert f"wrote {out / path}" in done.stderr
     # the same folder again is refused; --overwrite replaces sandcell's files there
-    again = subprocess.run([*SANDCELL, *args], capture_output=True, text=True, timeout=120)
+    again = sandcell(*args)
     assert (
         again.returncode == 2 and "is not empty" in again.stderr and "--overwrite" in again.stderr
     )
     (out / "mine.txt").write_text("the user's own file")
     script.write_text(json.dumps(["Final Answer: nothing this time"]))
-    over = subprocess.run([*SANDCELL, *args, "--overwrite"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    over = sandcell(*args, "--overwrite")
     assert over.returncode == 0, over.stderr
     assert not (out / "output").exists() and not (out / "figures").exists()
     assert (out / "mine.txt").read_text() == "the user's own file"
@@ -173,8 +168,8 @@ def make_jobs(tmp_path: Path, count: int, first_code: str) -> Path:
 def test_batch_sigterm_stops_running_jobs_and_a_rerun_redoes_only_them(tmp_path):
     jobs = make_jobs(tmp_path, 4, SLOW)
     out = tmp_path / "out"
-    args = [*SANDCELL, "batch", str(jobs), "--output", str(out), "--workers", "2", "--no-progress"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = ["batch", str(jobs), "--output", str(out), "--workers", "2", "--no-progress"]
+    proc = sandcell_process(*args)
     try:
         wait_for(lambda: sum(steps_in(out / f"j{i}" / "trace.jsonl") == 0 and (out / f"j{i}" / "trace.jsonl").exists() for i in range(4)) >= 2, 120)  # fmt: skip
         wait_for(lambda: len(container_labels(owner_label(proc.pid), running_only=True)) >= 2, 120)
@@ -190,13 +185,13 @@ def test_batch_sigterm_stops_running_jobs_and_a_rerun_redoes_only_them(tmp_path)
     # the rerun: the two interrupted jobs and the two never started, with quick scripts now
     for i in range(4):
         write_script(tmp_path / f"job-{i}.json", [python("print(1)"), f"Final Answer: {i}"])
-    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    done = sandcell(*args, timeout=300)
     assert done.returncode == 0, done.stderr
     records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert sorted((r["id"], r["status"]) for r in records) == [
         (f"j{i}", "answered") for i in range(4)
     ]
-    third = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    third = sandcell(*args)
     assert "skipped 4 finished jobs" in third.stdout and third.returncode == 0
 
 
@@ -205,11 +200,11 @@ def test_batch_prints_each_stopped_job_s_reason(tmp_path):
     write_script(tmp_path / "loops.json", [same, same, same, same])
     (tmp_path / "jobs.jsonl").write_text(json.dumps({"id": "loops", "task": "t", "replay": "loops.json"}) + "\n")  # fmt: skip
     out = tmp_path / "out"
-    args = [*SANDCELL, "batch", str(tmp_path / "jobs.jsonl"), "--output", str(out), "--no-progress"]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=200)
+    args = ["batch", str(tmp_path / "jobs.jsonl"), "--output", str(out), "--no-progress"]
+    done = sandcell(*args, timeout=200)
     assert done.returncode == 1
     assert "loops: stopped: repeated_action (the same action was sent" in done.stderr
-    again = subprocess.run(args, capture_output=True, text=True, timeout=200)
+    again = sandcell(*args, timeout=200)
     assert "skipped 1 finished jobs" in again.stdout  # a stop of the job itself is final
 
 
@@ -219,7 +214,7 @@ TICKS = "import time\nfor i in range(6):\n    print('tick', i, flush=True)\n    
 
 
 def test_exec_streams_stdout_while_the_cell_runs():
-    proc = subprocess.Popen([*SANDCELL, "exec", "-c", TICKS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = sandcell_process("exec", "-c", TICKS)
     try:
         first = proc.stdout.readline()
         running_at_first_line = proc.poll() is None
@@ -235,22 +230,9 @@ def test_run_on_a_terminal_shows_steps_and_output_as_they_happen(tmp_path):
     import pexpect
 
     script = write_script(tmp_path / "s.json", [python(TICKS), "Final Answer: ticked"])
-    child = pexpect.spawn(
-        SANDCELL[0],
-        [
-            *SANDCELL[1:],
-            "run",
-            "--task",
-            "tick",
-            "--output",
-            str(tmp_path / "o"),
-            "--replay",
-            str(script),
-        ],  # fmt: skip
-        encoding="utf-8",
-        timeout=120,
-        env={**os.environ, "TERM": "dumb", "COLUMNS": "120"},
-    )
+    args = ["run", "--task", "tick", "--replay", str(script)]
+    terminal = dict(encoding="utf-8", timeout=120, env={**os.environ, "TERM": "dumb", "COLUMNS": "120"})  # fmt: skip
+    child = sandcell_terminal(*args, "--output", str(tmp_path / "o"), **terminal)
     try:
         child.expect("python")  # the code panel, before the cell runs
         child.expect("tick 0")
@@ -261,23 +243,7 @@ def test_run_on_a_terminal_shows_steps_and_output_as_they_happen(tmp_path):
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
-    quiet = pexpect.spawn(
-        SANDCELL[0],
-        [
-            *SANDCELL[1:],
-            "run",
-            "--task",
-            "tick",
-            "--output",
-            str(tmp_path / "q"),
-            "--replay",
-            str(script),
-            "--quiet",
-        ],  # fmt: skip
-        encoding="utf-8",
-        timeout=120,
-        env={**os.environ, "TERM": "dumb", "COLUMNS": "120"},
-    )
+    quiet = sandcell_terminal(*args, "--output", str(tmp_path / "q"), "--quiet", **terminal)
     try:
         quiet.expect(pexpect.EOF)
     finally:

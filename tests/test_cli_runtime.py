@@ -3,12 +3,12 @@ for, and one the engine lacks is exit 3 naming the make target, before any model
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-SANDCELL = [sys.executable, "-m", "agent.cli"]
+from tests import cli_runner
+
 DEMO = Path(__file__).parent.parent / "agent" / "demo"
 
 pytestmark = pytest.mark.docker
@@ -18,14 +18,7 @@ def sandcell(*args, runtime_env: str | None = None):
     env = {k: v for k, v in os.environ.items() if k != "SANDCELL_RUNTIME"}
     if runtime_env is not None:
         env["SANDCELL_RUNTIME"] = runtime_env
-    return subprocess.run(
-        [*SANDCELL, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
+    return cli_runner.sandcell(*args, env=env, stdin=subprocess.DEVNULL)
 
 
 @pytest.mark.timeout(120)

@@ -15,6 +15,7 @@ from jupyter_client import BlockingKernelClient
 from agent.cli import main
 from sandbox.container import remove_host_dirs
 from sandbox.kernel import make_connection_dir, seal
+from tests.cli_runner import sandcell
 
 
 def test_cli_version_and_help():
@@ -29,9 +30,7 @@ def test_cli_version_and_help():
 
 
 def test_python_dash_m_agent_cli_is_the_sandcell_command():
-    done = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "--help"], capture_output=True, text=True, timeout=60
-    )
+    done = sandcell("--help", timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Usage: sandcell [OPTIONS] COMMAND [ARGS]...")
 

@@ -5,7 +5,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -16,11 +15,10 @@ from agent.batch import Batch, Job, JobSettings, ThreadExecutor, load_jobs
 from agent.cli import main
 from agent.trace import read_trace
 from sandbox import Limits
+from tests.cli_runner import sandcell, sandcell_process
 from tests.containers import container_labels, owner_label
 from tests.polling import lines_in, wait_for
 from tests.realdata import CSVS
-
-SANDCELL = [sys.executable, "-m", "agent.cli"]
 
 
 def sha(path) -> tuple[str, int]:
@@ -80,23 +78,8 @@ def test_batch_of_20_jobs_with_4_workers_and_a_looping_one(tmp_path):
     before = {p: sha(p) for p in CSVS}
     jobs_file, expected = make_jobs(tmp_path, 20, looping={7})
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [
-            *SANDCELL,
-            "batch",
-            str(jobs_file),
-            "--output",
-            str(out),
-            "--workers",
-            "4",
-            "--timeout",
-            "20",
-            "--no-progress",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    args = ["batch", str(jobs_file), "--output", str(out), "--workers", "4", "--timeout", "20"]
+    proc = sandcell_process(*args, "--no-progress")
     _, stderr = proc.communicate(timeout=580)
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sorted(r["id"] for r in records) == sorted(expected), stderr
@@ -125,24 +108,15 @@ def test_batch_of_20_jobs_with_4_workers_and_a_looping_one(tmp_path):
 def test_batch_killed_midway_resumes_without_redoing_finished_jobs(tmp_path):
     jobs_file, expected = make_jobs(tmp_path, 8)
     out = tmp_path / "out"
-    args = [
-        *SANDCELL,
-        "batch",
-        str(jobs_file),
-        "--output",
-        str(out),
-        "--workers",
-        "2",
-        "--no-progress",
-    ]
-    first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = ["batch", str(jobs_file), "--output", str(out), "--workers", "2", "--no-progress"]
+    first = sandcell_process(*args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results = out / "results.jsonl"
     wait_for(lambda: lines_in(results) >= 3, 240, "3 finished jobs")
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     done_before = {json.loads(line)["id"]: line for line in results.read_text().splitlines()}
     assert 3 <= len(done_before) < 8
-    second = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    second = sandcell_process(*args, stderr=subprocess.STDOUT)
     output, _ = second.communicate(timeout=400)
     assert second.returncode == 0, output
     lines = results.read_text().splitlines()
@@ -162,23 +136,8 @@ def test_run_writes_answer_trace_notebook_and_outputs(tmp_path):
     jobs_file, expected = make_jobs(tmp_path, 1)
     out = tmp_path / "run"
     csv = CSVS[0]
-    proc = subprocess.run(
-        [
-            *SANDCELL,
-            "run",
-            "--task",
-            "count rows",
-            "--input",
-            str(csv),
-            "--output",
-            str(out),
-            "--replay",
-            str(tmp_path / "script-0.json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
+    args = ["run", "--task", "count rows", "--input", str(csv), "--output", str(out)]
+    proc = sandcell(*args, "--replay", str(tmp_path / "script-0.json"), timeout=280)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith(f"has {expected['job-00']} rows.")
     assert (out / "output" / "rows.txt").read_text() == str(expected["job-00"])
@@ -206,9 +165,9 @@ def test_a_failed_job_is_retried_on_rerun_and_results_keep_one_line_per_job(tmp_
     del jobs[1]["replay"]  # no script and no endpoint: this job fails with a model error
     jobs_file.write_text("\n".join(json.dumps(j) for j in jobs) + "\n")
     out = tmp_path / "out"
-    args = [*SANDCELL, "batch", str(jobs_file), "--output", str(out), "--no-progress"]
+    args = ["batch", str(jobs_file), "--output", str(out), "--no-progress"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
-    first = subprocess.run(args, capture_output=True, text=True, timeout=280, env=env)
+    first = sandcell(*args, timeout=280, env=env)
     assert first.returncode == 1 and "job-01: failed: ModelError" in first.stderr
     statuses = {
         json.loads(x)["id"]: json.loads(x)["status"]
@@ -217,7 +176,7 @@ def test_a_failed_job_is_retried_on_rerun_and_results_keep_one_line_per_job(tmp_
     assert statuses == {"job-00": "answered", "job-01": "failed"}
     jobs[1]["replay"] = "script-1.json"  # the endpoint is back
     jobs_file.write_text("\n".join(json.dumps(j) for j in jobs) + "\n")
-    second = subprocess.run(args, capture_output=True, text=True, timeout=280, env=env)
+    second = sandcell(*args, timeout=280, env=env)
     assert second.returncode == 0, second.stderr
     lines = (out / "results.jsonl").read_text().splitlines()
     assert [json.loads(x)["status"] for x in lines] == ["answered", "answered"]

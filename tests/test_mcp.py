@@ -27,11 +27,11 @@ from mcp.types import CancelledNotification, CancelledNotificationParams, Client
 from agent.cli import main
 from agent.mcp.definitions import definitions
 from sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
+from tests.cli_runner import SANDCELL, sandcell_process
 from tests.containers import container_labels, owner_label
 from tests.serve_helpers import ALICE, BOB, wait_for
 from tools import Registry, calculator_tool, file_metadata_tool, python_tool
 
-SANDCELL = [sys.executable, "-m", "agent.cli"]
 TOOLS = {"run_python", "describe_file", "list_files", "read_file", "write_file"}
 TOOLS |= {"calculator", "export_outputs"}
 
@@ -324,9 +324,7 @@ def test_ending_the_client_process_leaves_no_container(tmp_path):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_stdio_server_on_sigterm_or_ctrl_c_removes_its_container(sig, status):
-    proc = subprocess.Popen(
-        [*SANDCELL, "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+    proc = sandcell_process("mcp", stdin=subprocess.PIPE, text=False)
     try:
         wait_for(lambda: len(container_labels(owner_label(proc.pid))) == 1)
         proc.send_signal(sig)
@@ -375,11 +373,8 @@ def test_export_never_replaces_an_input_or_files_already_in_the_output_folder(tm
 def start_http(tmp_path, *extra: str) -> tuple[subprocess.Popen, str]:
     users = tmp_path / "users.txt"
     users.write_text(f"alice:{ALICE}\nbob:{BOB}\n")
-    proc = subprocess.Popen(
-        [*SANDCELL, "mcp", "--http", "--port", "0", "--users", str(users), "--pool", "1", *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = sandcell_process(
+        "mcp", "--http", "--port", "0", "--users", str(users), "--pool", "1", *extra
     )
     first = proc.stdout.readline()
     found = re.search(r"http://127\.0\.0\.1:\d+/mcp", first)

@@ -5,19 +5,17 @@ client over HTTP to the scripted server; `sandcell run` as a subprocess."""
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
 from agent import Agent, OpenAIModel, Rules
 from agent.trace import read_trace
+from tests.cli_runner import sandcell
 from tests.scripted_server import ScriptedServer
 
 pytestmark = pytest.mark.timeout(90)
 
-SANDCELL = [sys.executable, "-m", "agent.cli"]
 GRACE_S = 3.0  # past the wall: the timer fires at it; the rest is writing the files
 CALC = {"tool_calls": [{"name": "calculator", "arguments": {"expression": "1 + 1"}}]}
 
@@ -97,9 +95,7 @@ def test_sandcell_run_on_a_pinging_server_exits_1_at_the_wall(tmp_path):
         env = {**os.environ, "OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "k"}
         args = ["run", "--task", "x", "--output", str(out), "--wall", "5", "--protocol", "react"]
         started = time.monotonic()
-        done = subprocess.run(
-            [*SANDCELL, *args], capture_output=True, text=True, env=env, timeout=60
-        )
+        done = sandcell(*args, env=env, timeout=60)
         elapsed = time.monotonic() - started
     assert done.returncode == 1, done.stderr
     assert elapsed < 5 + 10, elapsed  # the interpreter's start and imports included

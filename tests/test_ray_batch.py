@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -18,6 +17,7 @@ import psutil
 import pytest
 
 from sandbox.container import owner
+from tests.cli_runner import sandcell, sandcell_process
 from tests.conftest import IN_CI
 from tests.containers import container_labels
 from tests.polling import lines_in, wait_for
@@ -40,7 +40,6 @@ except ImportError:  # `make test` installs it; with CI=true a missing Ray is a 
     pytest.skip("ray is not installed: pip install -e '.[ray]'", allow_module_level=True)
 
 pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("ray")]  # one cluster at a time
-SANDCELL = [sys.executable, "-m", "agent.cli"]
 NODE = {"num_cpus": 1, "resources": {"sandcell": 1}, "object_store_memory": 100 << 20}
 KEY = "sk-ray-test-6f1c0e9b2d"  # must reach the node, and appear nowhere in logs or results
 
@@ -155,7 +154,7 @@ def make_jobs(tmp_path, count: int, sleep_s: float = 0, endpoint: set[int] = fro
 
 
 def batch_args(jobs_file, out, cluster, *more) -> list[str]:
-    return [*SANDCELL, "batch", str(jobs_file), "--output", str(out), "--ray", cluster.address,
+    return ["batch", str(jobs_file), "--output", str(out), "--ray", cluster.address,
             "--no-progress", *more]  # fmt: skip
 
 
@@ -185,13 +184,7 @@ def test_twelve_jobs_on_two_nodes_all_answered_and_the_key_never_written(cluster
     out = tmp_path / "out"
     with ScriptedServer(replies, api_key=KEY) as server:
         env = {**os.environ, "OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": server.url}
-        run = subprocess.run(
-            batch_args(jobs_file, out, cluster),
-            capture_output=True,
-            text=True,
-            timeout=200,
-            env=env,
-        )
+        run = sandcell(*batch_args(jobs_file, out, cluster), timeout=200, env=env)
         assert run.returncode == 0, run.stderr[-3000:]
         assert server.served == 2  # job-05 went through the endpoint, with the key
     lines = records(out)
@@ -202,12 +195,7 @@ def test_twelve_jobs_on_two_nodes_all_answered_and_the_key_never_written(cluster
     assert {r["node"] for r in lines} == nodes  # both nodes ran jobs
     assert {p: (sha256(p), p.stat().st_mode) for p in CSVS} == before  # inputs untouched
     assert "12 jobs: 12 answered" in run.stdout
-    replay = subprocess.run(
-        [*SANDCELL, "replay", str(out / "job-00" / "trace.jsonl")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    replay = sandcell("replay", str(out / "job-00" / "trace.jsonl"))
     assert replay.returncode == 0, replay.stdout + replay.stderr  # the same cells, the same output
     written = [out, cluster.head_node.get_session_dir_path()]
     leaks = subprocess.run(["grep", "-rl", KEY, *map(str, written)], capture_output=True, text=True)
@@ -243,12 +231,7 @@ def jobs_with_a_sandbox() -> list[Path]:
 def test_a_node_removed_mid_job_its_job_is_answered_on_the_other(cluster, tmp_path):
     jobs_file, expected, _ = make_jobs(tmp_path, 3, sleep_s=6)
     out = tmp_path / "out"
-    driver = subprocess.Popen(
-        batch_args(jobs_file, out, cluster),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    driver = sandcell_process(*batch_args(jobs_file, out, cluster))
     head, node = cluster.list_all_nodes()
     raylet = node.all_processes["raylet"][0].process.pid
     wait_for(lambda: job_task_workers(raylet), 120, "a job started on the second node")
@@ -261,15 +244,15 @@ def test_a_node_removed_mid_job_its_job_is_answered_on_the_other(cluster, tmp_pa
     for record in lines:
         check_answered(record, out, expected)
         assert record["node"] == head.node_id  # the removed node's job was run again here
-    subprocess.run([*SANDCELL, "gc"], check=True, capture_output=True, timeout=60)
+    sandcell("gc", check=True, timeout=60)
 
 
 @pytest.mark.timeout(300)
 def test_driver_killed_mid_batch_rerun_redoes_no_finished_job(cluster, tmp_path):
     jobs_file, expected, _ = make_jobs(tmp_path, 8, sleep_s=1)
     out = tmp_path / "out"
-    first = subprocess.Popen(
-        batch_args(jobs_file, out, cluster), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    first = sandcell_process(
+        *batch_args(jobs_file, out, cluster), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     results = out / "results.jsonl"
     wait_for(lambda: lines_in(results) >= 3, 150, "3 finished jobs")
@@ -277,9 +260,7 @@ def test_driver_killed_mid_batch_rerun_redoes_no_finished_job(cluster, tmp_path)
     first.wait()
     done_before = {json.loads(line)["id"]: line for line in results.read_text().splitlines()}
     assert 3 <= len(done_before) < 8
-    second = subprocess.run(
-        batch_args(jobs_file, out, cluster), capture_output=True, text=True, timeout=200
-    )
+    second = sandcell(*batch_args(jobs_file, out, cluster), timeout=200)
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"skipped {len(done_before)} finished jobs" in second.stdout
     lines = results.read_text().splitlines()
@@ -290,7 +271,7 @@ def test_driver_killed_mid_batch_rerun_redoes_no_finished_job(cluster, tmp_path)
             assert line == done_before[record["id"]]  # not redone
         check_answered(record, out, expected)
     assert dead_scratch() == []  # the killed batch's job folders, removed by the next one
-    subprocess.run([*SANDCELL, "gc"], check=True, capture_output=True, timeout=60)
+    sandcell("gc", check=True, timeout=60)
 
 
 @pytest.mark.timeout(240)
@@ -306,12 +287,7 @@ def test_a_job_over_the_input_cap_fails_alone_and_shared_paths_runs_it(cluster, 
         f.write(json.dumps(big_job) + "\n")
     expected["big"] = (big, 400_000)
     out = tmp_path / "out"
-    run = subprocess.run(
-        batch_args(jobs_file, out, cluster, "--max-input-mb", "1"),
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
+    run = sandcell(*batch_args(jobs_file, out, cluster, "--max-input-mb", "1"), timeout=200)
     assert run.returncode == 1, run.stderr[-3000:]
     by_id = {r["id"]: r for r in records(out)}
     assert by_id["big"]["status"] == "failed"
@@ -320,11 +296,8 @@ def test_a_job_over_the_input_cap_fails_alone_and_shared_paths_runs_it(cluster, 
     for job_id in expected.keys() - {"big"}:
         check_answered(by_id[job_id], out, expected)
     # the nodes read the file where it is (one machine: the same paths); the rerun runs it alone
-    rerun = subprocess.run(
-        batch_args(jobs_file, out, cluster, "--max-input-mb", "1", "--shared-paths"),
-        capture_output=True,
-        text=True,
-        timeout=200,
+    rerun = sandcell(
+        *batch_args(jobs_file, out, cluster, "--max-input-mb", "1", "--shared-paths"), timeout=200
     )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "skipped 4 finished jobs" in rerun.stdout
@@ -338,12 +311,7 @@ def test_sigterm_stops_the_jobs_on_every_node_records_them_and_exits_143(cluster
     jobs_file, expected, _ = make_jobs(tmp_path, 4, sleep_s=60)
     out = tmp_path / "out"
     earlier = set(jobs_with_a_sandbox())
-    driver = subprocess.Popen(
-        batch_args(jobs_file, out, cluster),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    driver = sandcell_process(*batch_args(jobs_file, out, cluster))
     try:
         # a loaded machine may take a while from the task to its cell: each job's sandbox ready
         wait_for(lambda: len(set(jobs_with_a_sandbox()) - earlier) == 2, 120, "two jobs' cells")
@@ -365,7 +333,7 @@ def test_sigterm_stops_the_jobs_on_every_node_records_them_and_exits_143(cluster
 def test_ray_flags_misused_or_no_cluster_are_one_line_errors(tmp_path):
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text('{"id": "a", "task": "x"}\n')
-    base = [*SANDCELL, "batch", str(jobs), "--output", str(tmp_path / "o")]
+    base = ["batch", str(jobs), "--output", str(tmp_path / "o")]
     env = {**os.environ, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
     for more, status, message in (
         (["--ray", "--workers", "3"], 2, "Error: --workers is for a batch on this host"),
@@ -373,7 +341,7 @@ def test_ray_flags_misused_or_no_cluster_are_one_line_errors(tmp_path):
         (["--max-input-mb", "5"], 2, "Error: --max-input-mb goes with --ray"),
         (["--ray", "127.0.0.1:1"], 3, "sandcell: no Ray cluster answers at 127.0.0.1:1"),
     ):
-        run = subprocess.run([*base, *more], capture_output=True, text=True, timeout=60, env=env)
+        run = sandcell(*base, *more, timeout=60, env=env)
         assert run.returncode == status and message in run.stderr, (more, run.stderr)
         assert "Traceback" not in run.stderr
 

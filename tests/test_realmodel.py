@@ -13,7 +13,6 @@ import datetime as dt
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import pytest
 from agent import OpenAIModel, stops
 from agent.seams import ModelError
 from agent.trace import read_trace
+from tests.cli_runner import sandcell, sandcell_terminal
 from tests.conftest import IN_CI
 from tests.llama_server import MODEL, LlamaServer, missing
 
@@ -65,14 +65,12 @@ def endpoint(llama: LlamaServer) -> list[str]:
 def run(llama: LlamaServer, folder: Path, protocol: str, task: str, wall: float, *more: str):
     out = folder / "out"
     command = [
-        sys.executable, "-m", "agent.cli", "run", "--task", task, "--input", str(numbers(folder)),
-        "--output", str(out), *endpoint(llama), "--protocol", protocol, "--wall", str(wall),
-        "--timeout", "15", "--quiet", *more,
+        "run", "--task", task, "--input", str(numbers(folder)), "--output", str(out),
+        *endpoint(llama), "--protocol", protocol, "--wall", str(wall), "--timeout", "15",
+        "--quiet", *more,
     ]  # fmt: skip
     started = time.monotonic()
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=wall + 120, env=env(), check=False
-    )
+    done = sandcell(*command, timeout=wall + 120, env=env())
     return done, out, time.monotonic() - started
 
 
@@ -122,10 +120,7 @@ def ended_well(
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     assert len(code) == len([o for o in ran if o["execution"]])
     if code:
-        replay = subprocess.run(
-            [sys.executable, "-m", "agent.cli", "replay", str(out / "trace.jsonl")],
-            capture_output=True, text=True, timeout=180, check=False,
-        )  # fmt: skip
+        replay = sandcell("replay", str(out / "trace.jsonl"), timeout=180)
         assert replay.returncode == 0, replay.stdout + replay.stderr
         assert f"{len(code)} cells replayed, {len(code)} same" in replay.stdout
     return steps
@@ -150,11 +145,10 @@ def tool_calls_executed_with_their_ids(steps: list[dict]) -> None:
 @pytest.mark.timeout(WALL + 200)
 def test_chat_shows_the_tokens_as_the_server_streams_them(llama, tmp_path):
     folder = tmp_path / "session"
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "agent.cli", "chat", "--input", str(numbers(tmp_path)), "--output", str(folder),
-         *endpoint(llama), "--protocol", "react", "--wall", str(WALL), "--max-steps", "2",
-         "--timeout", "15"],
+    child = sandcell_terminal(
+        "chat", "--input", str(numbers(tmp_path)), "--output", str(folder),
+        *endpoint(llama), "--protocol", "react", "--wall", str(WALL), "--max-steps", "2",
+        "--timeout", "15",
         env={**env(), "TERM": "dumb", "COLUMNS": "120"},
         encoding="utf-8", timeout=WALL + 60, cwd=str(tmp_path),
     )  # fmt: skip

@@ -4,7 +4,6 @@ What is dropped is counted exactly and named in the observation; the host never 
 
 import json
 import subprocess
-import sys
 import time
 
 import psutil
@@ -14,6 +13,7 @@ from sandbox import DockerSandbox, Limits, boundary
 from sandbox.execution import Execution
 from sandbox.kernel import Collector
 from sandbox.render import render
+from tests import cli_runner
 
 docker_test = pytest.mark.docker
 # Model code that sends a display past the kernel extension's wrapper: the publisher's own
@@ -157,9 +157,7 @@ def test_rich_size_is_bounded_work_for_any_nesting():
 
 # -- the command line and host memory ---------------------------------------------------------
 def sandcell(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, timeout=300
-    )
+    return cli_runner.sandcell(*args, timeout=300)
 
 
 @docker_test
@@ -176,12 +174,7 @@ def test_exec_takes_the_rich_caps_as_flags():
 
 def peak_rss_mb(*args: str) -> float:
     """Peak RSS of a `sandcell` process, sampled every 10 ms."""
-    child = subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    child = cli_runner.sandcell_process(*args, stdout=subprocess.DEVNULL)
     process, peak = psutil.Process(child.pid), 0
     while child.poll() is None:
         try:

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from agent.serve.config import UsersError, load_users
 from agent.serve.files import BadName, clean_name, parts_of
 from agent.serve.stream import table_html
 from sandbox import Execution
+from tests.cli_runner import sandcell
 from tests.containers import container_labels, owner_label
 from tests.scripted_server import ScriptedServer
 from tests.serve_helpers import (
@@ -463,11 +463,9 @@ def test_sandcell_serve_on_sigterm_removes_every_container(tmp_path):
             assert ask(api, sid, "hi")[-1][1]["answer"] == "hello"
             wait_for(lambda: len(container_labels(owner_label(proc.pid))) == 2)  # and the warm one
         # a second server on the same --data is refused: it would resume the same sessions
-        second = subprocess.run(
-            [sys.executable, "-m", "agent.cli", "serve", "--port", "0", "--data",
-             str(tmp_path / "d"), "--users", str(tmp_path / "users"), "--replay",
-             str(tmp_path / "replies.json")],
-            capture_output=True, text=True, timeout=60,
+        second = sandcell(
+            "serve", "--port", "0", "--data", str(tmp_path / "d"), "--users",
+            str(tmp_path / "users"), "--replay", str(tmp_path / "replies.json"), timeout=60,
         )  # fmt: skip
         assert second.returncode == 2, second.stderr
         assert f"is in use by another sandcell serve (pid {proc.pid})" in second.stderr

@@ -9,18 +9,17 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli_runner import free_port, sandcell_process
 from tests.conftest import IN_CI
 from tests.scripted_server import ScriptedServer
 from tests.serve_helpers import (
     ALICE,
     client,
     config,
-    free_port,
     last_tool_message,
     python,
     serving,
@@ -249,10 +248,9 @@ def start_serve(folder: Path) -> tuple[subprocess.Popen, str]:
     prints with the token)."""
     script = folder / "replies.json"
     script.write_text(json.dumps(["Final Answer: hello"]))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "serve", "--port", str(free_port()), "--pool", "0",
-         "--data", str(folder / "d"), "--replay", str(script)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    proc = sandcell_process(
+        "serve", "--port", str(free_port()), "--pool", "0", "--data", str(folder / "d"),
+        "--replay", str(script), stderr=subprocess.DEVNULL,
     )  # fmt: skip
     lines = [proc.stdout.readline(), proc.stdout.readline()]
     found = re.search(r"open (http://127\.0\.0\.1:\d+/\?token=\S+)", lines[1])

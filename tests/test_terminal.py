@@ -8,20 +8,17 @@ import io
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-import pexpect
 import pytest
 from rich.console import Console
 
 from agent.cli.console import EventPrinter
 from agent.cli.terminal import for_terminal, visible
+from tests.cli_runner import sandcell, sandcell_terminal
 
 pytestmark = pytest.mark.timeout(60)
 
-SANDCELL = [sys.executable, "-m", "agent.cli"]
 OSC52 = "\x1b]52;c;cm0gLXJmIH4=\x07"  # writes "rm -rf ~" to the clipboard, BEL-terminated
 OSC0 = "\x1b]0;owned\x1b\\"  # the window title, ST-terminated
 OSC8 = "\x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\"  # a hyperlink
@@ -102,11 +99,8 @@ def cell_printing(text: str) -> str:
 @pytest.mark.timeout(180)
 def test_exec_on_a_terminal_shows_a_cells_control_sequences_as_escapes(tmp_path):
     code = cell_printing(f"clip{OSC52} title{OSC0} moved{CSI} c1\x9b31m end\n")
-    child = pexpect.spawn(
-        SANDCELL[0],
-        [*SANDCELL[1:], "exec", "-c", code],
-        env={**os.environ, "TERM": "xterm-256color"},
-        timeout=150,
+    child = sandcell_terminal(
+        "exec", "-c", code, env={**os.environ, "TERM": "xterm-256color"}, timeout=150
     )
     raw = child.read()  # every byte the terminal received, to the end
     child.close()
@@ -121,7 +115,7 @@ def test_exec_on_a_terminal_shows_a_cells_control_sequences_as_escapes(tmp_path)
 @pytest.mark.timeout(180)
 def test_exec_to_a_pipe_is_byte_exact():
     text = f"clip{OSC52} title{OSC0} link{OSC8} c1\x9b31m tab\tend\n"
-    done = subprocess.run([*SANDCELL, "exec", "-c", cell_printing(text)], capture_output=True, timeout=150)  # fmt: skip
+    done = sandcell("exec", "-c", cell_printing(text), text=False, timeout=150)
     assert done.returncode == 0, done.stderr
     assert done.stdout == text.encode()
 
@@ -141,9 +135,8 @@ def script(tmp_path: Path) -> Path:
 @pytest.mark.timeout(180)
 def test_run_on_a_terminal_keeps_its_colours_and_escapes_everything_else(tmp_path):
     args = ["run", "--task", "x", "--output", str(tmp_path / "out"), "--replay", str(script(tmp_path)), "--protocol", "tools"]  # fmt: skip
-    child = pexpect.spawn(
-        SANDCELL[0],
-        [*SANDCELL[1:], *args],
+    child = sandcell_terminal(
+        *args,
         env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"},
         timeout=150,
     )
@@ -159,6 +152,6 @@ def test_run_on_a_terminal_keeps_its_colours_and_escapes_everything_else(tmp_pat
 @pytest.mark.timeout(180)
 def test_run_to_a_pipe_writes_the_answer_byte_exact(tmp_path):
     args = ["run", "--task", "x", "--output", str(tmp_path / "out"), "--replay", str(script(tmp_path)), "--protocol", "tools"]  # fmt: skip
-    done = subprocess.run([*SANDCELL, *args], capture_output=True, timeout=150)
+    done = sandcell(*args, text=False, timeout=150)
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"done {CSI}\x1b[31mred{OSC8}\n".encode()
