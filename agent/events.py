@@ -17,7 +17,9 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
+from agent.seams import Action
 from sandbox.execution import Execution
+from tools import Observation as Observed
 
 REGISTRY: dict[str, type[Event]] = {}  # type tag -> class, filled as each class is defined
 _BASE = ("time", "extra")  # fields every event has; not the event's own
@@ -220,9 +222,9 @@ class Rebuilt(Event):
     """A fresh kernel brought to where the session left off by re-running its cells."""
 
     tag = "rebuilt"
-    cells: int
-    skipped: int
-    reason: str
+    cells: int  # the recorded cells, in order
+    skipped: int  # of those, the ones recorded as stopped: not run again
+    reason: str  # "restart": the server restarted since the session was last used
 
 
 @dataclass(frozen=True)
@@ -314,6 +316,6 @@ def observation_record(action: Any, obs: Any) -> dict:
 def executed_cell(question: int, code: str, ex: Execution) -> Step:
     """A cell run without the model (serve's /execute), recorded as a step so the notebook
     and replay hold it."""
-    record = {"tool": "python", "args": {"code": code}, "call_id": None, "how": "execute",
-              "ok": ex.ok, "text": "", "execution": ex.to_dict()}  # fmt: skip
+    action = Action("python", {"code": code}, call_id=None, how="execute")
+    record = observation_record(action, Observed(ex.ok, "", ex))
     return Step(question=question, step=0, source="execute", observations=[record])

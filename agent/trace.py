@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import IO, Self
 
-from agent.events import Event
+from agent.events import Event, InputsAdded, SessionStarted
 
 
 class TraceWriter:
@@ -144,28 +144,14 @@ def read_events(path: str | Path) -> list[Event]:
     return [Event.from_json(record) for record in read_trace(path)]
 
 
-def all_inputs(events: list[dict]) -> list[dict]:
-    """Every input of a trace: the session's, then those added later (`inputs` events: the
-    uploads of a served session)."""
+def all_inputs(events: list[Event]) -> list[dict]:
+    """Every input of a trace: the session's, then those added later (the uploads of a
+    served session); {"name", "path", "size", "sha256"} each."""
     items = []
     for event in events:
-        if event.get("type") == "session":
-            items += recorded_inputs(event)
-        elif event.get("type") == "inputs":
-            items += recorded_inputs({"inputs": event.get("added", [])})
-    return items
-
-
-def recorded_inputs(session_event: dict) -> list[dict]:
-    """The inputs an event names: {"name", "path", "size", "sha256"} each. Traces written
-    before inputs were recorded whole hold plain paths; those get name and path."""
-    items = []
-    for entry in session_event.get("inputs", []):
-        if isinstance(entry, str):
-            entry = {"name": Path(entry).name, "path": entry}
-        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
-            raise ValueError(f"the session event's inputs are not recorded as paths: {entry!r}")
-        items.append({"name": Path(entry["path"]).name, "size": None, "sha256": None, **entry})
+        match event:
+            case SessionStarted() | InputsAdded():
+                items += event.input_items()
     return items
 
 

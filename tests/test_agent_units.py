@@ -207,7 +207,7 @@ def test_replay_cells_know_what_was_stopped_and_how_long_each_took():
     restarted = Execution(code="while True: pass", timed_out=True, restarted=True)
     step = {"type": "step", "question": 1, "step": 1, "observations": [
         {"tool": "python", "execution": e.to_dict()} for e in (ran, stopped, restarted)]}  # fmt: skip
-    cells = recorded_cells([{"type": "session"}, step])
+    cells = recorded_cells([Event.from_json({"type": "session"}), Event.from_json(step)])
     assert [(c.stopped, c.restarted) for c in cells] == [
         (False, False),
         (True, False),
@@ -223,7 +223,7 @@ def test_a_later_session_event_shows_in_the_notebook_only_when_it_did_something(
         {"type": "session", "model": "m3", "inputs": []},
         {"type": "question", "question": 1, "task": "go on"},
     ]
-    text = "\n".join(c.source for c in trace_to_notebook(events).cells)
+    text = "\n".join(c.source for c in trace_to_notebook(list(map(Event.from_json, events))).cells)
     assert text.count("continued here") == 1 and "`m3`" in text and "`m2`" not in text
 
 

@@ -5,6 +5,7 @@ resumes."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import types
 import typing
@@ -155,3 +156,32 @@ def test_a_server_resumes_the_old_session(tmp_path):
         assert "rebuilt here by re-running the 3 cell(s)" in "\n".join(
             c.source for c in notebook.cells
         )
+
+
+@pytest.mark.timeout(60)
+def test_the_ray_driver_rewrites_only_the_input_paths_of_the_session_record(tmp_path):
+    ray_batch = pytest.importorskip("agent.ray_batch")
+    from agent.batch import Job
+    from sandbox import Inputs
+
+    here = tmp_path / "sales.csv"
+    here.write_text("region,units\nEast,3\n")
+    session = {"type": "session", "time": "t", "model": "m", "max_tokens": None,
+               "protocol": "tools", "inputs": [{"name": "sales.csv", "path": "/tmp/node/sales.csv",
+               "size": 21, "sha256": "ab"}, "/tmp/node/old-style.csv"], "image": "i",
+               "limits": {}, "rules": {}, "sandbox_start": "background", "newer": [1]}  # fmt: skip
+    rest = b'{"type": "question", "question": 1, "task": "t"}\n'
+    raw = json.dumps(session).encode() + b"\n" + rest
+    job = Job("a", "t", Inputs.from_paths([here]))
+    out = ray_batch.driver_paths({"trace.jsonl": raw, "other": b"x"}, job)
+    head, _, after = out["trace.jsonl"].partition(b"\n")
+    assert after == rest and out["other"] == b"x"
+    expected = dict(
+        session, inputs=[{**session["inputs"][0], "path": str(here)}, session["inputs"][1]]
+    )
+    assert json.loads(head) == expected
+    question_first = rest + raw
+    assert (
+        ray_batch.driver_paths({"trace.jsonl": question_first}, job)["trace.jsonl"]
+        == question_first
+    )

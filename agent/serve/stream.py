@@ -14,17 +14,8 @@ from typing import TYPE_CHECKING
 
 import nh3
 
+from agent import events as ev
 from agent import stops
-from agent.events import (
-    ActionStarted,
-    Event,
-    Notice,
-    Observation,
-    Output,
-    ProtocolChanged,
-    Thought,
-    Token,
-)
 from agent.seams import Result
 from sandbox.execution import Execution
 
@@ -80,7 +71,7 @@ class MessageStream:
         self._queue: asyncio.Queue[tuple[str, dict] | None] = asyncio.Queue()
         self.finished = threading.Event()
         if warning:
-            self._on_event(Notice(text=warning, kernel_reset=True))
+            self._on_event(ev.Notice(text=warning, kernel_reset=True))
         served.sink = self._on_event
         threading.Thread(target=self._work, daemon=True, name=f"question-{served.id}").start()
 
@@ -91,27 +82,27 @@ class MessageStream:
         except RuntimeError:  # the server's loop is gone (shutting down): nobody listens
             pass
 
-    def _on_event(self, event: Event) -> None:
+    def _on_event(self, event: ev.Event) -> None:
         """Runs in the question's thread, beside the kernel: figures are copied here. Each
         event the page shows becomes the SSE event it reads (page.js); the answer is sent
         from the Result, once the files are in place, and the trace's own records not."""
         match event:
-            case Token(text=text):
+            case ev.Token(text=text):
                 self._put("token", {"text": text})
-            case Thought(text=text):
+            case ev.Thought(text=text):
                 self._put("thought", {"text": text})
-            case ActionStarted(tool=tool, args=args):
+            case ev.ActionStarted(tool=tool, args=args):
                 self._put("action", {"tool": tool, "args": args})
-            case Output(name=name, text=text):
+            case ev.Output(name=name, text=text):
                 self._put("output", {"name": name, "text": text})
-            case Observation():
+            case ev.Observation():
                 self._put("observation", self._observation(event))
-            case Notice(text=text, kernel_reset=True):
+            case ev.Notice(text=text, kernel_reset=True):
                 self._put("warning", {"text": text, "kernel_reset": True})
-            case Notice(text=text) | ProtocolChanged(text=text):
+            case ev.Notice(text=text) | ev.ProtocolChanged(text=text):
                 self._put("warning", {"text": text})
 
-    def _observation(self, event: Observation) -> dict:
+    def _observation(self, event: ev.Observation) -> dict:
         out = {"tool": event.tool, "ok": event.ok, "text": event.text}
         ex = event.execution
         if ex is not None:
