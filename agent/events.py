@@ -75,6 +75,8 @@ class Event:
         return cls(**kwargs, time=data.get("time"), extra=extra)
 
 
+# A subscriber: called in the thread where the fact happened (the question's; a sandbox's
+# start runs in the background), and it should return quickly.
 OnEvent = Callable[[Event], None]
 
 

@@ -64,7 +64,9 @@ def recorded_cells(events: list[Event]) -> list[Cell]:
 
 
 def _cell(step: Step, ex: Execution, reset_before: bool) -> Cell:
-    cell = Cell(step.question or 0, step.step or 0, ex.code, signature(ex), reset_before)
+    cell = Cell(
+        step.question or 0, step.step or 0, ex.code, signature(ex), reset_before=reset_before
+    )
     cell.stopped, cell.restarted = bool(ex.timed_out or ex.interrupted), bool(ex.restarted)
     cell.duration_s = ex.duration_s
     return cell
