@@ -8,9 +8,21 @@ LimitReached, and ModelError/SandboxError); every step is in the trace before th
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from agent import context, prompts, stops
+from agent.events import (
+    ActionStarted,
+    Final,
+    Notice,
+    Observation,
+    OnEvent,
+    ProtocolChanged,
+    Question,
+    Step,
+    Thought,
+    Token,
+    observation_record,
+)
 from agent.protocols import ActionProtocol, ReactProtocol, answer_from_text, make_protocol
 from agent.seams import (
     FormatError,
@@ -25,13 +37,11 @@ from agent.seams import (
     Usage,
 )
 from agent.stops import Rules, Watch
-from agent.trace import TraceWriter, observation_record
-from sandbox import SandboxError
-from tools import Observation, Registry
+from sandbox import Execution, SandboxError
+from tools import Observation as Observed
+from tools import Registry
 
-# Streamed to a UI as things happen: (kind, data) with kind one of
-# token, thought, action, output (a running cell's stdout/stderr), observation, answer, warning.
-OnEvent = Callable[[str, dict], None]
+__all__ = ["Loop", "OnEvent"]
 
 
 class Loop:
@@ -41,15 +51,14 @@ class Loop:
         self,
         model: Model,
         registry: Registry,
-        trace: TraceWriter,
+        publish: OnEvent,  # each fact, once: the trace and any front end subscribe to it
         *,
         protocol: str = "auto",
         rules: Rules | None = None,
         inputs_profile: str = "",
-        on_event: OnEvent | None = None,
     ):
-        self.model, self.registry, self.trace = model, registry, trace
-        self.rules, self.on_event = rules or Rules(), on_event
+        self.model, self.registry, self.publish = model, registry, publish
+        self.rules = rules or Rules()
         self.auto = protocol == "auto"
         self.protocol: ActionProtocol = make_protocol(protocol)
         self.inputs_profile = inputs_profile
@@ -63,6 +72,10 @@ class Loop:
         """End the running question before its next model call (batch shutdown, a front end's
         stop button); the running cell itself is interrupted by the caller."""
         self.cancelled = reason
+
+    def clear_cancel(self) -> None:
+        """Forget a cancel that came as the question ended: it must not stop the next one."""
+        self.cancelled = None
 
     def describe_inputs(self, profile: str) -> None:
         """New input files: the system prompt describes them from the next request on."""
@@ -84,7 +97,7 @@ class Loop:
         self.questions += 1
         started, watch = time.monotonic(), Watch(self.rules)
         self.messages.append({"role": "user", "content": question})
-        self.trace.write("question", question=self.questions, task=question)
+        self.publish(Question(question=self.questions, task=question))
         answer, reason, detail, error = None, stops.ANSWERED, "", None
         warnings: list[str] = []
         try:
@@ -103,7 +116,7 @@ class Loop:
             reason = stops.TERMINATED if isinstance(exc, Terminated) else stops.INTERRUPTED
             detail = str(exc) or "interrupted (Ctrl-C)"
             self._answer_open_calls()
-        self.cancelled = None
+        self.clear_cancel()
         if answer is not None:
             self.answers.append(answer)
         elapsed = time.monotonic() - started
@@ -114,10 +127,9 @@ class Loop:
             "error": error,
             "steps": watch.steps,
         }
-        self.trace.write(
-            "final", question=self.questions, tokens=watch.tokens, duration_s=elapsed, **final
+        self.publish(
+            Final(question=self.questions, tokens=watch.tokens, duration_s=elapsed, **final)
         )
-        self._emit("answer", **final)
         # usage: the conversation's total so far (a one-question run: the question's)
         return Result(usage=self.usage, duration_s=elapsed, warnings=warnings, **final)
 
@@ -153,29 +165,30 @@ class Loop:
         record.update(thought=parsed.thought, cut=cut)
         if parsed.answer is not None:
             return self._answer(watch, question, parsed.answer, record)
-        self._emit("thought", text=parsed.thought)
+        self.publish(Thought(text=parsed.thought))
         warnings = [w for w in [watch.thought(parsed.thought)] if w]
         texts, observations, stop = [], [], None
         for action in parsed.actions:
-            self._emit("action", tool=action.tool, args=action.args)
+            self.publish(ActionStarted(tool=action.tool, args=action.args))
             try:
                 repeat = watch.action(action.key())
             except LimitReached as exc:  # answer every call id anyway: the history stays valid
-                stop, obs, repeat = stop or exc, Observation(False, f"not run: {exc.detail}"), None
+                stop, obs, repeat = stop or exc, Observed(False, f"not run: {exc.detail}"), None
             else:
                 obs = (
-                    Observation(False, "not run")
+                    Observed(False, "not run")
                     if stop or self.cancelled  # stopped from outside: start nothing more
                     else self.registry.call(action.tool, action.args)
                 )
             texts.append(obs.text + (f"\n\n{repeat}" if repeat else ""))
             observations.append(observation_record(action, obs))
-            self._emit("observation", tool=action.tool, ok=obs.ok, text=obs.text, data=obs.data)
+            ex = obs.data if isinstance(obs.data, Execution) else None
+            self.publish(Observation(tool=action.tool, ok=obs.ok, text=obs.text, execution=ex))
             warnings += [repeat] if repeat else []
         if warnings and not any(warnings[0] in t for t in texts):
             texts[-1] += "\n\n" + warnings[0]
         self.messages += self.protocol.observation_messages(parsed.actions, texts)
-        self.trace.write("step", **record, observations=observations, warnings=warnings)
+        self.publish(Step(**record, observations=observations, warnings=warnings))
         if stop is not None:
             raise stop
         failed = [o for o in observations if not o["ok"]]
@@ -194,11 +207,11 @@ class Loop:
 
     def _answer(self, watch: Watch, question: str, answer: str, record: dict) -> list[str]:
         nudge = watch.check_answer(answer, question, self.answers)
-        self.trace.write("step", **record, answer=answer, nudge=nudge)
+        self.publish(Step(**record, answer=answer, nudge=nudge))
         if nudge is None:
             raise Submitted(answer)
         self.messages.append({"role": "user", "content": nudge})
-        self._emit("warning", text=nudge)
+        self.publish(Notice(text=nudge))
         return [nudge]
 
     def _first_choice(self, watch: Watch) -> dict:
@@ -233,10 +246,7 @@ class Loop:
                 raise
             self.protocol = ReactProtocol()  # `auto`: this endpoint takes no tool definitions
             self.messages[0] = {"role": "system", "content": self._system()}
-            self.trace.write("protocol", protocol="react", reason=str(exc))
-            self._emit(
-                "warning", text=f"the endpoint takes no tool definitions; using text ReAct ({exc})"
-            )
+            self.publish(ProtocolChanged(protocol="react", reason=str(exc)))
             extra.pop("tool_choice", None)
             return self._complete(watch, timed, **extra)
         except ModelError as exc:
@@ -256,7 +266,7 @@ class Loop:
         is dropped at once (a 4096-token reply from a slow server would otherwise hold it)."""
         if self.cancelled:
             raise LimitReached(self.cancelled, "the question was stopped from outside")
-        self._emit("token", text=text)
+        self.publish(Token(text=text))
 
     def _forced_answer(self, watch: Watch) -> tuple[str | None, str | None]:
         """One last call without tools, asking for the best answer from what is known."""
@@ -269,7 +279,7 @@ class Loop:
         answer = answer_from_text(reply.text, self.registry)
         self.messages.append({"role": "assistant", "content": reply.text})
         step = {"question": self.questions, "step": watch.steps + 1, "reply": reply.to_dict()}
-        self.trace.write("step", **step, answer=answer, forced=True)
+        self.publish(Step(**step, answer=answer, forced=True))
         return answer, None
 
     def _say(self, reply_text: str, feedback: str, record: dict, error: str) -> None:
@@ -277,13 +287,9 @@ class Loop:
             {"role": "assistant", "content": reply_text},
             {"role": "user", "content": feedback},
         ]
-        self.trace.write("step", **record, error=error, feedback=feedback)
-        self._emit("warning", text=feedback)
+        self.publish(Step(**record, error=error, feedback=feedback))
+        self.publish(Notice(text=feedback))
 
     def _system(self) -> str:
         instructions = self.protocol.instructions(self.registry)
         return prompts.system_prompt(self.inputs_profile, instructions)
-
-    def _emit(self, kind: str, **data: object) -> None:
-        if self.on_event is not None:
-            self.on_event(kind, data)

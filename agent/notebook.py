@@ -10,10 +10,20 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from agent.trace import read_trace, recorded_inputs
+from agent.events import (
+    Event,
+    Final,
+    InputsAdded,
+    Question,
+    Rebuilt,
+    Reset,
+    SessionStarted,
+    Step,
+)
+from agent.trace import read_events
 
 
-def trace_to_notebook(events: list[dict]) -> nbformat.NotebookNode:
+def trace_to_notebook(events: list[Event]) -> nbformat.NotebookNode:
     nb = new_notebook()
     nb.metadata["kernelspec"] = {
         "name": "python3",
@@ -23,64 +33,56 @@ def trace_to_notebook(events: list[dict]) -> nbformat.NotebookNode:
     nb.metadata["language_info"] = {"name": "python"}
     sessions = 0
     for n, event in enumerate(events):
-        kind = event.get("type")
-        if kind == "session" and sessions:  # the same session continued by a later process
-            if not _did_anything(events[n + 1 :]):
-                continue  # a server restarted and the session was only looked at
-            nb.cells.append(
-                new_markdown_cell(
-                    f"*The session was continued here (model `{event.get('model')}`).*"
+        match event:
+            case SessionStarted() if sessions:  # the same session continued by a later process
+                if not _did_anything(events[n + 1 :]):
+                    continue  # a server restarted and the session was only looked at
+                said = f"*The session was continued here (model `{event.model}`).*"
+            case SessionStarted():
+                names = ", ".join(f"`/data/{i['name']}`" for i in event.input_items()) or "none"
+                said = (
+                    f"# sandcell session\n\nModel `{event.model}`, protocol `{event.protocol}`; "
+                    f"inputs: {names}."
                 )
-            )
-        elif kind == "rebuilt":
-            nb.cells.append(
-                new_markdown_cell(
-                    f"*A fresh kernel was rebuilt here by re-running the {event.get('cells')} "
-                    f"cell(s) above ({event.get('skipped')} that had been stopped "
-                    "left out).*"
+                sessions += 1
+            case Rebuilt():
+                said = (
+                    f"*A fresh kernel was rebuilt here by re-running the {event.cells} cell(s) "
+                    f"above ({event.skipped} that had been stopped left out).*"
                 )
-            )
-        elif kind == "session":
-            inputs = ", ".join(f"`/data/{i['name']}`" for i in recorded_inputs(event)) or "none"
-            nb.cells.append(
-                new_markdown_cell(
-                    f"# sandcell session\n\nModel `{event.get('model')}`, protocol `{event.get('protocol')}`; "
-                    f"inputs: {inputs}."
-                )
-            )
-            sessions += 1
-        elif kind == "question":
-            nb.cells.append(
-                new_markdown_cell(f"## Question {event.get('question')}\n\n{event.get('task', '')}")
-            )
-        elif kind == "step":
-            nb.cells.extend(_step_cells(event))
-        elif kind == "inputs":
-            added = ", ".join(f"`/data/{i['name']}`" for i in recorded_inputs(
-                {"inputs": event.get("added", [])}))  # fmt: skip
-            nb.cells.append(new_markdown_cell(f"*Inputs added: {added}.*"))
-        elif kind == "reset":
-            nb.cells.append(new_markdown_cell("*The kernel was reset here: a fresh kernel.*"))
-        elif kind == "final":
-            answer = event.get("answer")
-            text = f"**Answer:** {answer}" if answer else "**No answer.**"
-            nb.cells.append(new_markdown_cell(f"{text}\n\n*Stopped: {event.get('stop_reason')}*"))
+            case Question():
+                said = f"## Question {event.question}\n\n{event.task or ''}"
+            case Step():
+                nb.cells.extend(_step_cells(event))
+                continue
+            case InputsAdded():
+                names = ", ".join(f"`/data/{i['name']}`" for i in event.input_items())
+                said = f"*Inputs added: {names}.*"
+            case Reset():
+                said = "*The kernel was reset here: a fresh kernel.*"
+            case Final():
+                text = f"**Answer:** {event.answer}" if event.answer else "**No answer.**"
+                said = f"{text}\n\n*Stopped: {event.stop_reason}*"
+            case _:
+                continue
+        nb.cells.append(new_markdown_cell(said))
     nbformat.validate(nb)
     return nb
 
 
-def _did_anything(events: list[dict]) -> bool:
+def _did_anything(events: list[Event]) -> bool:
     """Whether a process that took the session up again did anything with it."""
     for event in events:
-        if event.get("type") == "session":
-            return False
-        if event.get("type") in ("question", "step", "inputs", "reset", "rebuilt"):
-            return True
+        match event:
+            case SessionStarted():
+                return False
+            case Question() | Step() | InputsAdded() | Reset() | Rebuilt():
+                return True
     return False
 
 
 def export_notebook(trace_path: str | Path, notebook_path: str | Path) -> Path:
-    nb = trace_to_notebook(read_trace(trace_path))
+    nb = trace_to_notebook(read_events(trace_path))
     out = Path(notebook_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".ipynb.tmp")
@@ -89,11 +91,11 @@ def export_notebook(trace_path: str | Path, notebook_path: str | Path) -> Path:
     return out
 
 
-def _step_cells(event: dict) -> list:
+def _step_cells(event: Step) -> list:
     cells = []
-    if event.get("thought"):
-        cells.append(new_markdown_cell(event["thought"]))
-    for obs in event.get("observations", []):
+    if event.thought:
+        cells.append(new_markdown_cell(event.thought))
+    for obs in event.observations or []:
         execution = obs.get("execution")
         if obs.get("tool") == "python" and execution is not None:
             cells.append(_code_cell(execution))

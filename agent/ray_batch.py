@@ -50,6 +50,7 @@ from agent.batch import (
     fresh_folder,
     run_job,
 )
+from agent.events import Event, SessionStarted
 from agent.model_settings import ModelSettings
 from agent.scripted import ScriptedModel, load_script
 from agent.seams import Model, Terminated
@@ -523,15 +524,17 @@ def driver_paths(files: dict[str, bytes], job: Job) -> dict[str, bytes]:
     if not raw:
         return files
     head, newline, rest = raw.partition(b"\n")
-    event = json.loads(head)
-    if event.get("type") != "session":
-        return files
-    for item in event.get("inputs") or []:
-        source = job.inputs.get(item.get("name"))
-        if source is not None:
-            item["path"] = str(source.path)
-    line = json.dumps(event, ensure_ascii=False).encode()
-    return {**files, "trace.jsonl": line + newline + rest}
+    match Event.from_json(json.loads(head)):
+        case SessionStarted(inputs=inputs) as event:
+            moved = [_at_driver(item, job) for item in inputs or []]
+            line = json.dumps(replace(event, inputs=moved).to_json(), ensure_ascii=False)
+            return {**files, "trace.jsonl": line.encode() + newline + rest}
+    return files
+
+
+def _at_driver(item: object, job: Job) -> object:
+    source = job.inputs.get(item.get("name")) if isinstance(item, dict) else None
+    return item if source is None else {**item, "path": str(source.path)}
 
 
 def write_folder(folder: Path, files: dict[str, bytes]) -> None:

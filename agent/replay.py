@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.trace import all_inputs, read_trace
+from agent.events import Event, Reset, SessionStarted, Step
+from agent.trace import all_inputs, read_events
 from sandbox import DockerSandbox, Execution, InputError, Inputs, Limits, Sandbox
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
@@ -47,27 +48,28 @@ def signature(execution: Execution) -> str:
     return "\n".join(line.rstrip() for line in _ADDRESS.sub("0x…", text).splitlines())
 
 
-def recorded_cells(events: list[dict]) -> list[Cell]:
+def recorded_cells(events: list[Event]) -> list[Cell]:
     """The python cells of a trace in order; a cell after a chat's /reset says so."""
     cells, reset = [], False
     for event in events:
-        if event.get("type") == "reset":
-            reset = True
-        if event.get("type") != "step":
-            continue
-        for obs in event.get("observations", []):
-            if obs.get("tool") == "python" and obs.get("execution"):
-                ex = Execution.from_dict(obs["execution"])
-                question, step = event.get("question", 0), event.get("step", 0)
-                cell = Cell(question, step, ex.code, signature(ex), reset_before=reset)
-                cell.stopped, cell.restarted = (
-                    bool(ex.timed_out or ex.interrupted),
-                    bool(ex.restarted),
-                )
-                cell.duration_s = ex.duration_s
-                cells.append(cell)
-                reset = False
+        match event:
+            case Reset():
+                reset = True
+            case Step(observations=observed) if observed:
+                for obs in observed:
+                    if obs.get("tool") == "python" and obs.get("execution"):
+                        cells.append(_cell(event, Execution.from_dict(obs["execution"]), reset))
+                        reset = False
     return cells
+
+
+def _cell(step: Step, ex: Execution, reset_before: bool) -> Cell:
+    cell = Cell(
+        step.question or 0, step.step or 0, ex.code, signature(ex), reset_before=reset_before
+    )
+    cell.stopped, cell.restarted = bool(ex.timed_out or ex.interrupted), bool(ex.restarted)
+    cell.duration_s = ex.duration_s
+    return cell
 
 
 @dataclass
@@ -82,14 +84,14 @@ def replay(trace: Path, inputs: list[Path] = (), image: str | None = None) -> Re
     where the session did. Raises ReplayError for a file that is not a trace or inputs that
     are missing, SandboxError when no sandbox starts."""
     try:
-        events = read_trace(trace)
-        session = next((e for e in events if e.get("type") == "session"), {})
+        events = read_events(trace)
+        session = next((e for e in events if isinstance(e, SessionStarted)), None)
         recorded = all_inputs(events)
     except UnicodeDecodeError:
         raise ReplayError(f"{trace} is not a trace: it is not UTF-8 text") from None
     except ValueError as exc:  # a line that is not JSON, inputs that are not paths
         raise ReplayError(f"{trace} is not a trace: {exc}") from None
-    if not session and events:
+    if session is None and events:
         raise ReplayError(f"{trace} is not a trace: it has no session event")
     paths = {item["name"]: Path(item["path"]) for item in recorded}
     paths.update({Path(p).name: Path(p) for p in inputs})
@@ -109,10 +111,11 @@ def replay(trace: Path, inputs: list[Path] = (), image: str | None = None) -> Re
         if item.get("sha256") and item["sha256"] != now.get(item["name"]).sha256
     ]
     known = set(Limits.__dataclass_fields__)
-    limits = Limits(**{k: v for k, v in session.get("limits", {}).items() if k in known})
+    recorded_limits = (session.limits if session else None) or {}
+    limits = Limits(**{k: v for k, v in recorded_limits.items() if k in known})
     cells = recorded_cells(events)
     if cells:  # no sandbox needed otherwise
-        with DockerSandbox(limits, now, image or session.get("image")) as sandbox:
+        with DockerSandbox(limits, now, image or (session and session.image)) as sandbox:
             rerun(sandbox, cells)
     return Replayed(cells, changed)
 

@@ -15,13 +15,33 @@ from pathlib import Path
 from typing import Self
 
 from agent import stops
-from agent.loop import Loop, OnEvent
+from agent.events import (
+    Event,
+    ExportFailed,
+    InputsAdded,
+    OnEvent,
+    Output,
+    Reset,
+    SandboxReady,
+    SessionStarted,
+    executed_cell,
+    fan_out,
+)
+from agent.loop import Loop
 from agent.notebook import export_notebook
 from agent.prompts import inputs_profile
 from agent.seams import Model, Result
 from agent.stops import Rules
 from agent.trace import TraceWriter
-from sandbox import BackgroundSandbox, DockerSandbox, Inputs, Limits, Sandbox, SandboxError
+from sandbox import (
+    BackgroundSandbox,
+    DockerSandbox,
+    Execution,
+    Inputs,
+    Limits,
+    Sandbox,
+    SandboxError,
+)
 from sandbox.boundary import WORKSPACE
 from sandbox.container import DEFAULT_IMAGE
 from sandbox.execution import StreamChunk
@@ -102,16 +122,18 @@ class Session:
         self.trace_path = self.folder / "trace.jsonl"
         self.notebook_path = self.folder / "notebook.ipynb"
         self.trace = TraceWriter(self.trace_path)
-        self.trace.write(
-            "session",
-            model=getattr(agent.model, "name", type(agent.model).__name__),
-            max_tokens=getattr(agent.model, "max_tokens", None),  # the cap on each reply
-            protocol=agent.protocol,
-            inputs=inputs.to_trace(),
-            image=agent.image or DEFAULT_IMAGE,
-            limits=agent.limits.to_dict(),
-            rules=vars(agent.rules),
-            sandbox_start="given" if isinstance(sandbox, Sandbox) else agent.sandbox_start,
+        self._publish = fan_out(self.trace, agent.on_event)  # the trace first, then the UI
+        self.publish(
+            SessionStarted(
+                model=getattr(agent.model, "name", type(agent.model).__name__),
+                max_tokens=getattr(agent.model, "max_tokens", None),  # the cap on each reply
+                protocol=agent.protocol,
+                inputs=inputs.to_trace(),
+                image=agent.image or DEFAULT_IMAGE,
+                limits=agent.limits.to_dict(),
+                rules=vars(agent.rules),
+                sandbox_start="given" if isinstance(sandbox, Sandbox) else agent.sandbox_start,
+            )
         )
         if isinstance(sandbox, Sandbox):
             self.sandbox = sandbox
@@ -121,7 +143,7 @@ class Session:
                 agent.limits,
                 inputs,
                 background=agent.sandbox_start == BACKGROUND,
-                on_ready=lambda timing: self.trace.write("sandbox", **timing),
+                on_ready=self.sandbox_ready,
             )
         try:
             self.registry = Registry(
@@ -135,16 +157,23 @@ class Session:
             self.loop = Loop(
                 agent.model,
                 self.registry,
-                self.trace,
+                self.publish,
                 protocol=agent.protocol,
                 rules=agent.rules,
                 inputs_profile=inputs_profile(inputs),
-                on_event=agent.on_event,
             )
         except BaseException:  # re-raised: the sandbox begun above must not outlive it
             self.sandbox.close()
             self.trace.close()
             raise
+
+    def publish(self, event: Event) -> None:
+        """One fact of the session, to the trace and to the front end (Agent's on_event)."""
+        self._publish(event)
+
+    def sandbox_ready(self, timing: dict) -> None:
+        """A sandbox started for the session: when, and how long it took (the trace's)."""
+        self.publish(SandboxReady(**timing))
 
     def ask(self, question: str) -> Result:
         """Answer one question. Ctrl-C (or SIGTERM) ends it with what was done kept: the trace,
@@ -177,11 +206,11 @@ class Session:
         # engine gone (requests' and docker's errors); none is hidden: each is a warning.
         except Exception as exc:
             error = str(exc) or type(exc).__name__
-            self.trace.write("export_failed", error=error)
+            self.publish(ExportFailed(error=error))
             return [], [f"the files under {WORKSPACE} were not copied: {error}"]
         if not skipped:
             return copied, []
-        self.trace.write("export_failed", error="some files were not copied", files=skipped)
+        self.publish(ExportFailed(error="some files were not copied", files=skipped))
         shown = "; ".join(skipped[:5]) + (
             f"; and {len(skipped) - 5} more" if len(skipped) > 5 else ""
         )
@@ -227,7 +256,7 @@ class Session:
 
     def _output(self, chunk: StreamChunk) -> None:
         """A running cell's stdout/stderr, to the UI as it arrives."""
-        self.agent.on_event("output", {"name": chunk.name, "text": chunk.text})
+        self.publish(Output(name=chunk.name, text=chunk.text))
 
     @property
     def sandbox_used(self) -> bool:
@@ -261,7 +290,7 @@ class Session:
         if tool is not None:
             tool.function = file_metadata_tool(combined, self.sandbox).function
         self.loop.describe_inputs(inputs_profile(combined))
-        self.trace.write("inputs", added=more.to_trace())
+        self.publish(InputsAdded(added=more.to_trace()))
         return more
 
     def interrupt(self) -> None:
@@ -274,7 +303,12 @@ class Session:
         if self.sandbox_used:
             self.sandbox.restart()
         self.loop.reset()
-        self.trace.write("reset", question=self.loop.questions)
+        self.publish(Reset(question=self.loop.questions))
+
+    def executed(self, code: str, execution: Execution) -> None:
+        """A cell run without the model (serve's /execute): recorded as a step, so the
+        notebook and replay hold it."""
+        self.publish(executed_cell(self.loop.questions, code, execution))
 
     @property
     def messages(self) -> list[dict]:
@@ -283,7 +317,7 @@ class Session:
     def close(self) -> None:
         try:
             if isinstance(self.sandbox, BackgroundSandbox) and not self.sandbox.used:
-                self.trace.write("sandbox", **self.sandbox.timing(), used=False)
+                self.publish(SandboxReady(**self.sandbox.timing(), used=False))
         finally:
             self.trace.close()
             self.sandbox.close()

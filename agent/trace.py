@@ -1,6 +1,7 @@
 """trace.jsonl: one JSON object a line, appended and flushed as each step happens, so a crash
-loses no finished step. Event types: session (one per process that ran the session), sandbox,
-question, step, protocol, reset, inputs, sandbox_released, rebuilt, final."""
+loses no finished step. The writer is one subscriber of a session's events (agent.events:
+session, sandbox, question, step, protocol, reset, inputs, sandbox_released, rebuilt,
+export_failed, final); `read_events` parses a trace back into them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, Self
+
+from agent.events import Event, InputsAdded, SessionStarted
 
 
 class TraceWriter:
@@ -26,13 +29,17 @@ class TraceWriter:
         self._lock = threading.Lock()  # written from several threads: a question, routes, a reaper
         self._syncing = threading.Lock()  # a sync under way and close() never overlap
 
-    def write(self, type_: str, **fields: Any) -> None:
-        event = {
-            "type": type_,
-            "time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
-        }
-        event.update(fields)
-        line = json.dumps(event, ensure_ascii=False, default=_plain) + "\n"
+    def __call__(self, event: Event) -> None:
+        """The trace as a subscriber: what it keeps is written; a live front end's events
+        (tokens, a running cell's output, a step's parts as they happen) are not."""
+        if event.traced:
+            self.write(event)
+
+    def write(self, event: Event) -> None:
+        record = event.to_json()
+        now = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+        record = {"type": record.pop("type"), "time": record.pop("time", None) or now, **record}
+        line = json.dumps(record, ensure_ascii=False, default=_plain) + "\n"
         with self._lock:
             if self._file is None:
                 raise ValueError(f"the trace {self.path} is closed")
@@ -112,13 +119,6 @@ class _Syncer:
 _SYNCER = _Syncer()
 
 
-def observation_record(action: Any, obs: Any) -> dict:
-    """One action and its observation as the trace keeps them (the Execution in full)."""
-    execution = obs.data.to_dict() if hasattr(obs.data, "to_dict") else None
-    return {"tool": action.tool, "args": action.args, "call_id": action.call_id, "how": action.how,
-            "ok": obs.ok, "text": obs.text, "execution": execution}  # fmt: skip
-
-
 def read_trace(path: str | Path) -> list[dict]:
     """Every complete event of a trace. A last line cut by a crash mid-write is skipped."""
     events = []
@@ -138,28 +138,20 @@ def read_trace(path: str | Path) -> list[dict]:
     return events
 
 
-def all_inputs(events: list[dict]) -> list[dict]:
-    """Every input of a trace: the session's, then those added later (`inputs` events: the
-    uploads of a served session)."""
+def read_events(path: str | Path) -> list[Event]:
+    """Every complete event of a trace, parsed (agent.events: an unknown type is kept as an
+    UnknownEvent, not an error)."""
+    return [Event.from_json(record) for record in read_trace(path)]
+
+
+def all_inputs(events: list[Event]) -> list[dict]:
+    """Every input of a trace: the session's, then those added later (the uploads of a
+    served session); {"name", "path", "size", "sha256"} each."""
     items = []
     for event in events:
-        if event.get("type") == "session":
-            items += recorded_inputs(event)
-        elif event.get("type") == "inputs":
-            items += recorded_inputs({"inputs": event.get("added", [])})
-    return items
-
-
-def recorded_inputs(session_event: dict) -> list[dict]:
-    """The inputs an event names: {"name", "path", "size", "sha256"} each. Traces written
-    before inputs were recorded whole hold plain paths; those get name and path."""
-    items = []
-    for entry in session_event.get("inputs", []):
-        if isinstance(entry, str):
-            entry = {"name": Path(entry).name, "path": entry}
-        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
-            raise ValueError(f"the session event's inputs are not recorded as paths: {entry!r}")
-        items.append({"name": Path(entry["path"]).name, "size": None, "sha256": None, **entry})
+        match event:
+            case SessionStarted() | InputsAdded():
+                items += event.input_items()
     return items
 
 

@@ -18,6 +18,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from agent import Agent, OpenAIModel, Rules, ScriptedModel
+from agent.events import Event
 from agent.loop import Loop
 from agent.trace import TraceWriter
 from bench.tasks import TASKS, Task, sandcell_script, sent_chars, smolagents_script
@@ -52,9 +53,9 @@ class TimedTrace(TraceWriter):
         super().__init__(path)
         self.spans: list[float] = []
 
-    def write(self, type_: str, **fields: object) -> None:
+    def write(self, event: Event) -> None:
         started = time.perf_counter()
-        super().write(type_, **fields)
+        super().write(event)
         self.spans.append(time.perf_counter() - started)
 
 

@@ -76,7 +76,9 @@ def local(jobs: list[Job], by_id: dict) -> dict:
 
 def on_ray(cluster, jobs: list[Job], by_id: dict) -> dict:
     def make(jobs, output):
-        ray_executor = RayExecutor(Settings(JobSettings(), ModelSettings()), address=cluster.address)
+        ray_executor = RayExecutor(
+            Settings(JobSettings(), ModelSettings()), address=cluster.address
+        )
         return Batch(jobs, output, ray_executor, progress=False)
 
     return measure(make, jobs, by_id)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from agent import Agent, OpenAIModel
+from agent.events import Event, Observation
 from sandbox import DockerSandbox, Limits
 from tests.scripted_server import ScriptedServer
 
@@ -29,8 +30,8 @@ def first_observation_s(sandbox_first: bool) -> float:
     ]
     seen: list[float] = []
 
-    def on_event(kind: str, data: dict) -> None:
-        if kind == "observation" and not seen:
+    def on_event(event: Event) -> None:
+        if isinstance(event, Observation) and not seen:
             seen.append(time.perf_counter())
 
     with ScriptedServer(script) as server, tempfile.TemporaryDirectory() as folder:

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from agent import Agent, OpenAIModel, Rules, prompts
+from agent.events import Final, Observation, Token
 from agent.trace import read_trace
 from tests.cli_runner import sandcell
 from tests.scripted_server import ScriptedServer
@@ -77,7 +78,7 @@ def test_multi_step_csv_question_text_react_via_auto_fallback(tmp_path):
     ]
     events = []
     with ScriptedServer(script, reject_tools=True) as server:
-        result = agent(server, on_event=lambda kind, data: events.append((kind, data))).run(
+        result = agent(server, on_event=events.append).run(
             "Which region had the highest revenue?", inputs=[SALES], output_dir=tmp_path
         )
     assert result.answered, result
@@ -94,8 +95,13 @@ def test_multi_step_csv_question_text_react_via_auto_fallback(tmp_path):
     # the invented observation was cut off by the stop sequence and never reached the history
     assert last_observation(rest[1]).startswith("(12, 5)")
     assert "made up" not in json.dumps(rest[1]["messages"])
-    tokens = "".join(d["text"] for k, d in events if k == "token")
-    assert "Final Answer" in tokens and [k for k, _ in events].count("observation") == 2
+    tokens = "".join(e.text for e in events if isinstance(e, Token))
+    assert "Final Answer" in tokens and sum(isinstance(e, Observation) for e in events) == 2
+    # each fact once: the final answer reaches the front end as the one Final the trace has
+    assert [e.answer for e in events if isinstance(e, Final)] == [result.answer]
+    assert isinstance(events[-1], Final) and events[-1].to_json() == {
+        k: v for k, v in read_trace(result.trace_path)[-1].items() if k != "time"
+    }
 
 
 def test_multi_step_csv_question_native_tool_calls_several_per_reply(tmp_path):

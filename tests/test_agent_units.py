@@ -9,6 +9,7 @@ import nbformat
 import pytest
 
 from agent import context
+from agent.events import Event
 from agent.notebook import export_notebook, trace_to_notebook
 from agent.prompts import system_prompt
 from agent.replay import recorded_cells
@@ -159,10 +160,15 @@ def test_system_prompt_is_lean_and_never_mentions_the_step_limit():
 # -- trace and notebook ---------------------------------------------------------------------------
 
 
+def record(trace: TraceWriter, type_: str, **fields: object) -> None:
+    """A record as an older version of the trace had it, through the typed events."""
+    trace.write(Event.from_json({"type": type_, **fields}))
+
+
 def test_trace_lines_are_on_disk_as_soon_as_written(tmp_path):
     path = tmp_path / "trace.jsonl"
     trace = TraceWriter(path)
-    trace.write("step", step=1, observations=[])
+    record(trace, "step", step=1, observations=[])
     # another process reads it while the writer is still open
     out = subprocess.run(
         [sys.executable, "-c", f"print(open({str(path)!r}).read())"],
@@ -184,7 +190,7 @@ def test_a_writer_cuts_a_torn_last_line_before_appending(tmp_path):
     path = tmp_path / "trace.jsonl"
     path.write_text('{"type": "session"}\n{"type": "step", "st')  # a kill mid-write
     with TraceWriter(path) as trace:  # a restarted server takes the session up again
-        trace.write("session")
+        record(trace, "session")
     assert [e["type"] for e in read_trace(path)] == ["session", "session"]
 
 
@@ -201,7 +207,7 @@ def test_replay_cells_know_what_was_stopped_and_how_long_each_took():
     restarted = Execution(code="while True: pass", timed_out=True, restarted=True)
     step = {"type": "step", "question": 1, "step": 1, "observations": [
         {"tool": "python", "execution": e.to_dict()} for e in (ran, stopped, restarted)]}  # fmt: skip
-    cells = recorded_cells([{"type": "session"}, step])
+    cells = recorded_cells([Event.from_json({"type": "session"}), Event.from_json(step)])
     assert [(c.stopped, c.restarted) for c in cells] == [
         (False, False),
         (True, False),
@@ -217,7 +223,7 @@ def test_a_later_session_event_shows_in_the_notebook_only_when_it_did_something(
         {"type": "session", "model": "m3", "inputs": []},
         {"type": "question", "question": 1, "task": "go on"},
     ]
-    text = "\n".join(c.source for c in trace_to_notebook(events).cells)
+    text = "\n".join(c.source for c in trace_to_notebook(list(map(Event.from_json, events))).cells)
     assert text.count("continued here") == 1 and "`m3`" in text and "`m2`" not in text
 
 
@@ -235,15 +241,15 @@ def test_notebook_has_thoughts_code_outputs_and_images(tmp_path):
     )
     path = tmp_path / "trace.jsonl"
     with TraceWriter(path) as trace:
-        trace.write("session", model="m", protocol="react", inputs=["/tmp/sales.csv"])
-        trace.write("question", question=1, task="What is 1+1?")
-        trace.write("step", thought="Compute it.", observations=[
+        record(trace, "session", model="m", protocol="react", inputs=["/tmp/sales.csv"])
+        record(trace, "question", question=1, task="What is 1+1?")
+        record(trace, "step", thought="Compute it.", observations=[
             {"tool": "python", "args": {"code": ex.code}, "ok": True, "text": "hi", "execution": ex.to_dict()},
             {"tool": "calculator", "args": {"expression": "1+1"}, "ok": True, "text": "2", "execution": None},
         ])  # fmt: skip
-        trace.write("step", thought="", observations=[
+        record(trace, "step", thought="", observations=[
             {"tool": "python", "args": {}, "ok": False, "text": "KeyError", "execution": failed.to_dict()}])  # fmt: skip
-        trace.write("final", answer="2", stop_reason="answered")
+        record(trace, "final", answer="2", stop_reason="answered")
     nb = nbformat.read(str(export_notebook(path, tmp_path / "nb.ipynb")), as_version=4)
     nbformat.validate(nb)
     kinds = [c.cell_type for c in nb.cells]

@@ -157,6 +157,33 @@ def test_listed_tools_are_the_agent_definitions_so_they_cannot_drift():
 
 @pytest.mark.docker
 @pytest.mark.timeout(180)
+def test_stdio_a_cells_output_comes_as_progress_while_it_runs():
+    """A client that asks for progress gets the cell's stdout as it is printed (Output
+    events, each a progress notification), before the call's result."""
+    got: list[tuple[float, str]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        got.append((time.monotonic(), message or ""))
+
+    code = (
+        "import time\nfor i in range(3):\n    print(f'line {i}', flush=True)\n    time.sleep(0.5)"
+    )
+
+    async def scenario():
+        async with stdio("--timeout", "30") as session:
+            result = await session.call_tool(
+                "run_python", {"code": code}, progress_callback=on_progress
+            )
+            return time.monotonic(), result
+
+    done, result = anyio.run(scenario)
+    assert not result.isError and text(result) == "line 0\nline 1\nline 2"
+    assert "".join(m for _, m in got) == "line 0\nline 1\nline 2\n"
+    assert got[0][0] < done - 0.8  # the first line came while the cell still ran
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
 def test_stdio_an_endless_loop_times_out_within_the_grace_and_the_network_is_absent():
     async def scenario():
         async with stdio() as session:

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from agent.cli.console import EventPrinter
 from agent.cli.terminal import for_terminal, visible
+from agent.events import ActionStarted, Event, Final, Notice, Observation, Output, Token
 from tests.cli_runner import sandcell, sandcell_terminal
 
 pytestmark = pytest.mark.timeout(60)
@@ -57,25 +58,34 @@ def test_for_terminal_leaves_piped_text_as_it_is():
     assert for_terminal(text, False) == text and for_terminal(text, True) == visible(text)
 
 
-def printed(terminal: bool, events: list[tuple[str, dict]]) -> str:
+def printed(terminal: bool, events: list[Event]) -> str:
     out = io.StringIO()
     colours = "standard" if terminal else None
     console = Console(
         file=out, force_terminal=terminal, color_system=colours, width=100, highlight=False
     )
     printer = EventPrinter(console)
-    for kind, data in events:
-        printer(kind, data)
+    for event in events:
+        printer(event)
     return out.getvalue()
 
 
 EVENTS = [
-    ("token", {"text": f"Thought: {OSC0}look"}),
-    ("action", {"tool": "python", "args": {"code": f"print('{CSI}')  # {OSC8}"}}),
-    ("output", {"name": "stdout", "text": f"out {OSC52}\n"}),
-    ("observation", {"tool": "python", "ok": False, "text": f"other {OSC52}"}),
-    ("warning", {"text": f"note {CSI}"}),
-    ("answer", {"answer": f"done {OSC8}", "stop_reason": "answered"}),
+    Token(text=f"Thought: {OSC0}look"),
+    ActionStarted(tool="python", args={"code": f"print('{CSI}')  # {OSC8}"}),
+    Output(name="stdout", text=f"out {OSC52}\n"),
+    Observation(tool="python", ok=False, text=f"other {OSC52}"),
+    Notice(text=f"note {CSI}"),
+    Final(
+        question=1,
+        tokens=0,
+        duration_s=0.0,
+        answer=f"done {OSC8}",
+        stop_reason="answered",
+        detail="",
+        error=None,
+        steps=1,
+    ),  # fmt: skip
 ]
 
 

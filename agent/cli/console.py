@@ -1,8 +1,9 @@
 """Shows a run as it happens in the terminal: the model's words as they stream, the code it
 runs (syntax-highlighted), observations, chart paths and the answer. One `on_event` handler
-serves `chat` and the demo."""
+(a subscriber of agent.events) serves `chat`, `run` and the demo."""
 
 import json
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.markup import escape
@@ -10,6 +11,17 @@ from rich.panel import Panel
 from rich.syntax import Syntax
 
 from agent.cli.terminal import for_terminal
+from agent.events import (
+    ActionStarted,
+    Event,
+    Final,
+    Notice,
+    Observation,
+    Output,
+    ProtocolChanged,
+    Thought,
+    Token,
+)
 
 
 class EventPrinter:
@@ -24,34 +36,46 @@ class EventPrinter:
         self._streaming = False  # tokens printed since the last event
         self._streamed = ""  # the text of the reply streamed last
         self._printed = ""  # what the running cell printed, shown as it came
+        self._shows: dict[type[Event], Callable] = {
+            Thought: self._thought,
+            ActionStarted: self._action,
+            Output: self._output,
+            Observation: self._observation,
+            Notice: self._warning,
+            ProtocolChanged: self._warning,
+            Final: self._answer,
+        }
 
     def _safe(self, text: object) -> str:
         """Text from elsewhere (the model, a cell, a server) as rich markup: its control
         characters visible on a terminal (agent.cli.terminal), its brackets not markup."""
         return escape(for_terminal(str(text), self.console.is_terminal))
 
-    def __call__(self, kind: str, data: dict) -> None:
-        if kind == "token":
-            if self.stream_tokens:
-                if not self._streaming:
-                    self._streamed = ""
-                text = str(data.get("text", ""))
-                self.console.print(self._safe(text), end="", style="dim")
-                self._streaming, self._streamed = True, self._streamed + text
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, Token):
+            self._token(event)
             return
+        show = self._shows.get(type(event))
+        if show is None:
+            return  # the trace's own records (a step, a session, ...)
         if self._streaming:
             self.console.print()
             self._streaming = False
-        show = getattr(self, f"_{kind}", None)
-        if show is not None:
-            show(data)
+        show(event)
 
-    def _thought(self, data: dict) -> None:
-        if data.get("text") and not self.stream_tokens:
-            self.console.print(f"[italic]{self._safe(data['text'])}[/italic]")
+    def _token(self, event: Token) -> None:
+        if self.stream_tokens:
+            if not self._streaming:
+                self._streamed = ""
+            self.console.print(self._safe(event.text), end="", style="dim")
+            self._streaming, self._streamed = True, self._streamed + event.text
 
-    def _action(self, data: dict) -> None:
-        tool, args = data.get("tool"), data.get("args")
+    def _thought(self, event: Thought) -> None:
+        if event.text and not self.stream_tokens:
+            self.console.print(f"[italic]{self._safe(event.text)}[/italic]")
+
+    def _action(self, event: ActionStarted) -> None:
+        tool, args = event.tool, event.args
         if isinstance(args, str):  # native tool calls carry their arguments as JSON text
             try:
                 args = json.loads(args)
@@ -73,51 +97,46 @@ class EventPrinter:
             shown = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
             self.console.print(f"[bold blue]{self._safe(tool)}[/bold blue] {self._safe(shown)}")
 
-    def _output(self, data: dict) -> None:
-        text = str(data.get("text", ""))
-        self.console.print(
-            self._safe(text), end="", style="red" if data.get("name") == "stderr" else ""
-        )
-        self._printed += text
+    def _output(self, event: Output) -> None:
+        style = "red" if event.name == "stderr" else ""
+        self.console.print(self._safe(event.text), end="", style=style)
+        self._printed += event.text
 
-    def _observation(self, data: dict) -> None:
+    def _observation(self, event: Observation) -> None:
         printed, self._printed = self._printed, ""
         if printed and not printed.endswith("\n"):
             self.console.print()
-        if printed.strip() and str(data.get("text", "")).strip() == printed.strip():
+        if printed.strip() and event.text.strip() == printed.strip():
             return  # the model sees just what was shown as the cell ran: once is enough
-        style = "green" if data.get("ok") else "red"
+        style = "green" if event.ok else "red"
         self.console.print(
             Panel(
-                self._safe(data.get("text", "")),
+                self._safe(event.text),
                 title="observation",
                 title_align="left",
                 border_style=style,
             )
         )
 
-    def _warning(self, data: dict) -> None:
-        self.console.print(
-            f"[yellow]note to the model: {self._safe(data.get('text', ''))}[/yellow]"
-        )
+    def _warning(self, event: Notice | ProtocolChanged) -> None:
+        self.console.print(f"[yellow]note to the model: {self._safe(event.text)}[/yellow]")
 
-    def _answer(self, data: dict) -> None:
+    def _answer(self, event: Final) -> None:
         if not self.show_answer:
             return
-        answer = data.get("answer")
+        answer = event.answer
         if answer is not None and answer.strip() and answer.strip() in self._streamed:
             self._streamed = ""  # shown already as it streamed: once is enough
             return
-        if data.get("answer") is None:
-            reason = data.get("stop_reason")
+        if answer is None:
             self.console.print(
-                f"[red]stopped without an answer: {self._safe(reason)} "
-                f"{self._safe(data.get('detail') or '')}[/red]"
+                f"[red]stopped without an answer: {self._safe(event.stop_reason)} "
+                f"{self._safe(event.detail or '')}[/red]"
             )
             return
         self.console.print(
             Panel(
-                self._safe(data["answer"]),
+                self._safe(answer),
                 title="answer",
                 title_align="left",
                 border_style="bold green",

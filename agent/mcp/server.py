@@ -10,6 +10,7 @@ call runs in a worker thread: one session's long cell must not stall the others'
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import threading
 import uuid
@@ -27,9 +28,11 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.types import CallToolResult, ImageContent, TextContent, Tool
 
+from agent.events import Event, Output
 from agent.mcp.definitions import READ_DEFAULT, definitions
 from sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
 from sandbox.boundary import INTERNAL
+from sandbox.execution import StreamChunk
 from sandbox.render import render
 from tools import Registry, calculator_tool, file_metadata_tool
 from tools.paths import INPUT_ROOT, WORKSPACE_ROOT, parse_request
@@ -120,6 +123,24 @@ def observation(execution, chars: int) -> CallToolResult:
     return CallToolResult(content=content, isError=not execution.ok)
 
 
+def progress_of(ctx: Context) -> Callable[[StreamChunk], None] | None:
+    """MCP progress as a subscriber of agent.events: a running cell's output (Output events)
+    reaches a client that asked for progress (a progressToken) as it comes, one notification
+    a chunk. None when the client did not ask: the cell then streams to no one. Called in
+    the cell's worker thread (blocking(...)), so it waits for each notification to go out."""
+    meta = ctx.request_context.meta
+    if meta is None or meta.progressToken is None:
+        return None
+    sent = itertools.count(1)
+
+    def report(event: Event) -> None:
+        match event:
+            case Output(text=text):
+                anyio.from_thread.run(ctx.report_progress, next(sent), None, text)
+
+    return lambda chunk: report(Output(name=chunk.name, text=chunk.text))
+
+
 def sandbox_path(path: str, cell: Cell, writable: bool = False) -> str:
     """A path under /data (read only) or /workspace, parsed as file_metadata parses it."""
     try:
@@ -158,13 +179,14 @@ def build_server(cells: Cells, limits: Limits) -> Server:
     async def run_python(code: str, ctx: Context, timeout_s: float | None = None) -> CallToolResult:
         cell = cell_of(ctx)
         running, given_up = threading.Event(), threading.Event()
+        progress = progress_of(ctx)
 
         def run():
             with cell.lock:
                 if given_up.is_set():  # cancelled while it waited for another call's cell
                     return None
                 running.set()
-                return cell.sandbox.run(code, timeout_s)
+                return cell.sandbox.run(code, timeout_s, on_output=progress)
 
         def cancel() -> None:
             given_up.set()

@@ -12,10 +12,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.events import Question
 from agent.replay import Cell, recorded_cells
 from agent.serve import files
 from agent.serve.listing import SessionInfo
-from agent.trace import all_inputs, read_trace
+from agent.trace import all_inputs, read_events
 from sandbox import Inputs
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def stored_sessions(data: Path) -> Iterator[Stored]:
         if not SESSION_ID.fullmatch(folder.name) or folder.parent.name.startswith("."):
             continue
         try:
-            events = read_trace(trace)
+            events = read_events(trace)
             names = list(dict.fromkeys(item["name"] for item in all_inputs(events)))
         except (OSError, ValueError, KeyError, TypeError) as error:  # UnicodeDecodeError too
             log.warning(
@@ -73,8 +74,8 @@ def stored_sessions(data: Path) -> Iterator[Stored]:
             continue
         if not events:
             continue
-        questions = sum(1 for e in events if e.get("type") == "question")
-        created = str(events[0].get("time", ""))
+        questions = sum(1 for e in events if isinstance(e, Question))
+        created = events[0].time or ""
         yield Stored(folder.name, folder.parent.name, folder, created, questions, names)
 
 
@@ -82,7 +83,7 @@ def read_past(stored: Stored) -> Past:
     """What continuing a stored session needs (nothing wrote its folder since it was
     listed: no server object held it). Raises InputError when its uploads are no longer
     usable (the message says which)."""
-    events = read_trace(stored.folder / "trace.jsonl")
+    events = read_events(stored.folder / "trace.jsonl")
     uploads = stored.folder / files.INPUTS_DIR
     # the recorded order, and only the uploads still there (the folder is the truth)
     paths = {name: uploads / name for name in stored.inputs if (uploads / name).is_file()}

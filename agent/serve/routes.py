@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, field_validator
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 
+from agent.events import Final, Question
 from agent.notebook import trace_to_notebook
 from agent.serve import files
 from agent.serve.auth import COOKIE, current_user, owned, user_of
@@ -23,7 +24,7 @@ from agent.serve.served import ServedSession
 from agent.serve.sessions import Sessions
 from agent.serve.signin import click_page, own_navigation
 from agent.serve.stream import MessageStream
-from agent.trace import read_trace
+from agent.trace import read_events
 
 router = APIRouter()
 User = Annotated[str, Depends(current_user)]
@@ -237,7 +238,7 @@ def execute(body: Code, served: Owned, request: Request, response: Response) -> 
 def notebook(served: Owned) -> Response:
     # made from the trace on each request: always current, and no file written beside a
     # question that is writing its own
-    nb = trace_to_notebook(read_trace(served.session.trace_path))
+    nb = trace_to_notebook(read_events(served.session.trace_path))
     headers = {
         **DOWNLOAD_HEADERS,
         "Content-Disposition": _attachment(f"sandcell-{served.id}.ipynb"),
@@ -256,11 +257,12 @@ def history(served: Owned) -> list[Turn]:
     """The questions asked and how each ended: what a page reopening the session shows,
     without sending it the whole trace."""
     turns: list[Turn] = []
-    for event in read_trace(served.session.trace_path):
-        if event.get("type") == "question":
-            turns.append(Turn(question=str(event.get("task", "")), answer=None, stop_reason=None))
-        elif event.get("type") == "final" and turns:
-            turns[-1].answer, turns[-1].stop_reason = event.get("answer"), event.get("stop_reason")
+    for event in read_events(served.session.trace_path):
+        match event:
+            case Question(task=task):
+                turns.append(Turn(question=str(task or ""), answer=None, stop_reason=None))
+            case Final(answer=answer, stop_reason=reason) if turns:
+                turns[-1].answer, turns[-1].stop_reason = answer, reason
     return turns
 
 

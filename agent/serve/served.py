@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from agent.loop import OnEvent
+from agent.events import Event, OnEvent, Rebuilt, Reset, SandboxReleased
 from agent.replay import rerun
 from agent.seams import Result
 from agent.serve import files, resume
@@ -88,7 +88,7 @@ class ServedSession:
         except BaseException:
             self.sandbox.close()  # its start began with it
             raise
-        self.sandbox.on_ready = lambda timing: self.session.trace.write("sandbox", **timing)
+        self.sandbox.on_ready = self.session.sandbox_ready
 
     # -- one message or cell at a time -----------------------------------------------------
     def claim(self) -> None:
@@ -121,7 +121,7 @@ class ServedSession:
             with self._turn_lock:
                 self.asking = False
                 # a cancel that came as the question ended must not stop the next one
-                self.session.loop.cancelled = None
+                self.session.loop.clear_cancel()
 
     def cancel(self) -> None:
         """Stop the running question: no further model call, and its cell interrupted. The
@@ -151,10 +151,10 @@ class ServedSession:
     def busy(self) -> bool:
         return self._busy.locked()
 
-    def _emit(self, kind: str, data: dict) -> None:
+    def _emit(self, event: Event) -> None:
         sink = self.sink
         if sink is not None:
-            sink(kind, data)
+            sink(event)
 
     # -- what the routes do ------------------------------------------------------------------
     def info(self) -> SessionInfo:
@@ -175,23 +175,7 @@ class ServedSession:
     def execute(self, code: str, timeout: float | None) -> Execution:
         """Run code without the model; recorded as a step, so notebook and replay hold it."""
         ex = self.session.sandbox.run(code, timeout)
-        self.session.trace.write(
-            "step",
-            question=self.session.loop.questions,
-            step=0,
-            source="execute",
-            observations=[
-                {
-                    "tool": "python",
-                    "args": {"code": code},
-                    "call_id": None,
-                    "how": "execute",
-                    "ok": ex.ok,
-                    "text": "",
-                    "execution": ex.to_dict(),
-                }  # fmt: skip
-            ],
-        )
+        self.session.executed(code, ex)
         self.save_figures(ex)
         return ex
 
@@ -260,7 +244,7 @@ class ServedSession:
         finally:
             try:
                 if self.sandbox.release():
-                    self.session.trace.write("sandbox_released", reason="idle")
+                    self.session.publish(SandboxReleased(reason="idle"))
             finally:
                 self._releasing.clear()
 
@@ -278,7 +262,7 @@ class ServedSession:
                 "into its time limit or was stopped is not run again)"
             )
         # a fresh kernel: recorded as chat's /reset is, so replay restarts its kernel here too
-        self.session.trace.write("reset", question=self.session.loop.questions, reason="idle")
+        self.session.publish(Reset(question=self.session.loop.questions, reason="idle"))
         return (
             "this session was idle, so its sandbox was released: the kernel starts fresh "
             "(variables are gone; the input files and the files the code made are back in place)"
@@ -289,8 +273,8 @@ class ServedSession:
         cells make the files again); after an idle release the files are put back."""
         if self._rebuild:
             skipped = rerun(sandbox, self._rebuild, rebuild=True)
-            self.session.trace.write(
-                "rebuilt", cells=len(self._rebuild), skipped=len(skipped), reason="restart"
+            self.session.publish(
+                Rebuilt(cells=len(self._rebuild), skipped=len(skipped), reason="restart")
             )
             self._rebuild = []
             return

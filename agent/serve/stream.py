@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import nh3
 
+from agent import events as ev
 from agent import stops
 from agent.seams import Result
 from sandbox.execution import Execution
@@ -70,7 +71,7 @@ class MessageStream:
         self._queue: asyncio.Queue[tuple[str, dict] | None] = asyncio.Queue()
         self.finished = threading.Event()
         if warning:
-            self._put("warning", {"text": warning, "kernel_reset": True})
+            self._on_event(ev.Notice(text=warning, kernel_reset=True))
         served.sink = self._on_event
         threading.Thread(target=self._work, daemon=True, name=f"question-{served.id}").start()
 
@@ -81,20 +82,30 @@ class MessageStream:
         except RuntimeError:  # the server's loop is gone (shutting down): nobody listens
             pass
 
-    def _on_event(self, kind: str, data: dict) -> None:
-        """Runs in the question's thread, beside the kernel: figures are copied here."""
-        if kind == "answer":
-            return  # sent from the Result, once the files are in place
-        if kind == "observation":
-            data = self._observation(data)
-        elif kind == "action":
-            data = {"tool": data.get("tool"), "args": data.get("args")}
-        self._put(kind, data)
+    def _on_event(self, event: ev.Event) -> None:
+        """Runs in the question's thread, beside the kernel: figures are copied here. Each
+        event the page shows becomes the SSE event it reads (page.js); the answer is sent
+        from the Result, once the files are in place, and the trace's own records not."""
+        match event:
+            case ev.Token(text=text):
+                self._put("token", {"text": text})
+            case ev.Thought(text=text):
+                self._put("thought", {"text": text})
+            case ev.ActionStarted(tool=tool, args=args):
+                self._put("action", {"tool": tool, "args": args})
+            case ev.Output(name=name, text=text):
+                self._put("output", {"name": name, "text": text})
+            case ev.Observation():
+                self._put("observation", self._observation(event))
+            case ev.Notice(text=text, kernel_reset=True):
+                self._put("warning", {"text": text, "kernel_reset": True})
+            case ev.Notice(text=text) | ev.ProtocolChanged(text=text):
+                self._put("warning", {"text": text})
 
-    def _observation(self, data: dict) -> dict:
-        out = {"tool": data.get("tool"), "ok": data.get("ok"), "text": data.get("text", "")}
-        ex = data.get("data")
-        if isinstance(ex, Execution):
+    def _observation(self, event: ev.Observation) -> dict:
+        out = {"tool": event.tool, "ok": event.ok, "text": event.text}
+        ex = event.execution
+        if ex is not None:
             out["figures"] = self.served.save_figures(ex)
             out["tables"] = [
                 table_html(r.data["text/html"]) for r in ex.results if "text/html" in r.data

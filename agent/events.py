@@ -1,0 +1,323 @@
+"""One typed event stream: each fact of a session is published once, as one of these frozen
+dataclasses, to every subscriber (the trace writer, the console, the SSE stream, ...).
+
+On the wire (trace.jsonl, one JSON object a line) an event is its fields plus one `type` tag;
+the tags and field names are the trace's since its first version, so a trace written before
+these classes existed reads back into them. Reading tolerates what another version wrote:
+fields this one does not know are kept in `extra` (and written back), a missing field reads
+as None, and an unknown tag becomes an `UnknownEvent` rather than an error.
+
+`traced = False` marks what only a live front end needs (tokens, a running cell's output, the
+step's parts as they happen): the trace keeps the whole `Step` instead."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+from agent.seams import Action
+from sandbox.execution import Execution
+from tools import Observation as Observed
+
+REGISTRY: dict[str, type[Event]] = {}  # type tag -> class, filled as each class is defined
+_BASE = ("time", "extra")  # fields every event has; not the event's own
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    tag: ClassVar[str] = ""
+    traced: ClassVar[bool] = True  # written to trace.jsonl (else a live front end's only)
+    time: str | None = None  # ISO time, as the trace stamped it (None until written)
+    extra: dict = field(default_factory=dict)  # fields of another version, kept as read
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.tag:
+            if cls.tag in REGISTRY:
+                raise TypeError(f"two event classes have the type tag {cls.tag!r}")
+            REGISTRY[cls.tag] = cls
+
+    def to_json(self) -> dict:
+        """The trace's JSON object: `type`, `time` once stamped, then the fields. A field
+        whose default is None is left out while it is None (it did not apply)."""
+        out: dict = {"type": self.tag}
+        if self.time is not None:
+            out["time"] = self.time
+        for f in fields(self):
+            if f.name in _BASE:
+                continue
+            value = getattr(self, f.name)
+            if value is None and f.default is None:
+                continue
+            encode = f.metadata.get("encode")
+            out[f.name] = encode(value) if encode and value is not None else value
+        return out | self.extra
+
+    @staticmethod
+    def from_json(data: dict) -> Event:
+        """The event a JSON object records; its class is chosen by its `type` tag alone."""
+        cls = REGISTRY.get(str(data.get("type")))
+        if cls is None:
+            rest = {k: v for k, v in data.items() if k not in ("type", "time")}
+            return UnknownEvent(type=str(data.get("type")), data=rest, time=data.get("time"))
+        own = {f.name: f for f in fields(cls) if f.name not in _BASE}
+        kwargs: dict[str, Any] = {}
+        for name, f in own.items():
+            if name in data:
+                decode = f.metadata.get("decode")
+                value = data[name]
+                kwargs[name] = decode(value) if decode and value is not None else value
+            elif f.default is MISSING and f.default_factory is MISSING:
+                kwargs[name] = None  # an older trace that did not record it
+        extra = {k: v for k, v in data.items() if k not in own and k not in ("type", "time")}
+        return cls(**kwargs, time=data.get("time"), extra=extra)
+
+
+# A subscriber: called in the thread where the fact happened (the question's; a sandbox's
+# start runs in the background), and it should return quickly.
+OnEvent = Callable[[Event], None]
+
+
+def fan_out(*subscribers: OnEvent | None) -> OnEvent:
+    """One publish function that hands each event to every subscriber, in order."""
+    listening = [s for s in subscribers if s is not None]
+
+    def publish(event: Event) -> None:
+        for subscriber in listening:
+            subscriber(event)
+
+    return publish
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnknownEvent(Event):
+    """A record of a type this version does not know (a newer writer's): kept, not parsed."""
+
+    type: str
+    data: dict
+
+    def to_json(self) -> dict:
+        head = {"type": self.type} | ({"time": self.time} if self.time is not None else {})
+        return head | self.data
+
+
+def _items(entries: list | None) -> list[dict]:
+    """The inputs a record names: {"name", "path", "size", "sha256"} each. Traces written
+    before inputs were recorded whole hold plain paths; those get name and path."""
+    items = []
+    for entry in entries or []:
+        if isinstance(entry, str):
+            entry = {"name": Path(entry).name, "path": entry}
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            raise ValueError(f"the trace's inputs are not recorded as paths: {entry!r}")
+        items.append({"name": Path(entry["path"]).name, "size": None, "sha256": None, **entry})
+    return items
+
+
+# -- what the trace keeps ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SessionStarted(Event):
+    """One per process that ran the session (a served session continued after a restart
+    has a second)."""
+
+    tag = "session"
+    model: str
+    max_tokens: int | None  # the cap on each reply
+    protocol: str
+    inputs: list  # Inputs.to_trace(): {"name", "path", "size", "sha256"} each
+    image: str
+    limits: dict
+    rules: dict
+    sandbox_start: str
+
+    def input_items(self) -> list[dict]:
+        return _items(self.inputs)
+
+
+@dataclass(frozen=True)
+class SandboxReady(Event):
+    """When the session's sandbox began to start, how long it took and was waited for;
+    `used` False when the session closed without using it."""
+
+    tag = "sandbox"
+    started_at: str | None
+    start_s: float | None
+    waited_s: float | None
+    used: bool | None = None
+
+
+@dataclass(frozen=True)
+class Question(Event):
+    tag = "question"
+    question: int  # its number in the conversation
+    task: str
+
+
+@dataclass(frozen=True)
+class Step(Event):
+    """One model call and what came of it: the actions run and their observations (the
+    Execution of each python cell in full), an answer, or the feedback the model was given.
+    A cell run without the model (serve's /execute) is a step 0 with `source` "execute"."""
+
+    tag = "step"
+    question: int
+    step: int
+    reply: dict | None = None  # Reply.to_dict()
+    compacted: int | None = None  # older steps compacted to fit the context budget
+    tool_choice: str | None = None
+    thought: str | None = None
+    cut: bool | None = None
+    observations: list[dict] | None = None  # observation_record() each
+    warnings: list[str] | None = None
+    answer: str | None = None
+    nudge: str | None = None  # the answer was sent back with this
+    error: str | None = None  # the reply was not usable: why
+    feedback: str | None = None  # ... and what the model was told
+    forced: bool | None = None  # the one answer asked for without tools at a limit
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class ProtocolChanged(Event):
+    """`auto` fell back to text ReAct: the endpoint takes no tool definitions."""
+
+    tag = "protocol"
+    protocol: str
+    reason: str
+
+    @property
+    def text(self) -> str:
+        return f"the endpoint takes no tool definitions; using text ReAct ({self.reason})"
+
+
+@dataclass(frozen=True)
+class Reset(Event):
+    """A fresh kernel from here on: chat's /reset (the history emptied too), or a served
+    session's sandbox renewed after an idle release (`reason` "idle")."""
+
+    tag = "reset"
+    question: int
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class InputsAdded(Event):
+    tag = "inputs"
+    added: list  # as SessionStarted.inputs
+
+    def input_items(self) -> list[dict]:
+        return _items(self.added)
+
+
+@dataclass(frozen=True)
+class SandboxReleased(Event):
+    tag = "sandbox_released"
+    reason: str
+
+
+@dataclass(frozen=True)
+class Rebuilt(Event):
+    """A fresh kernel brought to where the session left off by re-running its cells."""
+
+    tag = "rebuilt"
+    cells: int  # the recorded cells, in order
+    skipped: int  # of those, the ones recorded as stopped: not run again
+    reason: str  # "restart": the server restarted since the session was last used
+
+
+@dataclass(frozen=True)
+class ExportFailed(Event):
+    """Files the code wrote were not copied back (a warning of the question)."""
+
+    tag = "export_failed"
+    error: str
+    files: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class Final(Event):
+    """How a question ended: the answer (None without one), why it stopped, what it took."""
+
+    tag = "final"
+    question: int
+    tokens: int
+    duration_s: float
+    answer: str | None
+    stop_reason: str
+    detail: str
+    error: str | None
+    steps: int
+
+
+# -- what only a live front end shows --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Token(Event):
+    tag, traced = "token", False
+    text: str
+
+
+@dataclass(frozen=True)
+class Thought(Event):
+    tag, traced = "thought", False
+    text: str
+
+
+@dataclass(frozen=True)
+class ActionStarted(Event):
+    tag, traced = "action", False
+    tool: str
+    args: dict | str  # native tool calls carry their arguments as JSON text
+
+
+@dataclass(frozen=True)
+class Output(Event):
+    """A running cell's stdout or stderr, as it arrives."""
+
+    tag, traced = "output", False
+    name: str  # "stdout" or "stderr"
+    text: str
+
+
+@dataclass(frozen=True)
+class Observation(Event):
+    tag, traced = "observation", False
+    tool: str
+    ok: bool
+    text: str
+    execution: Execution | None = field(
+        default=None, metadata={"encode": Execution.to_dict, "decode": Execution.from_dict}
+    )
+
+
+@dataclass(frozen=True)
+class Notice(Event):
+    """A note to the model shown to the user (a nudge, feedback on an unusable reply), or
+    a front end's own (`kernel_reset`: a served session's sandbox was renewed)."""
+
+    tag, traced = "warning", False
+    text: str
+    kernel_reset: bool | None = None
+
+
+# -- helpers for building the step records -------------------------------------------------
+
+
+def observation_record(action: Any, obs: Any) -> dict:
+    """One action and its observation as the trace keeps them (the Execution in full)."""
+    execution = obs.data.to_dict() if hasattr(obs.data, "to_dict") else None
+    return {"tool": action.tool, "args": action.args, "call_id": action.call_id, "how": action.how,
+            "ok": obs.ok, "text": obs.text, "execution": execution}  # fmt: skip
+
+
+def executed_cell(question: int, code: str, ex: Execution) -> Step:
+    """A cell run without the model (serve's /execute), recorded as a step so the notebook
+    and replay hold it."""
+    action = Action("python", {"code": code}, call_id=None, how="execute")
+    record = observation_record(action, Observed(ex.ok, "", ex))
+    return Step(question=question, step=0, source="execute", observations=[record])
