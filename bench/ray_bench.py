@@ -29,13 +29,13 @@ NODE = {"num_cpus": 1, "resources": {"sandcell": 1}, "object_store_memory": 100 
 
 def timed(batch: Batch) -> list[float]:
     """The moment each results line is written."""
-    stamps, record = [], batch._record
+    stamps, record = [], batch.record
 
     def stamped(line: dict) -> None:
         record(line)
         stamps.append(time.perf_counter())
 
-    batch._record = stamped
+    batch.record = stamped
     return stamps
 
 
