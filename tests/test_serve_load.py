@@ -94,7 +94,12 @@ def flooder(base: str, user: str, load: Load, end: float) -> None:
                 r = load.saw("flooder", execute(api, sid, FLOOD))
                 if r.status_code == 200:
                     body = r.json()
-                    assert body["rich_dropped"] > 0 and len(body["results"]) <= 32
+                    assert len(body["results"]) <= 32, len(body["results"])
+                    # a flood cut short by its deadline (a loaded machine) may not reach the cap
+                    if body["error"] is None and not body["timed_out"] and not body["restarted"]:
+                        assert body["rich_dropped"] > 0, {
+                            k: body[k] for k in ("rich_dropped", "duration_s")
+                        }
     except Exception as error:  # noqa: BLE001
         load.failures.append(f"flooder: {type(error).__name__}: {error}")
 
