@@ -4,10 +4,10 @@ have their own (larger) cap; every other route takes a small JSON body."""
 
 from __future__ import annotations
 
-import json
-
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agent.serve.guard import send_error
 
 # Read (and drop) this much of a refused body before answering: a client still sending when
 # the connection closes sees a reset instead of the 413. Past it, a reset it is.
@@ -36,7 +36,8 @@ class BodyLimit:
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > cap:
             await _drain(receive)
-            await _refuse(send, too_large(said, upload))
+            # the rest of the body is not read: the connection is not kept
+            await send_error(send, 413, too_large(said, upload), {"Connection": "close"})
             return
         received = 0
 
@@ -61,11 +62,3 @@ async def _drain(receive: Receive) -> None:
         if message["type"] != "http.request" or not message.get("more_body"):
             return
         dropped += len(message.get("body", b""))
-
-
-async def _refuse(send: Send, message: str) -> None:
-    body = json.dumps({"error": message}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers.append((b"connection", b"close"))  # the rest of the body is not read
-    await send({"type": "http.response.start", "status": 413, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
