@@ -17,8 +17,8 @@ $(STAMP): pyproject.toml constraints.txt
 engine:  # RUNTIME=runsc: install gVisor's runsc too and register it with the engine
 	@RUNTIME=$(RUNTIME) scripts/ensure-docker.sh
 
-image: engine  # EXTRA=path/to/requirements.txt: more packages, downloaded here as wheels
-	@BASE=$(BASE) EXTRA=$(EXTRA) images/build.sh
+image: install engine  # EXTRA=path/to/requirements.txt: more packages, downloaded here as wheels
+	@$(VENV)/bin/sandcell image build $(if $(BASE),--base $(BASE)) $(if $(EXTRA),--extra $(EXTRA))
 
 # the sandbox suites run under runc and under gVisor (`make test RUNTIME=` leaves gVisor out)
 test: RUNTIME ?= runsc
@@ -40,8 +40,8 @@ demo: install engine image
 	$(PY) -m agent.demo $(DEMO_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check sandbox agent tools tests bench images
-	$(VENV)/bin/ruff format --check sandbox agent tools tests bench images
+	$(VENV)/bin/ruff check sandbox agent tools tests bench
+	$(VENV)/bin/ruff format --check sandbox agent tools tests bench
 
 clean:
-	rm -rf $(VENV) images/.wheels
+	rm -rf $(VENV)  # the image's wheels stay cached in ~/.cache/sandcell/image-wheels

@@ -1,6 +1,6 @@
 """The contract between the host and the container, written once.
 
-Standard library only: images/build.sh copies this file into the image next to the
+Standard library only: the image build (sandbox/image_build.py) puts this file in the image next to the
 supervisor, the relay, the kernel extension and the file helper, which import it as
 `boundary`; the host modules import it as `sandbox.boundary`. Paths, socket names, signals,
 label and metadata keys, and every marker the two sides exchange live here, each marker with

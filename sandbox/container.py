@@ -46,8 +46,9 @@ def engine() -> docker.DockerClient:
         client.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
         raise SandboxUnavailable(
-            f"no Docker engine answers ({error}). Start one (`make engine`, or start Docker "
-            "Desktop) and check that your user may use it (`docker info`)."
+            f"no Docker engine answers ({error}). Start one (`sudo systemctl start docker`, "
+            "Docker Desktop, or from a clone `make engine`) and check that your user may use "
+            "it (`docker info`)."
         ) from None
     client.api.timeout = ENGINE_TIMEOUT_S
     return client
@@ -58,7 +59,7 @@ def check_image(client: docker.DockerClient, image: str) -> None:
         client.images.get(image)
     except docker.errors.ImageNotFound:
         raise SandboxUnavailable(
-            f"the sandbox image {image} is missing. Build it with `make image`."
+            f"the sandbox image {image} is missing. Build it with `sandcell image build`."
         ) from None
 
 
@@ -66,7 +67,10 @@ def check_image(client: docker.DockerClient, image: str) -> None:
 # host Unix sockets in bind mounts: the relay creates its ipc sockets in the connection
 # folder, and after a kernel restart the next relay unlinks them, which needs `open` too.
 RUNSC_ARGS = ("--network=none", "--host-uds=all")
-ENGINE_HINT = "`make engine RUNTIME=runsc` installs and registers gVisor (root on Debian)"
+ENGINE_HINT = (
+    "`sandcell doctor` shows how to register gVisor (from a clone, `make engine RUNTIME=runsc` "
+    "installs and registers it; root on Debian)"
+)
 
 
 def check_runtime(client: docker.DockerClient, runtime: str | None) -> bool:

@@ -33,7 +33,7 @@ def _sandbox_path(path: str) -> str:
     return path if path.startswith("/") else f"{boundary.WORKSPACE}/{path}"
 
 
-# The in-image file helper (images/files.py) raises these by name (exit status 2).
+# The in-image file helper (sandbox/image/files.py) raises these by name (exit status 2).
 _FILE_ERRORS = {
     "FileNotFoundError": FileNotFoundError,
     "IsADirectoryError": IsADirectoryError,

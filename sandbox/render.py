@@ -18,7 +18,7 @@ OFFLINE = re.compile(
 OFFLINE_NOTE = (
     "[The sandbox is offline by design: no network, no package downloads. Installed: "
     f"{', '.join(MAIN_PACKAGES)} (all of them: {PACKAGES_FILE}). Packages not in the image "
-    "need the user to rebuild it: make image EXTRA=path/to/requirements.txt]"
+    "need the user to rebuild it: sandcell image build --extra path/to/requirements.txt]"
 )
 
 

@@ -24,7 +24,7 @@ def docker_problem() -> str | None:
         return "no Docker engine answers (run `make engine`)"
     probe = subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True, text=True)
     if probe.returncode != 0:
-        return f"the sandbox image {IMAGE} is missing (run `make image`)"
+        return f"the sandbox image {IMAGE} is missing (run `sandcell image build`, or `make image` in a clone)"
     return None
 
 

@@ -129,7 +129,9 @@ def _handler(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
                 pass  # the client gave up (a timeout test): nothing to answer
 
         def do_GET(self) -> None:
-            if self.path.rstrip("/").endswith("/models"):
+            if server.api_key and self.headers.get("authorization") != f"Bearer {server.api_key}":
+                self._json(401, _error("Incorrect API key provided", "invalid_api_key"))
+            elif self.path.rstrip("/").endswith("/models"):
                 self._json(
                     200, {"object": "list", "data": [{"id": server.model, "object": "model"}]}
                 )

@@ -1,7 +1,6 @@
 """The host-container contract (sandbox/boundary.py): its markers round-trip, the image build
 ships it (its hash changes when the contract does), and the image really carries this copy."""
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -67,72 +66,85 @@ def test_markers_model_code_prints_neither_crash_the_host_nor_point_anywhere():
     assert execution.dropped_bytes == 0
 
 
-def _build_hash(tree: Path, extra: Path | None = None) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "EXTRA"}
-    done = subprocess.run(
-        ["bash", str(tree / "images" / "build.sh"), "--hash"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-        env=env if extra is None else {**env, "EXTRA": str(extra)},
-    )
-    return done.stdout.strip()
+@pytest.fixture
+def sources(tmp_path, monkeypatch):
+    """A copy of the image's sources and the contract, so the real files are never touched."""
+    from sandbox import image_build
 
-
-def _build_tree(tmp_path: Path) -> Path:
-    """A copy of the build folder and the contract, so the real files are never touched."""
-    shutil.copytree(ROOT / "images", tmp_path / "images", ignore=shutil.ignore_patterns(".wheels"))
-    (tmp_path / "sandbox").mkdir()
-    shutil.copy(ROOT / "sandbox" / "boundary.py", tmp_path / "sandbox" / "boundary.py")
+    folder = tmp_path / "image"
+    shutil.copytree(image_build.SOURCES_DIR, folder)
+    contract = shutil.copy(image_build.CONTRACT, tmp_path / "boundary.py")
+    monkeypatch.setattr(image_build, "SOURCES_DIR", folder)
+    monkeypatch.setattr(image_build, "CONTRACT", Path(contract))
     return tmp_path
 
 
-def test_image_build_copies_the_contract_and_hashes_it(tmp_path):
-    _build_tree(tmp_path)
-    contract = tmp_path / "sandbox" / "boundary.py"
-    before = _build_hash(tmp_path)
-    assert (tmp_path / "images" / "boundary.py").read_bytes() == contract.read_bytes()
-    assert _build_hash(tmp_path) == before  # nothing changed: the same hash
-    contract.write_text(contract.read_text() + "\nEXTRA = 1\n")
-    assert _build_hash(tmp_path) != before
-    assert "EXTRA = 1" in (tmp_path / "images" / "boundary.py").read_text()
-    dockerfile = (tmp_path / "images" / "Dockerfile").read_text()
-    assert any(
-        line.startswith("COPY ") and "boundary.py" in line and boundary.SCRIPTS in line
+def test_the_image_hash_covers_the_contract_and_every_source(sources):
+    from sandbox import image_build
+
+    before = image_build.sources_hash()
+    assert image_build.sources_hash() == before  # nothing changed: the same hash
+    for path in [sources / "boundary.py", *(sources / "image" / n for n in image_build.SOURCES)]:
+        kept = path.read_bytes()
+        path.write_bytes(kept + b"\n# changed\n")
+        assert image_build.sources_hash() != before, path
+        path.write_bytes(kept)
+    assert image_build.sources_hash() == before
+
+
+def test_base_and_extra_requirements_change_the_build_hash():
+    from sandbox.image_build import DEFAULT_BASE, image_hash
+
+    plain = image_hash()
+    assert image_hash(DEFAULT_BASE, None) == plain
+    assert image_hash("python:3.11-slim") != plain
+    with_extra = image_hash(DEFAULT_BASE, b"tabulate==0.9.0\n")
+    assert with_extra != plain and image_hash(DEFAULT_BASE, b"tabulate==0.9.0\n") == with_extra
+    assert image_hash(DEFAULT_BASE, b"tabulate==0.9.0\nrich==13.7.1\n") not in (plain, with_extra)
+
+
+def test_the_build_context_holds_every_file_the_dockerfile_copies(tmp_path):
+    """Read from the Dockerfile, not from the builder's own list: a program added to the
+    image but left out of the context fails here, not in a user's build."""
+    import tarfile
+
+    from sandbox import image_build
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "requirements.txt").write_text("x==1\n")
+    (wheels / "x-1-py3-none-any.whl").write_bytes(b"wheel")
+    context = tmp_path / "context.tar"
+    with open(context, "w+b") as out:
+        image_build.context_tar(wheels, None, out)
+    with tarfile.open(context) as tar:
+        names = set(tar.getnames())
+        contract = tar.extractfile("boundary.py").read()
+    dockerfile = (image_build.SOURCES_DIR / "Dockerfile").read_text().replace("\\\n", " ")
+    copied = [
+        line.split()[1:-1]
         for line in dockerfile.splitlines()
-    )
-
-
-def test_extra_requirements_change_the_image_hash(tmp_path):
-    tree = _build_tree(tmp_path / "tree")
-    plain = _build_hash(tree)
-    extra = tmp_path / "extra.txt"
-    extra.write_text("tabulate==0.9.0\n")
-    with_extra = _build_hash(tree, extra)
-    assert with_extra != plain
-    assert _build_hash(tree, extra) == with_extra  # the same extra: the same hash
-    extra.write_text("tabulate==0.9.0\nrich==13.7.1\n")
-    assert _build_hash(tree, extra) not in (plain, with_extra)
-    assert _build_hash(tree) == plain
-    missing = subprocess.run(
-        ["bash", str(tree / "images" / "build.sh"), "--hash"],
-        capture_output=True, text=True, timeout=30, env={**os.environ, "EXTRA": str(tmp_path / "no.txt")},
-    )  # fmt: skip
-    assert missing.returncode != 0 and "no.txt" in missing.stderr
+        if line.startswith("COPY ") and "--from" not in line
+    ]
+    wanted = {source for sources in copied for source in sources}
+    assert "boundary.py" in wanted and "files.py" in wanted
+    for source in wanted:
+        assert source in names or any(n.startswith(source + "/") for n in names), source
+    assert {".wheels/x-1-py3-none-any.whl", ".wheels/extra/requirements.txt"} <= names
+    assert contract == image_build.CONTRACT.read_bytes()
 
 
 def test_the_offline_note_names_packages_the_image_really_has():
     from sandbox.render import MAIN_PACKAGES
 
-    wanted = (ROOT / "images" / "requirements.in").read_text().split()
+    wanted = (ROOT / "sandbox" / "image" / "requirements.in").read_text().split()
     assert MAIN_PACKAGES and set(MAIN_PACKAGES) <= set(wanted)
 
 
 def test_image_programs_use_the_contract_not_their_own_literals():
     """The strings the contract names appear in no image program or host module but it."""
     literals = ["sandcell-dropped", "/run/sandcell", "sandcell/path", "sandcell/error", "SIGUSR"]
-    sources = [*(ROOT / "images").glob("*.py"), *(ROOT / "sandbox").glob("*.py")]
+    sources = [*(ROOT / "sandbox" / "image").glob("*.py"), *(ROOT / "sandbox").glob("*.py")]
     for path in sources:
         if path.name == "boundary.py":
             continue
@@ -149,8 +161,18 @@ def test_the_image_carries_this_contract(image):
         capture_output=True, timeout=60, check=True,
     )  # fmt: skip
     assert done.stdout == (ROOT / "sandbox" / "boundary.py").read_bytes(), (
-        "the image is older than sandbox/boundary.py: run `make image`"
+        "the image is older than sandbox/boundary.py: run `sandcell image build`"
     )
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(60)
+def test_the_image_under_test_is_current_for_these_sources(image):
+    from sandbox import image_build
+    from sandbox.container import engine
+
+    state = image_build.inspect(engine(), image)
+    assert state.current, state.describe()
 
 
 def _tar(files: dict[str, bytes], mode: str = "w") -> bytes:

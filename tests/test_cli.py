@@ -32,7 +32,19 @@ def sandcell(*args: str, env: dict | None = None, stdin: str | None = None):
 def test_help_lists_every_command():
     helped = sandcell("--help")
     assert helped.exit_code == 0 and "Usage:" in helped.stdout
-    names = ["batch", "chat", "exec", "gc", "mcp", "replay", "run", "serve", "tool"]
+    names = [
+        "batch",
+        "chat",
+        "doctor",
+        "exec",
+        "gc",
+        "image",
+        "mcp",
+        "replay",
+        "run",
+        "serve",
+        "tool",
+    ]
     assert sorted(COMMANDS) == names
     for name in COMMANDS:
         assert f"  {name} " in helped.stdout
@@ -297,9 +309,11 @@ def test_for_execution(execution, status):
 
 def test_reported_words_known_errors_and_saves_a_bug_s_traceback(capsys, tmp_path):
     with pytest.raises(SystemExit) as done, exits.reported():
-        raise SandboxUnavailable("the sandbox image x is missing: run `make image`")
+        raise SandboxUnavailable("the sandbox image x is missing: run `sandcell image build`")
     assert done.value.code == 3
-    assert capsys.readouterr().err == "sandcell: the sandbox image x is missing: run `make image`\n"
+    assert capsys.readouterr().err == (
+        f"sandcell: the sandbox image x is missing: run `sandcell image build` ({exits.DOCTOR})\n"
+    )
     with pytest.raises(SystemExit) as done, exits.reported():
         raise KeyboardInterrupt
     assert done.value.code == 130 and capsys.readouterr().err == "sandcell: interrupted\n"

@@ -26,7 +26,7 @@ def test_missing_image_exits_3_and_says_what_to_run():
     result = sandcell("exec", "-c", "1", env=env)
     assert result.returncode == 3
     assert result.stderr.startswith("sandcell: ")
-    assert "make image" in result.stderr or "make engine" in result.stderr
+    assert "sandcell image build" in result.stderr and "sandcell doctor" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -3,6 +3,7 @@ seconds, then continued. These stop the engine for every test beside them: the m
 `engine_outage` keeps them out of the parallel suite, and `make test` runs them alone after."""
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -18,6 +19,7 @@ from agent.serve.sandboxes import RenewableSandbox
 from sandbox import DockerSandbox, Inputs, Limits, SandboxError, SandboxPool
 from sandbox import pool as pool_module
 from sandbox.container import DEFAULT_IMAGE as IMAGE
+from tests.cli_runner import sandcell
 from tests.serve_helpers import ALICE, serve_process
 
 pytestmark = pytest.mark.docker
@@ -152,3 +154,18 @@ def test_a_session_whose_sandbox_failed_to_start_is_not_live_and_starts_anew():
             assert renewable.live
         finally:
             renewable.close()
+
+
+@outage
+@pytest.mark.timeout(120)
+def test_doctor_says_a_stopped_engine_does_not_answer_and_exits_3():
+    """Bounded without a timed assertion: the engine comes back after MAX_STOP_S, so a doctor
+    that waited for it would find it answering and exit 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    with engine_stopped():
+        done = sandcell("doctor", env=env, timeout=60)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert re.search(r"^FAIL  engine +no Docker engine answers", done.stdout, re.M), done.stdout
+    assert "restart it (`sudo systemctl restart docker`)" in done.stdout
+    assert re.search(r"^skip  image +needs the engine", done.stdout, re.M), done.stdout
+    assert "Traceback" not in done.stderr

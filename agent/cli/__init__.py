@@ -2,7 +2,6 @@
 runs (or for --help): `exec`, `gc` and `tool` then start without the model client."""
 
 import importlib
-from importlib.metadata import version
 
 import click
 
@@ -16,6 +15,8 @@ COMMANDS = {  # name -> "module:attribute"
     "chat": "agent.cli.chat:chat_cmd",
     "serve": "agent.cli.serve:serve_cmd",
     "mcp": "agent.cli.mcp:mcp_cmd",
+    "image": "agent.cli.image:image_cmd",
+    "doctor": "agent.cli.doctor:doctor_cmd",
 }
 
 
@@ -32,8 +33,24 @@ class LazyGroup(click.Group):
         return getattr(importlib.import_module(module), attribute)
 
 
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from sandbox.image_build import sandcell_version, sources_hash
+
+    click.echo(f"sandcell {sandcell_version()} (sandbox image sources {sources_hash()})")
+    ctx.exit()
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(version("sandcell"), prog_name="sandcell")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and the hash of the image sources it expects, then exit.",
+)
 @click.option(
     "--debug",
     is_flag=True,

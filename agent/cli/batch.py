@@ -122,6 +122,8 @@ def batch_cmd(
     for record in unanswered:
         why = record.get("error") or record.get("detail")
         reason = record["stop_reason"] + (f" ({why})" if why else "")
+        if record["stop_reason"] == stops.SANDBOX_ERROR:
+            reason = exits.with_doctor(reason)
         terminal.echo(f"  {record['id']}: stopped: {reason}", err=True)
     for record in failed:
         terminal.echo(f"  {record['id']}: failed: {record['error']}", err=True)

@@ -135,10 +135,21 @@ def for_execution(ex: Execution) -> int:
     return STOPPED if ex.error else OK
 
 
+DOCTOR = "`sandcell doctor` checks what a sandbox needs"
+
+
+def with_doctor(message: str) -> str:
+    """A sandbox-unavailable message (exit 3) pointing to `sandcell doctor`."""
+    return message if "sandcell doctor" in message else f"{message.rstrip()} ({DOCTOR})"
+
+
 def fail(message: str, status: int) -> NoReturn:
-    """Say what went wrong on stderr, as `sandcell: <message>`, and exit with status."""
+    """Say what went wrong on stderr, as `sandcell: <message>`, and exit with status; exit 3
+    points to `sandcell doctor`."""
     from agent.cli import terminal  # light: click only
 
+    if status == UNAVAILABLE:
+        message = with_doctor(message)
     terminal.echo(f"sandcell: {message}", err=True)  # an error may quote a server or a cell
     sys.exit(status)
 

@@ -75,7 +75,7 @@ def rich_options(command):
 def runtime_option(command):
     """--runtime NAME: the engine's OCI runtime for the sandbox (runsc: gVisor). Any name the
     engine registered is fine, so it is checked against `docker info` before a start (exit 3
-    naming `make engine RUNTIME=runsc`), not against a fixed list here."""
+    pointing to `sandcell doctor`), not against a fixed list here."""
     return click.option(
         "--runtime",
         envvar="SANDCELL_RUNTIME",

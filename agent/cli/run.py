@@ -65,9 +65,10 @@ def run_cmd(task, inputs, output, overwrite, quiet, opts):
     if result.stop_reason in (stops.INTERRUPTED, stops.TERMINATED):
         terminal.echo(f"sandcell: {result.detail}; what was done is kept in {output}", err=True)
     else:
-        terminal.echo(
-            f"sandcell: stopped without an answer: {result.stop_reason}"
-            + (f" ({result.detail})" if result.detail else ""),
-            err=True,
+        said = f"stopped without an answer: {result.stop_reason}" + (
+            f" ({result.detail})" if result.detail else ""
         )
+        if result.stop_reason == stops.SANDBOX_ERROR:
+            said = exits.with_doctor(said)
+        terminal.echo(f"sandcell: {said}", err=True)
     sys.exit(exits.for_result(result))

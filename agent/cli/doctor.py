@@ -1,0 +1,34 @@
+"""`sandcell doctor`: one screen of what a run needs, each miss with how to fix it."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from agent.cli import exits, terminal
+from agent.cli.options import runtime_option
+from agent.model_settings import ModelSettings
+
+
+@click.command("doctor")
+@click.option("--model", "model_name", help="The model name to look for at the endpoint.")
+@click.option("--base-url", help="The endpoint to check [env OPENAI_BASE_URL].")
+@runtime_option
+def doctor_cmd(model_name: str | None, base_url: str | None, runtime: str | None) -> None:
+    """Check the engine, the sandbox image, the runtimes, the model endpoint, free disk and
+    the cgroup limits. Exit 0 when everything a run needs holds, 3 otherwise."""
+    from agent import doctor
+
+    with exits.reported():
+        settings = ModelSettings.from_env(name=model_name, base_url=base_url)
+        failed = 0
+        for check in doctor.checks(settings, runtime or None):
+            failed += check.status == doctor.FAIL
+            terminal.echo(f"{check.status:>4}  {check.name:<8} {check.detail}")
+            if check.fix and check.status in (doctor.FAIL, doctor.WARN):
+                terminal.echo(f"{'':>4}  {'':<8} fix: {check.fix}")
+        if failed:
+            click.echo(f"{failed} problem(s): fix them, then run `sandcell doctor` again")
+            sys.exit(exits.UNAVAILABLE)
+        click.echo("everything a run needs is here")

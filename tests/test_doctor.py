@@ -1,0 +1,74 @@
+"""`sandcell doctor` and `sandcell image` against the real engine: what holds, what is missing
+and how to fix it, and exit 0 or 3. The engine-outage case lives in test_engine_outage.py."""
+
+import os
+import re
+
+import pytest
+
+from sandbox import image_build
+from tests.cli_runner import sandcell
+from tests.scripted_server import ScriptedServer, dead_url
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(120)]
+
+
+def doctor(*args: str, **env: str):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "SANDCELL_M"))}
+    return sandcell("doctor", *args, env={**clean, **env}, timeout=60)
+
+
+def lines(output: str) -> dict[str, str]:
+    """Each check's status by name, from doctor's screen."""
+    found = re.findall(r"^\s*(ok|warn|FAIL|skip)\s+(\w+)\s", output, re.M)
+    return {name: status for status, name in found}
+
+
+def test_everything_there_exits_0_and_names_each_check():
+    with ScriptedServer(model="scripted-model") as server:
+        done = doctor(OPENAI_BASE_URL=server.url, SANDCELL_MODEL="scripted-model")
+    assert done.returncode == 0, done.stdout + done.stderr
+    checks = lines(done.stdout)
+    assert set(checks) == {"engine", "image", "runtime", "cgroups", "model", "disk"}
+    assert checks["engine"] == checks["image"] == checks["model"] == "ok", done.stdout
+    assert "serves scripted-model" in done.stdout
+    assert "everything a run needs is here" in done.stdout
+
+
+def test_a_missing_image_tag_exits_3_and_says_to_build_it():
+    done = doctor(SANDCELL_IMAGE="sandcell-sandbox:no-such-tag")
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert lines(done.stdout)["image"] == "FAIL"
+    assert "sandcell-sandbox:no-such-tag is missing" in done.stdout
+    assert "fix: sandcell image build" in done.stdout
+    assert "1 problem(s)" in done.stdout and "Traceback" not in done.stderr
+    shown = sandcell("image", env={**os.environ, "SANDCELL_IMAGE": "sandcell-sandbox:no-such-tag"})
+    assert shown.returncode == 3 and "missing" in shown.stdout
+
+
+def test_an_endpoint_that_does_not_answer_or_refuses_the_key_fails_the_model_check():
+    done = doctor(OPENAI_BASE_URL=dead_url())
+    assert done.returncode == 3 and lines(done.stdout)["model"] == "FAIL", done.stdout
+    assert "fix: start the server" in done.stdout
+    with ScriptedServer(api_key="right") as server:
+        done = doctor(OPENAI_BASE_URL=server.url, OPENAI_API_KEY="wrong")
+    assert done.returncode == 3 and "refused the key" in done.stdout, done.stdout
+    with ScriptedServer(model="other") as server:  # answers, but not with that model: a warning
+        done = doctor(OPENAI_BASE_URL=server.url, SANDCELL_MODEL="mine")
+    assert done.returncode == 0 and lines(done.stdout)["model"] == "warn", done.stdout
+    assert "does not list mine (it has: other)" in done.stdout
+
+
+def test_a_runtime_the_engine_lacks_fails_with_how_to_register_it():
+    done = doctor("--runtime", "no-such-runtime")
+    assert done.returncode == 3 and lines(done.stdout)["runtime"] == "FAIL", done.stdout
+    assert "daemon.json" in done.stdout
+
+
+def test_version_and_image_name_the_same_sources_hash(image):
+    version = sandcell("--version")
+    assert version.returncode == 0
+    expected = image_build.sources_hash()
+    assert re.fullmatch(rf"sandcell \S+ \(sandbox image sources {expected}\)\n", version.stdout)
+    shown = sandcell("image")
+    assert shown.returncode == 0 and f"current (sources {expected}" in shown.stdout, shown.stdout
