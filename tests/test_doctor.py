@@ -72,3 +72,13 @@ def test_version_and_image_name_the_same_sources_hash(image):
     assert re.fullmatch(rf"sandcell \S+ \(sandbox image sources {expected}\)\n", version.stdout)
     shown = sandcell("image")
     assert shown.returncode == 0 and f"current (sources {expected}" in shown.stdout, shown.stdout
+
+
+def test_image_build_keeps_a_current_image_and_checks_it_starts_under_the_runtime(image):
+    done = sandcell("image", "build", "--runtime", "runsc", timeout=120)
+    if "no runtime 'runsc'" in done.stderr:
+        pytest.skip("the engine has no runsc runtime")
+    assert done.returncode == 0 and "is up to date" in done.stdout, done.stdout + done.stderr
+    missing = sandcell("image", "build", "--runtime", "no-such-runtime")
+    assert missing.returncode == 3 and "no runtime 'no-such-runtime'" in missing.stderr
+    assert "sandcell doctor" in missing.stderr
