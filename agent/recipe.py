@@ -1,0 +1,241 @@
+"""Recipes: the code of a run whose output passed its checks, as one script in the percent
+format (`# %%` cells, as Jupytext, VS Code and Spyder read it), with each input a parameter.
+
+The cells come from the trace (the cells that ran to their end without an error, after the
+last reset); every literal path of an input (`/data/<name>`, in any string) becomes
+`INPUTS[i]`, rewritten on the syntax tree with LibCST so comments and layout stay. The first
+cell sets INPUTS; a batch replaces that cell with each job's own inputs."""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+
+from agent.events import Event, Reset, Step
+from agent.trace import all_inputs, read_events
+from sandbox import Execution
+from sandbox.boundary import DATA
+
+CELL = "# %%"
+PARAMETERS = '# %% tags=["parameters"]'  # Jupytext's (and papermill's) parameters cell
+PARAMETER = "INPUTS"
+
+
+class RecipeError(ValueError):
+    """No recipe can be made from this folder, or the file is not a recipe: the message says
+    why and what to do."""
+
+
+@dataclass
+class Recipe:
+    cells: list[str]  # the code, parameters already in place
+    inputs: list[dict]  # the run's inputs: {"name", "path", "size", "sha256"}
+    source: str = ""  # the run folder it came from
+    checks: dict = field(default_factory=dict)  # OUTPUT -> schema file, as the run had them
+    left_out: int = 0  # cells that failed or were stopped
+
+    def script(self) -> str:
+        header = [
+            f"# sandcell recipe, made from the run in {self.source}",
+            f"# {len(self.cells)} cells; {self.left_out} that failed or were stopped left out.",
+            "# Each input is a parameter: set INPUTS in the first cell (a batch sets it for each",
+            "# job, in the order of the job's inputs). Inputs of origin (sha256):",
+            *(f"#   INPUTS[{i}] {item['path']}  {item['sha256']}" for i, item in enumerate(self.inputs)),
+            "# Checks the output passed:",
+            *(f"#   {out} <- {schema}" for out, schema in sorted(self.checks.items())),
+        ]  # fmt: skip
+        values = ", ".join(repr(f"{DATA}/{item['name']}") for item in self.inputs)
+        parts = ["\n".join(header), f"{PARAMETERS}\n{PARAMETER} = [{values}]"]
+        parts += [f"{CELL}\n{code.strip()}" for code in self.cells]
+        return "\n\n".join(parts) + "\n"
+
+
+def successful_cells(events: list[Event]) -> tuple[list[str], int]:
+    """The code of the python cells that ran to their end without an error, after the last
+    reset (a reset cleared the kernel: what came before it built nothing that lasted), and how
+    many were left out."""
+    cells: list[str] = []
+    left_out = 0
+    for event in events:
+        match event:
+            case Reset():
+                cells, left_out = [], 0
+            case Step(observations=observed) if observed:
+                for obs in observed:
+                    if obs.get("tool") != "python" or not obs.get("execution"):
+                        continue
+                    ex = Execution.from_dict(obs["execution"])
+                    stopped = ex.error or ex.timed_out or ex.interrupted or ex.restarted
+                    if stopped:
+                        left_out += 1
+                    elif ex.code.strip():
+                        cells.append(ex.code)
+    return cells, left_out
+
+
+class _InputPaths(cst.CSTTransformer):
+    """Every string literal holding an input's path: the whole string becomes INPUTS[i]; a
+    path inside a longer string becomes an f-string part (or a concatenation)."""
+
+    def __init__(self, paths: dict[str, int]) -> None:
+        self.paths = paths
+        alternatives = "|".join(re.escape(p) for p in sorted(paths, key=len, reverse=True))
+        self.pattern = re.compile(f"({alternatives})(?![\\w.-])")  # /data/a.csv, not a.csv2
+        self.replaced = 0
+        self.concatenated = 0  # inside an implicit concatenation ("a" "b")
+
+    def _index(self, path: str) -> cst.Subscript:
+        return cst.Subscript(
+            cst.Name(PARAMETER),
+            [cst.SubscriptElement(cst.Index(cst.Integer(str(self.paths[path]))))],
+        )
+
+    def _replaced(self, value: str) -> cst.BaseExpression:
+        """The string as INPUTS[i] where it is a path, joined to the rest with +."""
+        pieces: list[cst.BaseExpression] = []
+        last = 0
+        for match in self.pattern.finditer(value):
+            if match.start() > last:
+                pieces.append(cst.SimpleString(repr(value[last : match.start()])))
+            pieces.append(self._index(match[1]))
+            last = match.end()
+            self.replaced += 1
+        if last < len(value):
+            pieces.append(cst.SimpleString(repr(value[last:])))
+        if len(pieces) == 1:
+            return pieces[0]
+        joined = pieces[0]
+        for piece in pieces[1:]:
+            joined = cst.BinaryOperation(joined, cst.Add(), piece)
+        # parenthesized, so that `"/data/a.csv x".split()` keeps applying to the whole string
+        return joined.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+    def _holds_path(self, node: cst.BaseString) -> bool:
+        if "b" in getattr(node, "prefix", "").lower():
+            return False
+        value = node.evaluated_value
+        return isinstance(value, str) and bool(self.pattern.search(value))
+
+    def visit_ConcatenatedString(self, node: cst.ConcatenatedString) -> bool:
+        self.concatenated += 1  # its parts cannot become expressions one by one
+        return True
+
+    def leave_ConcatenatedString(
+        self, original: cst.ConcatenatedString, updated: cst.ConcatenatedString
+    ) -> cst.BaseExpression:
+        self.concatenated -= 1
+        if not _has_fstring(updated) and self._holds_path(updated):
+            return self._replaced(updated.evaluated_value)
+        return updated
+
+    def leave_SimpleString(
+        self, original: cst.SimpleString, updated: cst.SimpleString
+    ) -> cst.BaseExpression:
+        if self.concatenated or not self._holds_path(updated):
+            return updated
+        return self._replaced(updated.evaluated_value)
+
+    def leave_FormattedStringText(
+        self, original: cst.FormattedStringText, updated: cst.FormattedStringText
+    ) -> cst.FormattedStringText | cst.FlattenSentinel:
+        if not self.pattern.search(updated.value):
+            return updated
+        parts: list[cst.BaseFormattedStringContent] = []
+        last = 0
+        for match in self.pattern.finditer(updated.value):
+            if match.start() > last:
+                parts.append(cst.FormattedStringText(updated.value[last : match.start()]))
+            parts.append(cst.FormattedStringExpression(self._index(match[1])))
+            last = match.end()
+            self.replaced += 1
+        if last < len(updated.value):
+            parts.append(cst.FormattedStringText(updated.value[last:]))
+        return cst.FlattenSentinel(parts)
+
+
+def _has_fstring(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.ConcatenatedString):
+        return _has_fstring(node.left) or _has_fstring(node.right)
+    return isinstance(node, cst.FormattedString)
+
+
+def parameterize(code: str, inputs: list[dict]) -> str:
+    """The cell with each input's /data path replaced by INPUTS[i]; code that does not parse
+    (it ran, so it rarely happens: an IPython magic) is kept as it is."""
+    paths = {f"{DATA}/{item['name']}": i for i, item in enumerate(inputs)}
+    if not paths:
+        return code
+    try:
+        module = cst.parse_module(code)
+    except cst.ParserSyntaxError:
+        return code
+    return module.visit(_InputPaths(paths)).code
+
+
+def from_run(folder: Path, checks: dict[str, str] | None = None) -> Recipe:
+    """The recipe of the run (or batch job) in folder."""
+    trace = folder / "trace.jsonl"
+    if not trace.is_file():
+        raise RecipeError(f"{folder} holds no trace.jsonl: give a run or batch-job folder")
+    try:
+        events = read_events(trace)
+    except (OSError, ValueError) as error:
+        raise RecipeError(f"{trace} cannot be read: {error}") from None
+    inputs = all_inputs(events)
+    cells, left_out = successful_cells(events)
+    if not cells:
+        raise RecipeError(
+            f"the run in {folder} ran no cell to its end: nothing to make a recipe of"
+        )
+    return Recipe(
+        [parameterize(code, inputs) for code in cells],
+        inputs,
+        source=str(folder),
+        checks=dict(checks or {}),
+        left_out=left_out,
+    )
+
+
+@dataclass(frozen=True)
+class Loaded:
+    cells: list[str]  # the cells after the parameters cell
+    inputs: int  # how many inputs the parameters cell names
+
+
+def load(path: Path) -> Loaded:
+    """A recipe file: it parses, its first cell sets INPUTS to a list of paths. The errors
+    say what is wrong and where."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise RecipeError(f"{path} cannot be read: {error}") from None
+    try:
+        ast.parse(text, filename=str(path))
+    except SyntaxError as error:
+        raise RecipeError(f"{path} does not parse: line {error.lineno}: {error.msg}") from None
+    cells = re.split(r"^# %%.*$", text, flags=re.M)
+    markers = re.findall(r"^# %%.*$", text, flags=re.M)
+    if not markers or markers[0] != PARAMETERS:
+        raise RecipeError(f"{path}: the first cell must be the parameters cell `{PARAMETERS}`")
+    count = _inputs_count(cells[1], path)
+    return Loaded([c.strip() for c in cells[2:] if c.strip()], count)
+
+
+def _inputs_count(cell: str, path: Path) -> int:
+    for node in ast.parse(cell).body:
+        if (
+            isinstance(node, ast.Assign)
+            and [getattr(t, "id", None) for t in node.targets] == [PARAMETER]
+            and isinstance(node.value, ast.List | ast.Tuple)
+        ):
+            return len(node.value.elts)
+    raise RecipeError(f"{path}: the parameters cell must set {PARAMETER} = [...] (a list of paths)")
+
+
+def parameters_cell(paths: list[str]) -> str:
+    """The first cell a job runs: its own inputs, in the order of its jobs-file entry."""
+    return f"{PARAMETER} = {paths!r}"
