@@ -62,15 +62,14 @@ def successful_cells(events: list[Event]) -> tuple[list[str], int]:
     left_out = 0
     for event in events:
         match event:
-            case Reset():
+            case Reset(reason=reason) if reason != "idle":  # idle: serve rebuilds the state
                 cells, left_out = [], 0
             case Step(observations=observed) if observed:
                 for obs in observed:
                     if obs.get("tool") != "python" or not obs.get("execution"):
                         continue
                     ex = Execution.from_dict(obs["execution"])
-                    stopped = ex.error or ex.timed_out or ex.interrupted or ex.restarted
-                    if stopped:
+                    if not ex.ok or ex.interrupted:
                         left_out += 1
                     elif ex.code.strip():
                         cells.append(ex.code)

@@ -1,0 +1,108 @@
+"""Recipes without a sandbox: the cells a trace gives, input paths as parameters (rewritten on
+the syntax tree: comments, layout, f-strings and concatenations), the script's format, and
+reading a recipe back. The batch runs of recipes are in test_recipe_batch.py."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from agent.events import Reset, SessionStarted, executed_cell
+from agent.recipe import PARAMETERS, RecipeError, from_run, load, parameterize
+from agent.trace import TraceWriter
+from sandbox import Execution
+from sandbox.execution import Error
+
+INPUTS = [
+    {"name": "sales.csv", "path": "/home/a/sales.csv", "size": 10, "sha256": "ab" * 32},
+    {"name": "rates.csv", "path": "/home/a/rates.csv", "size": 5, "sha256": "cd" * 32},
+]
+
+
+def test_every_literal_input_path_becomes_a_parameter_and_the_rest_stays():
+    code = (
+        "import pandas as pd\n"
+        "# the sales, then the rates\n"
+        'df = pd.read_csv("/data/sales.csv")  # as given\n'
+        "rates = pd.read_csv('/data/rates.csv', sep=';')\n"
+        'print(f"read /data/sales.csv: {len(df)} rows")\n'
+        'both = "cat /data/sales.csv /data/rates.csv".split()\n'
+        'joined = ("/data/" "sales.csv")\n'
+        'raw = b"/data/sales.csv"\n'
+        'other = "/data/sales.csv.bak"\n'
+        'out = "/workspace/output/clean.csv"\n'
+    )
+    got = parameterize(code, INPUTS)
+    assert "# the sales, then the rates" in got and "# as given" in got
+    assert "pd.read_csv(INPUTS[0])" in got and "pd.read_csv(INPUTS[1], sep=';')" in got
+    assert 'f"read {INPUTS[0]}: {len(df)} rows"' in got
+    assert "('cat ' + INPUTS[0] + ' ' + INPUTS[1]).split()" in got
+    assert "joined = INPUTS[0]" in got
+    assert 'raw = b"/data/sales.csv"' in got  # bytes are not paths
+    assert 'other = "/data/sales.csv.bak"' in got  # another file
+    assert 'out = "/workspace/output/clean.csv"' in got
+    namespace = {"INPUTS": ["/in/x.csv", "/in/y.csv"]}
+    exec(compile("both = " + got.split("both = ")[1].split("\n")[0], "<cell>", "exec"), namespace)
+    assert namespace["both"] == ["cat", "/in/x.csv", "/in/y.csv"]
+
+
+def test_a_cell_that_does_not_parse_is_kept_as_it_ran():
+    assert parameterize("%timeit 1\n", INPUTS) == "%timeit 1\n"
+
+
+def _trace(folder: Path, cells: list[tuple[str, Execution]], reset_after: int | None = None):
+    with TraceWriter(folder / "trace.jsonl") as trace:
+        trace(SessionStarted(model="m", max_tokens=None, protocol="tools", inputs=INPUTS,
+                             image="i", limits={}, rules={}, sandbox_start="fresh"))  # fmt: skip
+        for n, (code, ex) in enumerate(cells):
+            ex.code = code
+            trace(executed_cell(1, code, ex))
+            if n == reset_after:
+                trace(Reset(question=1))
+
+
+def test_the_recipe_keeps_the_cells_that_ran_and_names_its_origin(tmp_path):
+    _trace(tmp_path, [
+        ("import pandas as pd", Execution()),
+        ("df = pd.read_csv('/data/sales.csv')\ndf.nope", Execution(error=Error("AttributeError", "nope", []))),
+        ("while True: pass", Execution(timed_out=True, interrupted=True)),
+        ("df = pd.read_csv('/data/sales.csv')", Execution()),
+        ("df.drop_duplicates().to_csv('/workspace/output/clean.csv')", Execution()),
+    ])  # fmt: skip
+    recipe = from_run(tmp_path, checks={"output/clean.csv": "schemas/sales.yaml"})
+    assert recipe.left_out == 2 and len(recipe.cells) == 3
+    script = recipe.script()
+    ast.parse(script)
+    assert script.count("\n# %%\n") == 3 and PARAMETERS in script
+    assert "INPUTS = ['/data/sales.csv', '/data/rates.csv']" in script
+    assert "df.nope" not in script and "while True" not in script
+    assert f"INPUTS[0] /home/a/sales.csv  {'ab' * 32}" in script
+    assert "output/clean.csv <- schemas/sales.yaml" in script
+    path = tmp_path / "recipe.py"
+    path.write_text(script)
+    loaded = load(path)
+    assert loaded.inputs == 2 and loaded.cells[0] == "import pandas as pd"
+    assert loaded.cells[1] == "df = pd.read_csv(INPUTS[0])"
+
+
+def test_a_reset_drops_the_cells_before_it(tmp_path):
+    _trace(tmp_path, [("a = 1", Execution()), ("b = 2", Execution())], reset_after=0)
+    assert from_run(tmp_path).cells == ["b = 2"]
+
+
+def test_folders_and_files_that_are_no_recipe_are_refused_saying_why(tmp_path):
+    with pytest.raises(RecipeError, match="no trace.jsonl"):
+        from_run(tmp_path)
+    _trace(tmp_path, [("1/0", Execution(error=Error("ZeroDivisionError", "", [])))])
+    with pytest.raises(RecipeError, match="ran no cell to its end"):
+        from_run(tmp_path)
+    bad = tmp_path / "bad.py"
+    bad.write_text("# %%\nx = (\n")
+    with pytest.raises(RecipeError, match="does not parse: line"):
+        load(bad)
+    bad.write_text("# %%\nx = 1\n")
+    with pytest.raises(RecipeError, match="first cell must be the parameters cell"):
+        load(bad)
+    bad.write_text(f"{PARAMETERS}\nX = 1\n# %%\nx = 1\n")
+    with pytest.raises(RecipeError, match="must set INPUTS"):
+        load(bad)
