@@ -77,7 +77,7 @@ function sessionItem(info) {
     title: "rename", "aria-label": "rename session", text: "✎" });
   rename.addEventListener("click", () => renameSession(li, info));
   const drop = el("button", { type: "button", class: "tool", testid: "delete-session",
-    title: "delete", "aria-label": "delete session", text: "🗑" });
+    title: "delete", "aria-label": "delete session", text: "✕" });
   drop.addEventListener("click", () => deleteSession(info));
   const li = el("li", {}, open, el("span", { class: "tools" }, rename, drop));
   return li;
