@@ -1,6 +1,7 @@
 """The observation the model sees of one Execution: bounded text, never the raw stream."""
 
 import re
+from dataclasses import dataclass, field
 
 from sandbox.boundary import ERROR_KEY, PACKAGES_FILE
 from sandbox.execution import Execution
@@ -71,31 +72,50 @@ def _stream(execution: Execution, budget: int) -> str:
     return _head_tail(head, tail, execution.cut_chars, budget, where)
 
 
-def render(execution: Execution, budget: int = 4000) -> str:
-    parts: list[str] = []
+@dataclass
+class Parts:
+    """An observation's parts, rendered: what a front end that streamed the cell's output
+    shows after it (results, error, notes), and the stream itself."""
+
+    stream: str = ""
+    results: list[str] = field(default_factory=list)  # one per Execution.results
+    error: str | None = None  # the compact traceback
+    notes: list[str] = field(default_factory=list)  # caps, restarts, timeouts, offline
+
+
+def parts(execution: Execution, budget: int = 4000) -> Parts:
+    out = Parts()
     if execution.stream:
-        parts.append(_stream(execution, budget * 3 // 5))
-    for result in execution.results:
-        parts.append(_result(result, budget // 3))
+        out.stream = _stream(execution, budget * 3 // 5)
+    out.results = [_result(result, budget // 3) for result in execution.results]
     if execution.error is not None:
         err = execution.error
         trace = "\n".join(line for line in err.traceback[:-1] if line.strip())
-        parts.append(cut(f"{trace}\n{err.name}: {err.value}".strip(), budget // 3))
+        out.error = cut(f"{trace}\n{err.name}: {err.value}".strip(), budget // 3)
     relay_dropped = execution.dropped_bytes - execution.cut_chars
     if relay_dropped > 0:
-        parts.append(f"[{relay_dropped} bytes of output were dropped by the sandbox]")
+        out.notes.append(f"[{relay_dropped} bytes of output were dropped by the sandbox]")
     if execution.rich_dropped:
-        parts.append(_rich_note(execution))
+        out.notes.append(_rich_note(execution))
     if execution.restarted:
-        parts.append(_restart_note(execution))
+        out.notes.append(_restart_note(execution))
     elif execution.timed_out:
-        parts.append(
+        out.notes.append(
             f"[Timed out after {execution.duration_s:.0f} s: the cell was interrupted; "
             "variables are kept. Make the code faster or work on a sample.]"
         )
     if _offline(execution):
-        parts.append(OFFLINE_NOTE)
-    text = "\n".join(p.rstrip("\n") for p in parts if p)
+        out.notes.append(OFFLINE_NOTE)
+    return out
+
+
+def joined(texts: list[str]) -> str:
+    return "\n".join(t.rstrip("\n") for t in texts if t)
+
+
+def render(execution: Execution, budget: int = 4000) -> str:
+    p = parts(execution, budget)
+    text = joined([p.stream, *p.results, p.error or "", *p.notes])
     return cut(text, budget) if text else "[ran without output]"
 
 

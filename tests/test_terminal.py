@@ -16,6 +16,8 @@ from rich.console import Console
 from agent.cli.console import EventPrinter
 from agent.cli.terminal import for_terminal, visible
 from agent.events import ActionStarted, Event, Final, Notice, Observation, Output, Token
+from sandbox import render
+from sandbox.execution import Error, Execution, Result, StreamChunk
 from tests.cli_runner import sandcell, sandcell_terminal
 
 pytestmark = pytest.mark.timeout(60)
@@ -165,3 +167,25 @@ def test_run_to_a_pipe_writes_the_answer_byte_exact(tmp_path):
     done = sandcell(*args, text=False, timeout=150)
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"done {CSI}\x1b[31mred{OSC8}\n".encode()
+
+
+def test_chat_shows_a_cells_printed_line_once_and_the_rest_in_the_observation_panel():
+    ex = Execution(
+        stream=[StreamChunk("stdout", "printed-once-line\n")],
+        results=[Result({"text/plain": "   units\nNorth  20"}, is_main=True)],
+        error=Error("ValueError", "bad value", ["Cell In[1], line 3", "ValueError: bad value"]),
+    )
+    shown = printed(False, [
+        ActionStarted(tool="python", args={"code": "print('printed-once-line')"}),
+        Output(name="stdout", text="printed-once-line\n"),
+        Observation(tool="python", ok=False, text=render(ex), execution=ex),
+    ])  # fmt: skip
+    assert shown.count("printed-once-line") == 2  # the code, then the output once
+    assert "North  20" in shown and "ValueError: bad value" in shown and "observation" in shown
+    # output alone: no panel repeats it
+    quiet = Execution(stream=[StreamChunk("stdout", "only-output\n")])
+    shown = printed(False, [
+        Output(name="stdout", text="only-output\n"),
+        Observation(tool="python", ok=True, text=render(quiet), execution=quiet),
+    ])  # fmt: skip
+    assert shown.count("only-output") == 1 and "observation" not in shown

@@ -22,6 +22,7 @@ from agent.events import (
     Thought,
     Token,
 )
+from sandbox.render import joined, parts
 
 
 class EventPrinter:
@@ -106,12 +107,18 @@ class EventPrinter:
         printed, self._printed = self._printed, ""
         if printed and not printed.endswith("\n"):
             self.console.print()
-        if printed.strip() and event.text.strip() == printed.strip():
-            return  # the model sees just what was shown as the cell ran: once is enough
+        text = event.text
+        if printed.strip() and event.execution is not None:
+            # the output was shown as the cell ran: the panel has the rest (results, error,
+            # notes), or is left out when there is none
+            p = parts(event.execution)
+            text = joined([*p.results, p.error or "", *p.notes])
+            if not text.strip():
+                return
         style = "green" if event.ok else "red"
         self.console.print(
             Panel(
-                self._safe(event.text),
+                self._safe(text),
                 title="observation",
                 title_align="left",
                 border_style=style,

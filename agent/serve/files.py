@@ -118,12 +118,12 @@ def listing(folder: Path) -> list[dict]:
     and hidden names are left out, as downloads refuse them."""
     found = []
     for top, kind in KINDS.items():
-        for rel, size in _walk(folder / top, top):
+        for rel, size in walk(folder / top, top):
             found.append({"path": rel, "kind": kind, "size": size})
     return found
 
 
-def _walk(root: Path, rel: str) -> Iterator[tuple[str, int]]:
+def walk(root: Path, rel: str) -> Iterator[tuple[str, int]]:
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except (FileNotFoundError, NotADirectoryError):
@@ -132,7 +132,7 @@ def _walk(root: Path, rel: str) -> Iterator[tuple[str, int]]:
         if entry.name.startswith(".") or entry.is_symlink():
             continue
         if entry.is_dir(follow_symlinks=False):
-            yield from _walk(Path(entry.path), f"{rel}/{entry.name}")
+            yield from walk(Path(entry.path), f"{rel}/{entry.name}")
         elif entry.is_file(follow_symlinks=False):
             yield f"{rel}/{entry.name}", entry.stat(follow_symlinks=False).st_size
 
@@ -141,7 +141,7 @@ def collected(folder: Path) -> Iterator[tuple[Path, str]]:
     """Files a session brought back from its workspace, each with its path in a sandbox
     (the reverse of Session.collect), to put back into a fresh one."""
     for top in (OUTPUT_DIR, FIGURES_DIR, WORKSPACE_DIR):
-        for rel, _ in _walk(folder / top, top):
+        for rel, _ in walk(folder / top, top):
             inside = rel.partition("/")[2] if top == WORKSPACE_DIR else rel
             yield folder / rel, f"{WORKSPACE}/{inside}"
 

@@ -8,6 +8,10 @@ from pydantic import BaseModel, Field
 
 class SessionInfo(BaseModel):
     id: str
+    title: str = Field(
+        description="the title given by PATCH /api/sessions/{id}, else the first question; "
+        "empty before one is asked"
+    )
     created: str = Field(description="when the session was made (ISO 8601)")
     running: bool = Field(description="a question or code is running now")
     sandbox: Literal["live", "released"] = Field(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from agent.events import Question
 from agent.replay import Cell, recorded_cells
-from agent.serve import files
+from agent.serve import files, titles
 from agent.serve.listing import SessionInfo
 from agent.trace import all_inputs, read_events
 from sandbox import Inputs
@@ -35,10 +35,12 @@ class Stored:
     created: str
     questions: int
     inputs: list[str] = field(default_factory=list)
+    first_question: str = ""
 
     def info(self) -> SessionInfo:
         return SessionInfo(
             id=self.id,
+            title=titles.read(self.folder) or titles.clean(self.first_question),
             created=self.created,
             running=False,
             sandbox="released",
@@ -55,6 +57,7 @@ class Past:
     questions: int
     messages: list[dict]
     cells: list[Cell]
+    first_question: str = ""
 
 
 def stored_sessions(data: Path) -> Iterator[Stored]:
@@ -76,7 +79,14 @@ def stored_sessions(data: Path) -> Iterator[Stored]:
             continue
         questions = sum(1 for e in events if isinstance(e, Question))
         created = events[0].time or ""
-        yield Stored(folder.name, folder.parent.name, folder, created, questions, names)
+        yield Stored(
+            folder.name, folder.parent.name, folder, created, questions, names, first(events)
+        )
+
+
+def first(events: list) -> str:
+    """The session's first question, as its title until it is given one."""
+    return next((str(e.task or "") for e in events if isinstance(e, Question)), "")
 
 
 def read_past(stored: Stored) -> Past:
@@ -93,6 +103,7 @@ def read_past(stored: Stored) -> Past:
         questions=stored.questions,
         messages=_history(stored.folder / HISTORY),
         cells=recorded_cells(events),
+        first_question=stored.first_question,
     )
 
 

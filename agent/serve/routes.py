@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 
 from agent.events import Final, Question
 from agent.notebook import trace_to_notebook
-from agent.serve import files
+from agent.serve import files, outputs, titles
 from agent.serve.auth import COOKIE, current_user, owned, user_of
 from agent.serve.listing import SessionInfo
 from agent.serve.served import ServedSession
@@ -25,6 +25,8 @@ from agent.serve.sessions import Sessions
 from agent.serve.signin import click_page, own_navigation
 from agent.serve.stream import MessageStream
 from agent.trace import read_events
+from tools.file_metadata import FileMetadata
+from tools.registry import ToolError
 
 router = APIRouter()
 User = Annotated[str, Depends(current_user)]
@@ -78,6 +80,21 @@ class Created(BaseModel):
 class Uploaded(BaseModel):
     names: list[str]  # as they are under /data
     inputs: list[str]  # every input of the session now
+    profiles: dict[str, str] = Field(
+        description="each uploaded file's profile (rows, columns, types, missing counts, first "
+        "rows), by name: the file_metadata tool's, as the model reads it"
+    )
+
+
+class Rename(BaseModel):
+    title: str = Field(max_length=titles.MAX_TITLE, description="the session's new title")
+
+    @field_validator("title")
+    @classmethod
+    def not_blank(cls, value: str) -> str:
+        if not titles.clean(value):
+            raise ValueError("the title is empty; send its text")
+        return value
 
 
 def sessions_of(request: Request) -> Sessions:
@@ -127,6 +144,12 @@ def session_info(served: Owned) -> SessionInfo:
     return served.info()
 
 
+@router.patch("/api/sessions/{id}")
+def rename(body: Rename, served: Owned) -> SessionInfo:
+    titles.save(served.folder, body.title)
+    return served.info()
+
+
 @router.delete("/api/sessions/{id}", status_code=204, response_class=Response)
 def delete_session(id: str, request: Request, user: User) -> Response:
     sessions_of(request).delete(user, id)
@@ -167,7 +190,18 @@ def upload(served: Owned, file: Annotated[list[UploadFile], File()], request: Re
             for path in saved:
                 path.unlink(missing_ok=True)
             raise
-    return {"names": names, "inputs": served.session.inputs.names}
+    return {
+        "names": names,
+        "inputs": served.session.inputs.names,
+        "profiles": {name: _profile(served, name) for name in names},
+    }
+
+
+def _profile(served: ServedSession, name: str) -> str:
+    try:  # the tool's own profile, cached with the session's inputs as the prompt's is
+        return FileMetadata(served.session.inputs).describe(f"/data/{name}").text
+    except ToolError as error:  # a file it cannot read: the reason is what the model reads too
+        return str(error)
 
 
 @router.get("/api/sessions/{id}/files")
@@ -176,6 +210,41 @@ def list_files(served: Owned) -> dict:
     for entry in found:
         entry["url"] = served.url_of(served.folder / entry["path"])
     return {"files": found}
+
+
+@router.get("/api/sessions/{id}/profiles")
+def profiles(served: Owned) -> dict[str, str]:
+    """Each input's profile by name, as the upload answered it (for a page reopening it)."""
+    return {name: _profile(served, name) for name in served.session.inputs.names}
+
+
+@router.get("/api/sessions/{id}/outputs")
+def list_outputs(served: Owned) -> dict:
+    """The files the code made (output/ and figures/), newest first: at most
+    outputs.MAX_LISTED of them, `total` counting all; `zip` downloads them together."""
+    found = outputs.made(served.folder)
+    return {
+        "files": [
+            outputs.as_json(m, served.url_of(served.folder / m.path))
+            for m in found[: outputs.MAX_LISTED]
+        ],
+        "total": len(found),
+        "bytes": sum(m.size for m in found),
+        "zip": f"{served.url}/outputs.zip" if found else None,
+    }
+
+
+@router.get("/api/sessions/{id}/outputs.zip", response_class=StreamingResponse)
+def zip_outputs(served: Owned) -> StreamingResponse:
+    """Every file the code made, as one zip written as it is sent (newest first, at most
+    outputs.ZIP_MAX_FILES files and ZIP_MAX_BYTES bytes; a note inside names any left out)."""
+    found = outputs.made(served.folder)
+    if not found:
+        raise HTTPException(404, "the code of this session has made no files yet")
+    taken, left = outputs.zipped(found)
+    headers = {**DOWNLOAD_HEADERS, "Content-Disposition": _attachment(f"sandcell-{served.id}.zip")}
+    stream = outputs.zip_stream(served.folder, taken, left)
+    return StreamingResponse(stream, media_type="application/zip", headers=headers)
 
 
 @router.get("/api/sessions/{id}/files/{path:path}", response_class=StreamingResponse)

@@ -15,7 +15,7 @@ from urllib.parse import quote
 from agent.events import Event, OnEvent, Rebuilt, Reset, SandboxReleased
 from agent.replay import rerun
 from agent.seams import Result
-from agent.serve import files, resume
+from agent.serve import files, resume, titles
 from agent.serve.config import ServeConfig
 from agent.serve.listing import SessionInfo
 from agent.serve.resume import Past
@@ -55,6 +55,7 @@ class ServedSession:
         self._rebuild = past.cells if past else []
         self._resuming = past is not None
         self.resumed = past is not None  # continued after a server restart
+        self.first_question = past.first_question if past else ""  # the default title
         self.url = f"/api/sessions/{sid}"
         self.inputs_dir = folder / files.INPUTS_DIR
         self.sink: OnEvent | None = None  # the running message's stream
@@ -111,6 +112,7 @@ class ServedSession:
         """The session's question, in the caller's thread (the stream's worker)."""
         with self._turn_lock:
             self.asking = True
+        self.first_question = self.first_question or question
         try:
             return self.session.ask(question)
         finally:
@@ -160,6 +162,7 @@ class ServedSession:
     def info(self) -> SessionInfo:
         return SessionInfo(
             id=self.id,
+            title=titles.read(self.folder) or titles.clean(self.first_question),
             created=self.created,
             running=self.busy,
             sandbox="live" if self.sandbox.live else "released",

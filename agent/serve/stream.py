@@ -18,6 +18,7 @@ from agent import events as ev
 from agent import stops
 from agent.seams import Result
 from sandbox.execution import Execution
+from sandbox.render import IMAGE_TYPES, parts
 
 if TYPE_CHECKING:
     from agent.serve.served import ServedSession
@@ -34,6 +35,24 @@ FAILED = (stops.MODEL_ERROR, stops.SANDBOX_ERROR)
 
 def table_html(html: str) -> str:
     return nh3.clean(html[:MAX_TABLE_HTML], tags=TABLE_TAGS, attributes=TABLE_ATTRIBUTES)
+
+
+def shown(ex: Execution) -> dict:
+    """What the page shows of a cell, each output once: `output` (the stream, which the page
+    has shown live already), `results` as text, `tables` (a result with an HTML table is shown
+    as the table alone), the compact `error`, and `notes`. The model's text is `text`."""
+    p = parts(ex)
+    results, tables = [], []
+    for result, text in zip(ex.results, p.results, strict=True):
+        html = result.data.get("text/html")
+        if html is not None:
+            tables.append(table_html(html))
+            if "<table" in html.lower():
+                continue  # its text form is the model's; a person reads the table
+        if not any(kind in result.data for kind in IMAGE_TYPES):  # charts: `figures`
+            results.append(text)
+    return {"output": p.stream, "results": results, "tables": tables, "error": p.error,
+            "notes": p.notes}  # fmt: skip
 
 
 def execution_summary(ex: Execution) -> dict:
@@ -107,9 +126,7 @@ class MessageStream:
         ex = event.execution
         if ex is not None:
             out["figures"] = self.served.save_figures(ex)
-            out["tables"] = [
-                table_html(r.data["text/html"]) for r in ex.results if "text/html" in r.data
-            ]
+            out.update(shown(ex))
             out["execution"] = execution_summary(ex)
         return out
 

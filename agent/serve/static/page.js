@@ -4,7 +4,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { session: null, running: false };
+const state = { session: null, running: false, profiles: {} };
 
 function el(tag, props = {}, ...children) {
   const node = document.createElement(tag);
@@ -18,20 +18,27 @@ function el(tag, props = {}, ...children) {
   return node;
 }
 
-function say(text) {
-  $("status").textContent = text || "";
+// kind: "success", "warning", "error" or "working" (a long operation under way), each
+// styled by page.css; none for a plain word.
+function say(text, kind = "") {
+  const status = $("status");
+  status.textContent = text || "";
+  status.className = text && kind ? kind : "";
+  status.dataset.kind = text ? kind : "";
 }
+
+const sessionPath = (id) => `/api/sessions/${encodeURIComponent(id)}`;
 
 async function api(method, path, body, headers = {}) {
   const response = await fetch(path, { method, body, headers, credentials: "same-origin" });
   if (response.status === 401) {
-    say("Not signed in: open the URL with ?token= that `sandcell serve` printed.");
+    say("Not signed in: open the URL with ?token= that `sandcell serve` printed.", "error");
     throw new Error("401");
   }
   if (!response.ok) {
     let message = response.statusText;
     try { message = (await response.json()).error || message; } catch (e) { /* not JSON */ }
-    say(message);
+    say(message, response.status === 409 || response.status === 429 ? "warning" : "error");
     throw new Error(message);
   }
   return response;
@@ -45,26 +52,19 @@ async function loadSessions() {
   const ul = $("sessions");
   ul.replaceChildren();
   list.sort((a, b) => (b.created > a.created ? 1 : -1));
-  for (const info of list) {
-    const when = new Date(info.created).toLocaleString();
-    const label = `${info.id.slice(0, 8)} · ${info.questions} question(s)` +
-      (info.resumed ? " · from before a restart" : "") +
-      (info.inputs.length ? ` · ${info.inputs.join(", ")}` : "") + `\n${when}`;
-    const button = el("button", { type: "button", text: label, title: info.id });
-    if (state.session === info.id) button.classList.add("current");
-    button.addEventListener("click", () => openSession(info));
-    ul.append(el("li", {}, button));
-  }
+  for (const info of list) ul.append(sessionItem(info));
 }
 
-function showSession(id, inputs) {
+function showSession(id, inputs, profiles = {}) {
   state.session = id;
   $("session-label").textContent = id ? `session ${id}` : "no session yet";
   const link = $("download-notebook");
   link.hidden = !id;
-  link.href = id ? `/api/sessions/${encodeURIComponent(id)}/notebook` : "#";
+  link.href = id ? `${sessionPath(id)}/notebook` : "#";
   const ul = $("inputs");
-  ul.replaceChildren(...(inputs || []).map((name) => el("li", { text: `/data/${name}` })));
+  ul.replaceChildren(...(inputs || []).map((name) => inputItem(name, profiles[name])));
+  showOutputs(null);
+  if (id) loadOutputs(id);
 }
 
 function reopenNote(info) {
@@ -90,13 +90,17 @@ function question(content) {
 }
 
 async function openSession(info) {
-  showSession(info.id, info.inputs);
+  state.session = info.id;
+  const profiles = await profilesOf(info.id);
+  if (state.session !== info.id) return; // another session was opened meanwhile
+  state.profiles = profiles;
+  showSession(info.id, info.inputs, profiles);
   $("steps").replaceChildren();
   say("");
   loadSessions();
   let turns = [];
   try {
-    turns = await (await api("GET", `/api/sessions/${encodeURIComponent(info.id)}/history`)).json();
+    turns = await (await api("GET", `${sessionPath(info.id)}/history`)).json();
   } catch (e) { /* said */ }
   if (state.session !== info.id) return; // another session was opened meanwhile
   // the questions and answers so far (as text: never parsed as HTML)
@@ -112,6 +116,7 @@ async function openSession(info) {
 async function ensureSession() {
   if (state.session) return state.session;
   const { id } = await (await api("POST", "/api/sessions")).json();
+  state.profiles = {};
   showSession(id, []);
   loadSessions();
   return id;
@@ -124,11 +129,12 @@ async function upload(fileList) {
   const id = await ensureSession();
   const form = new FormData();
   for (const file of fileList) form.append("file", file, file.name);
-  say("uploading…");
+  say(`uploading ${[...fileList].map((f) => f.name).join(", ")}…`, "working");
   try {
-    const got = await (await api("POST", `/api/sessions/${id}/files`, form)).json();
-    showSession(id, got.inputs);
-    say(`uploaded ${got.names.join(", ")}`);
+    const got = await (await api("POST", `${sessionPath(id)}/files`, form)).json();
+    state.profiles = { ...(state.session === id ? state.profiles : {}), ...got.profiles };
+    showSession(id, got.inputs, state.profiles);
+    say(`uploaded ${got.names.join(", ")}`, "success");
   } catch (e) { return; }
   loadSessions();
 }
@@ -192,9 +198,20 @@ function onEvent(kind, data) {
 }
 
 function observation(data) {
-  const node = step("observation", `observation${data.ok === false ? " (error)" : ""}`);
+  // Each output once: the output shown live under the code moves here; a result with an HTML
+  // table is the table alone; the error once, in the error style.
+  const failed = data.ok === false;
+  const node = step(failed ? "observation failed" : "observation",
+    `observation${failed ? " (error)" : ""}`);
+  const streamed = lastAction && lastAction.querySelector("pre.output");
   lastAction = null;
-  if (data.text) node.append(el("pre", { text: data.text }));
+  if (!("output" in data)) { // not a cell (another tool): its text is all there is
+    if (data.text) node.append(el("pre", { class: failed ? "error" : "", text: data.text }));
+  } else {
+    if (streamed) node.append(streamed);
+    else if (data.output) node.append(el("pre", { class: "output", text: data.output }));
+    for (const text of data.results || []) node.append(el("pre", { class: "result", text }));
+  }
   for (const html of data.tables || []) {
     const box = el("div", { class: "table", testid: "table" });
     box.innerHTML = html; // server-sanitized by nh3 (agent/serve/stream.py table_html)
@@ -204,6 +221,8 @@ function observation(data) {
     if (typeof url !== "string" || !url.startsWith("/api/")) continue; // our own files only
     node.append(el("img", { class: "chart", testid: "chart", src: url, alt: "figure" }));
   }
+  if (data.error) node.append(el("pre", { class: "error", testid: "cell-error", text: data.error }));
+  for (const note of data.notes || []) node.append(el("div", { class: "cell-note", text: note }));
 }
 
 function markdownish(text) {
@@ -286,19 +305,23 @@ async function send() {
   let id;
   try { id = await ensureSession(); } catch (e) { return; }
   $("prompt").value = "";
-  say("");
+  // the request answers once the session has a sandbox (a start, a rebuild): working till then
+  say("starting the sandbox…", "working");
   question(content);
   setRunning(true);
   try {
-    const response = await api("POST", `/api/sessions/${id}/messages`,
+    const response = await api("POST", `${sessionPath(id)}/messages`,
       JSON.stringify({ content }), { "Content-Type": "application/json" });
+    say("working…", "working");
     await readEvents(response);
+    if ($("status").dataset.kind === "working") say("");
   } catch (e) {
-    if (e.message !== "401") say(`the question stopped: ${e.message}`);
+    if (e.message !== "401") say(`the question stopped: ${e.message}`, "error");
   } finally {
     dropLive();
     setRunning(false);
     loadSessions();
+    if (state.session === id) loadOutputs(id);
   }
 }
 
@@ -325,6 +348,7 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("stop").addEventListener("click", stop);
   $("new-session").addEventListener("click", () => {
+    state.profiles = {};
     showSession(null, []);
     $("steps").replaceChildren();
     loadSessions();
