@@ -20,9 +20,11 @@ import json_repair
 
 from agent.seams import Action, FormatError, Parsed
 
+# After the colon only the markers that touch it (`**Final Answer:** x`): an answer that
+# starts with Markdown emphasis (`Final Answer: **East**`) keeps it.
 _LABEL = re.compile(
     r"^[ \t>*#_-]*(?P<label>final[ _]answer|action[ _]input|action|thought|observation|"
-    r"最终答案|最终回答|行动输入|动作输入|行动|动作|思考|想法|观察结果|观察)[ \t*_]*[:：][ \t*_]*",
+    r"最终答案|最终回答|行动输入|动作输入|行动|动作|思考|想法|观察结果|观察)[ \t*_]*[:：][*_]*[ \t]*",
     re.IGNORECASE | re.MULTILINE,
 )
 _KIND = {

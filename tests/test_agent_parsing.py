@@ -70,6 +70,16 @@ def test_markdown_bold_labels_and_bare_code_input():
     assert parsed.thought == "check the shape"
 
 
+@pytest.mark.parametrize(
+    "reply",
+    ["Final Answer: **East** sold most", "**Final Answer:** **East** sold most",
+     "**Final Answer**: **East** sold most", "__Final Answer:__ **East** sold most"],
+)  # fmt: skip
+def test_an_answer_that_starts_with_markdown_emphasis_keeps_it(reply):
+    parsed, _ = parse_react(reply, TOOLS)
+    assert parsed.answer == "**East** sold most"
+
+
 def test_fenced_code_as_action_input():
     reply = "Thought: x\nAction: python\nAction Input:\n```python\nprint('hi')\nx = 1\n```\nObservation: hi"
     action, _, cut = one(reply)

@@ -190,9 +190,10 @@ def test_upload_a_csv_then_a_question_streams_its_steps_with_chart_table_and_not
         ]
         assert trace[0]["type"] == "session" and trace[-1]["type"] == "final"
         assert [e for e in trace if e["type"] == "inputs"][0]["added"][0]["name"] == "sales.csv"
+        assert final["answer_html"] == f"<p>{final['answer']}</p>\n"  # the page's Markdown
         assert api.get(f"/api/sessions/{sid}/history").json() == [
             {"question": "Which region sold the most units?", "answer": final["answer"],
-             "stop_reason": "answered"}
+             "stop_reason": "answered", "answer_html": final["answer_html"]}
         ]  # fmt: skip
         info = api.get("/api/sessions").json()
         assert [s["id"] for s in info] == [sid] and info[0]["questions"] == 1

@@ -23,7 +23,7 @@ from agent.serve.listing import SessionInfo
 from agent.serve.served import ServedSession
 from agent.serve.sessions import Sessions
 from agent.serve.signin import click_page, own_navigation
-from agent.serve.stream import MessageStream
+from agent.serve.stream import MessageStream, answer_html
 from agent.trace import read_events
 from tools.file_metadata import FileMetadata
 from tools.registry import ToolError
@@ -319,6 +319,9 @@ class Turn(BaseModel):
     question: str
     answer: str | None = Field(description="none while it runs, or when it ended unanswered")
     stop_reason: str | None
+    answer_html: str | None = Field(
+        default=None, description="the answer's Markdown as sanitised HTML, as the page shows it"
+    )
 
 
 @router.get("/api/sessions/{id}/history")
@@ -332,6 +335,9 @@ def history(served: Owned) -> list[Turn]:
                 turns.append(Turn(question=str(task or ""), answer=None, stop_reason=None))
             case Final(answer=answer, stop_reason=reason) if turns:
                 turns[-1].answer, turns[-1].stop_reason = answer, reason
+    for turn in turns:
+        if turn.answer is not None:
+            turn.answer_html = answer_html(turn.answer, served.url)
     return turns
 
 

@@ -11,12 +11,18 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
+from urllib.parse import quote, unquote, urlsplit
 
 import nh3
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
 
 from agent import events as ev
 from agent import stops
 from agent.seams import Result
+from agent.serve.files import INPUTS_DIR, parts_of
+from agent.session import collected_place
+from sandbox.boundary import DATA, WORKSPACE
 from sandbox.execution import Execution
 from sandbox.render import IMAGE_TYPES, parts
 
@@ -55,6 +61,89 @@ def shown(ex: Execution) -> dict:
             "notes": p.notes}  # fmt: skip
 
 
+# An answer is Markdown: CommonMark and tables, no raw HTML (a `<script>` in it is text), then
+# nh3 keeps the tags Markdown makes and links to http(s) or the session's own files only.
+MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
+ANSWER_TAGS = TABLE_TAGS | {"h1", "h2", "h3", "h4", "h5", "h6", "hr", "blockquote", "s", "a"}
+ANSWER_TAGS |= {"ul", "ol", "li", "img"}
+ANSWER_ATTRIBUTES = {"a": {"href", "title"}, "img": {"src", "alt", "title"}, "ol": {"start"}}
+ALIGNED = {f"align-{side}" for side in ("left", "center", "right")}  # CSP forbids style=""
+# characters rendered (the plain answer keeps them all): a hostile 64 KiB renders in < 1 s
+MAX_ANSWER_MARKDOWN = 64 << 10
+
+
+def answer_html(text: str, session_url: str) -> str:
+    """The answer as sanitised HTML for the page; links and images that name a file of the
+    session (`output/x.csv`, `/workspace/...`, `/data/...`) point at its download route."""
+    tokens = MARKDOWN.parse(text[:MAX_ANSWER_MARKDOWN])
+    for token in tokens:
+        _align_by_class(token)
+        if token.children:
+            token.children = [t for c in token.children for t in _local_image(c, session_url)]
+    html = MARKDOWN.renderer.render(tokens, MARKDOWN.options, {})
+    if len(text) > MAX_ANSWER_MARKDOWN:
+        html += "<p><em>(the answer goes on: its full text is in the notebook)</em></p>"
+
+    def confine(tag: str, attribute: str, value: str) -> str | None:
+        if attribute == "src":
+            return session_file_url(value, session_url)
+        if attribute == "href":  # nh3 let through http(s) and scheme-less URLs only
+            if value.lower().startswith(("http://", "https://")):
+                return value
+            return session_file_url(value, session_url)
+        return value
+
+    return nh3.clean(
+        html,
+        tags=ANSWER_TAGS,
+        attributes=ANSWER_ATTRIBUTES,
+        allowed_classes={"th": ALIGNED, "td": ALIGNED},
+        url_schemes={"http", "https"},
+        attribute_filter=confine,
+        set_tag_attribute_values={"a": {"target": "_blank"}},  # rel is noopener noreferrer
+    )
+
+
+def session_file_url(link: str, session_url: str) -> str | None:
+    """The download URL of the session file a link names, or None when it names none."""
+    split = urlsplit(link)
+    if split.scheme or split.netloc:
+        return None
+    path = unquote(split.path)
+    own = f"{session_url}/files/"
+    if path.startswith(own):
+        rel = path.removeprefix(own)
+    elif path.startswith(f"{DATA}/"):
+        rel = f"{INPUTS_DIR}/{path.removeprefix(DATA + '/')}"
+    elif path.startswith("/") and not path.startswith(f"{WORKSPACE}/"):
+        return None
+    else:  # the kernel's working directory is the workspace
+        root, name = collected_place(path.removeprefix(f"{WORKSPACE}/").removeprefix("./"))
+        rel = f"{root}/{name}"
+    if parts_of(rel) is None:
+        return None
+    return own + quote(rel)
+
+
+def _align_by_class(token: Token) -> None:
+    style = token.attrs.pop("style", None) if token.type in ("th_open", "td_open") else None
+    if isinstance(style, str) and style.startswith("text-align:"):
+        token.attrSet("class", "align-" + style.removeprefix("text-align:"))
+
+
+def _local_image(token: Token, session_url: str) -> list[Token]:
+    """An image of the session's files as it is; one from elsewhere as a link to it (nh3
+    keeps its href only if it is http(s)): the page loads nothing from other sites."""
+    src = str(token.attrGet("src"))
+    if token.type != "image" or session_file_url(src, session_url):
+        return [token]
+    return [
+        Token("link_open", "a", 1, attrs={"href": src}),
+        Token("text", "", 0, content=token.content or src),
+        Token("link_close", "a", -1),
+    ]
+
+
 def execution_summary(ex: Execution) -> dict:
     error = {"name": ex.error.name, "value": ex.error.value} if ex.error else None
     return {
@@ -70,6 +159,7 @@ def execution_summary(ex: Execution) -> dict:
 def final(result: Result, served: ServedSession) -> dict:
     return {
         "answer": result.answer,
+        "answer_html": None if result.answer is None else answer_html(result.answer, served.url),
         "stop_reason": result.stop_reason,
         "steps": result.steps,
         "detail": result.detail,

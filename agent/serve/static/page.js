@@ -1,6 +1,7 @@
 // sandcell's page. Everything the model, the sandbox or an upload produced is untrusted: it
-// is put in the page as text (textContent) only. The one exception is a table's HTML, which
-// the server has already cleaned with nh3 (tags of a table, no attributes but spans).
+// is put in the page as text (textContent) only. The two exceptions are HTML the server has
+// already cleaned with nh3: a table's (tags of a table, no attributes but spans) and an
+// answer's Markdown (no raw HTML, links to http(s) or the session's own files only).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -103,11 +104,11 @@ async function openSession(info) {
     turns = await (await api("GET", `${sessionPath(info.id)}/history`)).json();
   } catch (e) { /* said */ }
   if (state.session !== info.id) return; // another session was opened meanwhile
-  // the questions and answers so far (as text: never parsed as HTML)
+  // the questions and answers so far (questions as text; answers as the server's clean HTML)
   for (const turn of turns) {
     question(String(turn.question || ""));
     if (turn.answer !== null || turn.stop_reason !== null) {
-      answer("answer", { answer: turn.answer, stop_reason: turn.stop_reason });
+      answer("answer", { answer: turn.answer, answer_html: turn.answer_html, stop_reason: turn.stop_reason });
     }
   }
   $("steps").append(el("div", { class: "step note", text: reopenNote(info) }));
@@ -225,22 +226,36 @@ function observation(data) {
   for (const note of data.notes || []) node.append(el("div", { class: "cell-note", text: note }));
 }
 
-function markdownish(text) {
-  // The answer as paragraphs and code blocks, all of it as text: nothing parsed as HTML.
-  const box = el("div", { class: "answer-text" });
-  const parts = String(text).split(/```[^\n]*\n?/);
-  parts.forEach((part, i) => {
-    if (i % 2) box.append(el("pre", {}, el("code", { text: part })));
-    else for (const para of part.split(/\n{2,}/)) if (para.trim()) box.append(el("p", { text: para }));
+function answerBody(data) {
+  // The answer's Markdown as HTML the server sanitized with nh3 (agent/serve/stream.py
+  // answer_html); an error, or an answer without it, as text.
+  if (typeof data.answer_html === "string") {
+    const box = el("div", { class: "answer-text" });
+    box.innerHTML = data.answer_html;
+    for (const code of box.querySelectorAll("pre > code")) addCopyButton(code);
+    return box;
+  }
+  const text = data.answer != null ? data.answer : data.error || data.detail || "no answer";
+  return el("div", { class: "answer-text plain", text: String(text) });
+}
+
+function addCopyButton(code) {
+  const button = el("button", { type: "button", class: "copy", testid: "copy", text: "copy" });
+  button.addEventListener("click", async () => {
+    try {
+      await navigator.clipboard.writeText(code.textContent);
+      button.textContent = "copied";
+    } catch (e) {
+      button.textContent = "select and copy by hand"; // not a secure context, or refused
+    }
   });
-  return box;
+  code.parentElement.before(button);
 }
 
 function answer(kind, data) {
   const node = el("div", { class: `step ${kind}`, testid: "answer" });
   node.append(el("div", { class: "kind", text: kind === "error" ? "error" : `answer (${data.stop_reason})` }));
-  const text = data.answer != null ? data.answer : data.error || data.detail || "no answer";
-  node.append(markdownish(text));
+  node.append(answerBody(data));
   for (const url of data.files || []) {
     if (typeof url !== "string" || !url.startsWith("/api/")) continue;
     const name = decodeURIComponent(url.split("/").pop());
