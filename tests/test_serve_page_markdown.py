@@ -91,7 +91,7 @@ def test_a_markdown_answer_shows_a_table_a_file_link_and_code_with_a_copy_button
     # reopened, the session's history shows the answer rendered the same way
     page.locator("#new-session").click()
     expect(page.get_by_test_id("answer")).to_have_count(0)
-    page.get_by_test_id("sessions").get_by_role("button").click()
+    page.get_by_test_id("sessions").get_by_test_id("open-session").click()
     again = page.get_by_test_id("answer")
     expect(again.locator("table tbody tr")).to_have_count(3)
     expect(again.get_by_role("link", name="by_region.csv", exact=True)).to_have_attribute(
