@@ -23,7 +23,7 @@ PYTHON=${PYTHON:-}
 
 # The host-container contract lives in sandbox/; the image gets a copy next to its programs.
 cp ../sandbox/boundary.py boundary.py
-SOURCES=(Dockerfile .dockerignore requirements.txt build.sh boundary.py supervisor.py sandcell_kernel.py relay.py files.py)
+SOURCES=(Dockerfile .dockerignore requirements.txt build.sh boundary.py supervisor.py sandcell_kernel.py relay.py files.py checks.py)
 hash=$( (cat "${SOURCES[@]}"; echo "$BASE"; if [ -n "$EXTRA" ]; then cat "$EXTRA"; fi) \
        | sha256sum | cut -c1-16)
 if [ "${1:-}" = "--hash" ]; then
