@@ -24,7 +24,7 @@ import boundary  # noqa: E402
 
 
 def failure(check: str, message: str, column: str | None = None) -> dict:
-    return {"column": column, "check": check, "count": 1, "examples": [message[:300]]}
+    return {"column": column, "check": check, "count": 1, "examples": [], "message": message[:300]}
 
 
 def read_once(path: str, limit: int) -> bytes:

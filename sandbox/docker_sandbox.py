@@ -321,7 +321,8 @@ class DockerSandbox:
             else (err.decode(errors="replace").strip()[-300:] or f"exit status {code}")
         )
         failed = {"passed": False, "sha256": None, "failures": [
-            {"column": None, "check": "checker", "count": 1, "examples": [f"the checks failed: {why}"]}
+            {"column": None, "check": "checker", "count": 1, "examples": [],
+             "message": f"the checks could not run: {why}"}
         ]}  # fmt: skip
         return {"outputs": {item["path"]: failed for item in request["outputs"]}}
 

@@ -211,3 +211,49 @@ def test_model_code_that_patches_pandera_in_its_kernel_cannot_make_a_check_pass(
     failures = runs[-1].outputs["output/clean.csv"]["failures"]
     assert {f["check"] for f in failures} >= {"greater_than_or_equal_to(0)", "isin(['N', 'S'])"}
     assert "The declared checks FAILED." in (out / "answer.md").read_text()
+
+
+# -- the host's side, no sandbox -------------------------------------------------------------
+
+
+def test_a_copied_file_that_is_not_the_bytes_checked_fails_its_check(tmp_path):
+    from agent.jobs.checks import verify_copied
+
+    (tmp_path / "clean.csv").write_text("id\n1\n")
+    good = hashlib.sha256(b"id\n1\n").hexdigest()
+    checks = {"passed": True, "outputs": {
+        "output/clean.csv": {"passed": True, "sha256": good, "failures": []},
+        "output/changed.csv": {"passed": True, "sha256": good, "failures": []},
+        "output/gone.csv": {"passed": True, "sha256": good, "failures": []},
+    }}  # fmt: skip
+    (tmp_path / "changed.csv").write_text("id\n2\n")
+    problems = verify_copied(checks, lambda p: tmp_path / p.split("/")[-1])
+    assert problems == [
+        "/workspace/output/changed.csv changed after its check",
+        "/workspace/output/gone.csv was not copied back",
+    ]
+    assert checks["passed"] is False and checks["outputs"]["output/clean.csv"]["passed"] is True
+    assert checks["outputs"]["output/gone.csv"]["failures"][0]["check"] == "copied"
+
+
+def test_output_paths_stay_under_the_workspace_and_the_schema_is_shown_compactly(files):
+    from agent.jobs.checks import ExpectError, describe, load_expect, output_path
+
+    assert output_path("/workspace/output/a.csv") == output_path("output/a.csv") == "output/a.csv"
+    for bad in ("/etc/passwd", "../a.csv", "output/../../a.csv", "."):
+        with pytest.raises(ExpectError, match="output"):
+            output_path(bad)
+    expect = load_expect({"output/clean.csv": "schemas/sales.yaml"}, files)
+    assert describe(expect).splitlines()[1:] == [
+        "/workspace/output/clean.csv (schema sales.yaml):",
+        "table: strict, coerce",
+        "- id: int64, no nulls, unique",
+        "- amount: float64, no nulls, greater_than_or_equal_to(0)",
+        f"- region: {schema().columns['region'].dtype}, no nulls, isin(['N', 'S'])",
+    ]
+
+
+def test_a_check_run_reads_back_from_the_trace_as_its_event():
+    event = ChecksRun(question=1, attempt=2, passed=False, outputs={"o.csv": {"passed": False}},
+                      duration_s=1.5, cpu_s=0.7)  # fmt: skip
+    assert Event.from_json(json.loads(json.dumps(event.to_json()))) == event

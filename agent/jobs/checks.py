@@ -159,10 +159,13 @@ def outcome_lines(outputs: dict, code: Callable[[str], str] = str) -> list[str]:
         lines.append(f"- {code(f'{WORKSPACE}/{path}')}{digest}: {said}")
         for case in verdict["failures"][:MAX_GROUPS]:
             where = f"column {code(str(case['column']))}, " if case.get("column") else ""
+            head = f"  - {where}check {code(str(case['check']))}"
+            if case.get("message"):  # the file could not be read or checked: why
+                lines.append(f"{head}: {str(case['message'])[:300]}")
+                continue
             shown = "; ".join(_example(e) for e in case.get("examples", [])[:MAX_EXAMPLES])
             lines.append(
-                f"  - {where}check {code(str(case['check']))}: {case.get('count')} failure(s)"
-                + (f", e.g. {shown}" if shown else "")
+                f"{head}: {case.get('count')} failure(s)" + (f", e.g. {shown}" * bool(shown))
             )
     return lines
 
@@ -191,7 +194,7 @@ def feedback(outputs: dict, attempt: int, retries: int) -> str:
 def _example(example: object) -> str:
     if isinstance(example, dict):
         return f"row {example.get('index')}: {example.get('value')!r}"
-    return str(example)
+    return repr(example)
 
 
 # -- running them --------------------------------------------------------------------------
@@ -267,7 +270,7 @@ def _verdict(raw: object) -> dict:
 
 
 def _said(check: str, message: str) -> dict:
-    return {"column": None, "check": check, "count": 1, "examples": [message]}
+    return {"column": None, "check": check, "count": 1, "examples": [], "message": message}
 
 
 def not_checked(expect: Expect, why: str) -> dict:
