@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from agent import stops
 from agent.jobfiles import write_answer
+from agent.jobs.checks import Expect, ExpectError, load_expect
 from agent.scripted import ScriptedModel, ScriptError
 from agent.seams import Model, Terminated
 from agent.session import Agent
@@ -45,9 +46,12 @@ class Job:
     task: str
     inputs: Inputs = field(default_factory=Inputs)
     replay: Path | None = None  # a script of replies for this job (demos and tests)
+    expect: Expect = field(default_factory=dict)  # output path -> schema its file must pass
 
 
-def load_jobs(path: Path) -> list[Job]:
+def load_jobs(path: Path, expect: Expect | None = None) -> list[Job]:
+    """The jobs of JOBS.jsonl; `expect` (--expect) is for the jobs without their own. Every
+    schema is loaded now: one pandera cannot load stops the batch before any job starts."""
     jobs, seen = [], set()
     base = path.parent
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -78,7 +82,14 @@ def load_jobs(path: Path) -> list[Job]:
                 ScriptedModel(replay)  # a broken script is found now, not when its job runs
             except ScriptError as error:
                 raise JobsError(f"{where}: {error}") from None
-        jobs.append(Job(job_id, raw["task"], inputs, replay))
+        try:
+            own = raw.get("expect")
+            if own is not None and not isinstance(own, dict):
+                raise ExpectError('"expect" maps output paths to schema files')
+            checks = load_expect(own, base) if own else dict(expect or {})
+        except ExpectError as error:
+            raise JobsError(f"{where}: {error}") from None
+        jobs.append(Job(job_id, raw["task"], inputs, replay, checks))
     if not jobs:
         raise JobsError(f"{path} holds no jobs")
     return jobs
@@ -90,6 +101,7 @@ def _lines(path: Path) -> list[str]:
 
 # Jobs whose end says nothing about the job itself run again on a rerun: no sandbox or no
 # model (failed, or stopped by an endpoint or sandbox error), or cut short by Ctrl-C/SIGTERM.
+# A job whose outputs failed their checks is a failed job, retried too.
 RETRIED_STOPS = {stops.MODEL_ERROR, stops.SANDBOX_ERROR, stops.INTERRUPTED, stops.TERMINATED}
 
 
@@ -178,25 +190,39 @@ def run_job(
             model(job), limits=settings.limits, rules=settings.rules, protocol=settings.protocol
         )
         # taken beside the job's first model request; the session closes it
-        with agent.session(job.inputs, folder, acquire) as session, running.tracked(session):
+        with (
+            agent.session(job.inputs, folder, acquire, expect=job.expect) as session,
+            running.tracked(session),
+        ):
             result = session.ask(job.task)
         write_answer(result, folder)
-        interrupted = result.stop_reason in (stops.INTERRUPTED, stops.TERMINATED)
         record.update(
-            status="answered" if result.answered else ("interrupted" if interrupted else "stopped"),
+            status=_status(result),
             stop_reason=result.stop_reason,
             answer=result.answer,
-            error=result.error,
+            error=result.error
+            or (result.detail if result.stop_reason == stops.CHECKS_FAILED else None),
             detail=result.detail,
             steps=result.steps,
             files=[os.path.relpath(f, folder) for f in result.files],
             tokens=result.usage.total,
             warnings=result.warnings,
         )
+        if result.checks is not None:
+            record["checks"] = result.checks
     except Exception as error:  # one job's failure is recorded, never stops the batch
         record = failed(job, f"{type(error).__name__}: {error}")
     record["duration_s"] = round(time.monotonic() - started, 2)
     return record
+
+
+def _status(result) -> str:
+    if result.answered:
+        return "answered"
+    if result.stop_reason in (stops.INTERRUPTED, stops.TERMINATED):
+        return "interrupted"
+    # outputs that never passed their checks: a failed job (a rerun retries it)
+    return "failed" if result.stop_reason == stops.CHECKS_FAILED else "stopped"
 
 
 def failed(job: Job, error: str) -> dict:

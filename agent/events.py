@@ -253,6 +253,20 @@ class Final(Event):
     steps: int
 
 
+@dataclass(frozen=True)
+class ChecksRun(Event):
+    """The declared checks run on a final answer's outputs (in a fresh process in the
+    sandbox): per output path {"passed", "sha256", "failures"}."""
+
+    tag = "checks"
+    question: int
+    attempt: int  # the question's final answers checked so far, this one included
+    passed: bool
+    outputs: dict
+    duration_s: float
+    cpu_s: float | None = None  # the checker process's CPU-seconds
+
+
 # -- what only a live front end shows --------------------------------------------------------
 
 

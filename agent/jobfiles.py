@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from agent import stops
+from agent.jobs.checks import markdown
 from agent.seams import Result
 
 
@@ -18,5 +19,7 @@ def write_answer(result: Result, folder: Path) -> Path:
         )
     else:
         text = f"No answer: the run stopped ({result.stop_reason}). {result.detail}\n"
+    if result.checks is not None:
+        text += "\n" + markdown(result.checks)
     path.write_text(text, encoding="utf-8")
     return path

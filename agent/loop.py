@@ -8,6 +8,7 @@ LimitReached, and ModelError/SandboxError); every step is in the trace before th
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from agent import context, prompts, stops
 from agent.events import (
@@ -56,8 +57,12 @@ class Loop:
         protocol: str = "auto",
         rules: Rules | None = None,
         inputs_profile: str = "",
+        verify: Callable[[int], str | None] | None = None,
     ):
         self.model, self.registry, self.publish = model, registry, publish
+        # a final answer's declared output checks (agent.jobs.checks): None when they pass,
+        # else what the model is told; the question number is its argument
+        self.verify = verify
         self.rules = rules or Rules()
         self.auto = protocol == "auto"
         self.protocol: ActionProtocol = make_protocol(protocol)
@@ -207,9 +212,14 @@ class Loop:
 
     def _answer(self, watch: Watch, question: str, answer: str, record: dict) -> list[str]:
         nudge = watch.check_answer(answer, question, self.answers)
+        checked = nudge is None and self.verify is not None
+        if checked:
+            nudge = self.verify(self.questions)
         self.publish(Step(**record, answer=answer, nudge=nudge))
         if nudge is None:
             raise Submitted(answer)
+        if checked:
+            watch.checks_failed()  # past the retries the question stops here
         self.messages.append({"role": "user", "content": nudge})
         self.publish(Notice(text=nudge))
         return [nudge]

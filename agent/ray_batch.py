@@ -82,6 +82,7 @@ class RemoteJob:
     inputs: dict[str, str]  # name under /data -> the driver's path
     replies: list | None = None  # the job's script of replies, read by the driver
     replay_name: str | None = None
+    expect: dict | None = None  # the job's declared checks (agent.jobs.checks.Expect)
 
 
 def runner_name(node_id: str) -> str:
@@ -192,7 +193,7 @@ def run_here(
             return model() if model else endpoint_model(settings, key_box)
 
         folder = work / "out"
-        here = Job(job.id, job.task, inputs)
+        here = Job(job.id, job.task, inputs, expect=job.expect or {})
         record = run_job(here, folder, settings.job, model=make_model, pool=pool, running=running)
         return record | {"node": node}, _files(folder)
 
@@ -424,6 +425,7 @@ class RayExecutor:
             {item.name: str(item.path) for item in job.inputs},
             replies,
             f"replay:{job.replay.name}" if job.replay else None,
+            job.expect,
         )
 
     def _collect(self, ref, job: Job, batch: Batch) -> dict:

@@ -177,6 +177,7 @@ class Result:
     files: list[str] = field(default_factory=list)  # host paths of the files the code wrote
     trace_path: Path | None = None
     notebook_path: Path | None = None
+    checks: dict | None = None  # declared output checks: {"passed", "outputs": {path: ...}}
 
     @property
     def answered(self) -> bool:

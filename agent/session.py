@@ -10,7 +10,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Self
 
@@ -26,6 +26,15 @@ from agent.events import (
     SessionStarted,
     executed_cell,
     fan_out,
+)
+from agent.jobs.checks import (
+    Checker,
+    Expect,
+    Schema,
+    describe,
+    load_expect,
+    not_checked,
+    verify_copied,
 )
 from agent.loop import Loop
 from agent.notebook import export_notebook
@@ -88,10 +97,16 @@ class Agent:
         self.sandbox_start = sandbox_start
 
     def run(
-        self, task: str, inputs: InputPaths = (), output_dir: str | Path | None = None
+        self,
+        task: str,
+        inputs: InputPaths = (),
+        output_dir: str | Path | None = None,
+        expect: Mapping[str, str | Path | Schema] | None = None,
     ) -> Result:
-        """Answer one task in a fresh sandbox, then close it."""
-        with self.session(inputs, output_dir) as session:
+        """Answer one task in a fresh sandbox, then close it. `expect` maps output paths
+        under /workspace to pandera schema files ({"output/clean.csv": "sales.yaml"}): the
+        answer is accepted only once those files pass (Result.checks says how they did)."""
+        with self.session(inputs, output_dir, expect=expect) as session:
             return session.ask(task)
 
     def session(
@@ -99,11 +114,14 @@ class Agent:
         inputs: InputPaths = (),
         output_dir: str | Path | None = None,
         sandbox: Sandbox | Callable[[], Sandbox] | None = None,
+        expect: Mapping[str, str | Path | Schema] | None = None,
     ) -> Session:
         """A conversation in one sandbox: by default a new DockerSandbox, started in the
         background. Pass a Sandbox to use it, or a function that makes one (e.g. a pool's
-        acquire) to have it called in the background; the session closes its sandbox."""
-        return Session(self, Inputs.from_paths(inputs), output_dir, sandbox)
+        acquire) to have it called in the background; the session closes its sandbox.
+        `expect`: declared output checks, as for run() (schema paths relative to here)."""
+        checks = load_expect(expect, Path.cwd()) if expect else {}  # a bad schema: now
+        return Session(self, Inputs.from_paths(inputs), output_dir, sandbox, checks)
 
 
 class Session:
@@ -113,8 +131,9 @@ class Session:
         inputs: Inputs,
         output_dir: str | Path | None,
         sandbox: Sandbox | Callable[[], Sandbox] | None,
+        expect: Expect | None = None,
     ):
-        self.agent, self.inputs = agent, inputs
+        self.agent, self.inputs, self.expect = agent, inputs, expect or {}
         self._idle = threading.Event()  # no question running
         self._idle.set()
         self.folder = Path(output_dir or tempfile.mkdtemp(prefix="sandcell-session-"))
@@ -154,18 +173,35 @@ class Session:
                     *agent.extra_tools,
                 ]
             )
+            self.checker = (
+                Checker(
+                    self.expect,
+                    self.sandbox,
+                    self.publish,
+                    agent.rules.check_retries,
+                    max_bytes=agent.limits.workspace_mb << 20,
+                )
+                if self.expect
+                else None
+            )
             self.loop = Loop(
                 agent.model,
                 self.registry,
                 self.publish,
                 protocol=agent.protocol,
                 rules=agent.rules,
-                inputs_profile=inputs_profile(inputs),
+                inputs_profile=self._described(),
+                verify=self.checker,
             )
         except BaseException:  # re-raised: the sandbox begun above must not outlive it
             self.sandbox.close()
             self.trace.close()
             raise
+
+    def _described(self) -> str:
+        """What the system prompt says of the task's files: the inputs' profiles, then the
+        outputs' expected schemas."""
+        return "\n\n".join(t for t in (inputs_profile(self.inputs), describe(self.expect)) if t)
 
     def publish(self, event: Event) -> None:
         """One fact of the session, to the trace and to the front end (Agent's on_event)."""
@@ -190,11 +226,39 @@ class Session:
             self.sandbox.interrupt()  # the cell it cut short
         result.trace_path = self.trace_path
         result.notebook_path = export_notebook(self.trace_path, self.notebook_path)
+        if self.checker is not None:
+            result.checks = self._checks(result)
         if not self.sandbox_used:
             return result  # no code ran: nothing to copy, and no container to wait for
         result.files, problems = self.bring_back()
         result.warnings.extend(problems)
+        if result.checks is not None:
+            self._verify_copied(result)
         return result
+
+    def _checks(self, result: Result) -> dict:
+        """The results' `checks`: the last run's, when the question ended at a check."""
+        last = self.checker.last
+        if (
+            last is not None
+            and self.checker.question == self.loop.questions
+            and (result.stop_reason in (stops.ANSWERED, stops.CHECKS_FAILED))
+        ):
+            return last.record()
+        why = f"the question stopped ({result.stop_reason}) before its outputs were checked"
+        return not_checked(self.expect, why)
+
+    def _verify_copied(self, result: Result) -> None:
+        """The files copied back must be the bytes checked: else the checks failed."""
+
+        def place(path: str) -> Path:
+            return self.folder.joinpath(*collected_place(path))
+
+        problems = verify_copied(result.checks, place)
+        if problems and result.answered:
+            result.stop_reason = stops.CHECKS_FAILED
+            result.detail = "; ".join(problems)
+        result.warnings.extend(problems)
 
     def bring_back(self) -> tuple[list[str], list[str]]:
         """collect(), where every failure becomes a warning (also in the trace): copying files
@@ -289,7 +353,7 @@ class Session:
         tool = self.registry.get("file_metadata")
         if tool is not None:
             tool.function = file_metadata_tool(combined, self.sandbox).function
-        self.loop.describe_inputs(inputs_profile(combined))
+        self.loop.describe_inputs(self._described())
         self.publish(InputsAdded(added=more.to_trace()))
         return more
 

@@ -23,6 +23,7 @@ MODEL_ERROR = "model_error"
 SANDBOX_ERROR = "sandbox_error"
 INTERRUPTED = "interrupted"  # Ctrl-C, or a front end cancelled the question
 TERMINATED = "terminated"  # SIGTERM
+CHECKS_FAILED = "checks_failed"  # the outputs failed their declared checks too many times
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Rules:
     quality_retries: int = 1  # empty, evasive or repeated answers get this many nudges
     context_chars: int = 60_000  # history size before older observations are compacted
     keep_recent: int = 3  # newest steps always kept whole
+    check_retries: int = 3  # final answers whose outputs fail their checks, then the stop
 
 
 _EVASIVE = re.compile(
@@ -56,6 +58,7 @@ class Watch:
     thoughts: set[str] = field(default_factory=set)
     warned_thoughts: set[str] = field(default_factory=set)
     quality_nudges: int = 0
+    check_failures: int = 0
 
     def before_call(self) -> None:
         """Called before every model call: the budgets that need no reply to check."""
@@ -83,6 +86,15 @@ class Watch:
 
     def succeeded(self) -> None:
         self.failures = 0
+
+    def checks_failed(self) -> None:
+        """A final answer whose outputs failed their checks; past the retries the stop."""
+        self.check_failures += 1
+        if self.check_failures >= self.rules.check_retries:
+            raise LimitReached(
+                CHECKS_FAILED,
+                f"the outputs failed their checks on {self.check_failures} final answer(s)",
+            )
 
     def action(self, key: str) -> str | None:
         """Count an action. A repeat returns a warning; more repeats than allowed stop the run."""

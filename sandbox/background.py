@@ -144,6 +144,9 @@ class BackgroundSandbox:
     def export(self, host_dir: str | Path, subdir: str = "") -> list[str]:
         return self.ready().export(host_dir, subdir)
 
+    def run_checks(self, request: dict) -> dict:
+        return self.ready().run_checks(request)
+
     def close(self) -> None:
         """Close the sandbox; one still starting is waited for, then closed, so nothing
         outlives the session."""

@@ -21,6 +21,7 @@ LOGS = f"{WORKSPACE}/logs"  # the complete output of each cell that printed much
 SCRIPTS = "/opt/sandcell"  # this file and the image's programs
 PACKAGES_FILE = f"{SCRIPTS}/packages.txt"  # `pip freeze` of the image, written at build time
 FILES_PROGRAM = f"{SCRIPTS}/files.py"  # file operations the host asks for by `docker exec`
+CHECKS_PROGRAM = f"{SCRIPTS}/checks.py"  # a job's output checks, run as `python -I` by exec
 RELAY_PROGRAM = f"{SCRIPTS}/relay.py"
 KERNEL_EXTENSION = "sandcell_kernel"
 KERNEL_MODULE = "ipykernel_launcher"  # also how the host recognises a live kernel process

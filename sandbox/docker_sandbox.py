@@ -26,6 +26,8 @@ from sandbox.inputs import Inputs
 from sandbox.limits import Limits
 
 READY_TIMEOUT_S = 60.0
+# A check run of a job's outputs: killed past this (under the engine's 60 s per call)
+CHECKS_TIMEOUT_S = 50
 
 
 def _sandbox_path(path: str) -> str:
@@ -292,6 +294,37 @@ class DockerSandbox:
         if not isinstance(listed, list):
             raise SandboxError("the file helper's list of the workspace is not a list")
         return listed
+
+    def run_checks(self, request: dict) -> dict:
+        """Run the image's checker (sandbox/image/checks.py) on `request` as a fresh `python -I`
+        process, never in the kernel, and return its JSON answer. A checker that fails (killed
+        at the timeout, out of memory) answers with that failure for every output."""
+        self._check_open()
+        command = ["timeout", "-s", "KILL", str(CHECKS_TIMEOUT_S), "python3", "-I",
+                   boundary.CHECKS_PROGRAM]  # fmt: skip
+        try:
+            code, out, err = ctr.exec_in(
+                self.container, command, stdin=json.dumps(request).encode(),
+                max_out=1 << 20, through_cat=self.gvisor,
+            )  # fmt: skip
+        except (OSError, docker.errors.DockerException) as error:
+            raise SandboxError(f"the output checks could not run: {error}") from None
+        try:
+            answer = json.loads(out) if code == 0 else None
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict) and isinstance(answer.get("outputs"), dict):
+            return answer
+        why = (
+            f"killed after {CHECKS_TIMEOUT_S} s"
+            if code in (137, -9)
+            else (err.decode(errors="replace").strip()[-300:] or f"exit status {code}")
+        )
+        failed = {"passed": False, "sha256": None, "failures": [
+            {"column": None, "check": "checker", "count": 1, "examples": [],
+             "message": f"the checks could not run: {why}"}
+        ]}  # fmt: skip
+        return {"outputs": {item["path"]: failed for item in request["outputs"]}}
 
     @property
     def _cap(self) -> int:

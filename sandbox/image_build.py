@@ -30,7 +30,7 @@ from sandbox.errors import SandboxUnavailable
 
 SOURCES_DIR = Path(__file__).parent / "image"
 CONTRACT = Path(__file__).parent / "boundary.py"  # the host-container contract, copied in
-PROGRAMS = ("supervisor.py", "sandcell_kernel.py", "relay.py", "files.py")
+PROGRAMS = ("supervisor.py", "sandcell_kernel.py", "relay.py", "files.py", "checks.py")
 # Every file of the build context but the wheels, in the order the hash reads them.
 SOURCES = ("Dockerfile", "requirements.txt", *PROGRAMS)
 DEFAULT_BASE = "sandcell-base:bookworm"

@@ -31,7 +31,18 @@ def test_smoke_bench_writes_every_section(tmp_path):
     assert run.returncode == 0, run.stderr[-4000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["smoke"] is True
-    want = {"machine", "sandbox", "agent", "batch", "session", "serve", "mcp", "ray", "seconds"}
+    want = {
+        "machine",
+        "sandbox",
+        "agent",
+        "batch",
+        "session",
+        "serve",
+        "mcp",
+        "ray",
+        "checks",
+        "seconds",
+    }
     want.add("gvisor")  # or its skip reason, when the engine has no runsc
     assert want <= set(results)
     serve = results["serve"]

@@ -17,7 +17,14 @@ from agent.batch import (
     settled,
 )
 from agent.cli import exits, terminal
-from agent.cli.options import agent_options, build_limits, build_model, build_rules
+from agent.cli.options import (
+    agent_options,
+    build_limits,
+    build_model,
+    build_rules,
+    check_options,
+    expect_option_value,
+)
 from agent.scripted import ScriptedModel
 from sandbox.container import preflight
 
@@ -61,14 +68,28 @@ from sandbox.container import preflight
     help="With --ray: the most a job's inputs may add up to through the object store.",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs, CI).")
+@check_options
 @agent_options
 @exits.reported()
 def batch_cmd(
-    jobs_file, output, workers, ray_address, shared_paths, max_input_mb, no_progress, opts
+    jobs_file,
+    output,
+    workers,
+    ray_address,
+    shared_paths,
+    max_input_mb,
+    no_progress,
+    expect,
+    check_retries,
+    opts,
 ):
-    """Run every job of JOBS_FILE (one JSON object a line: {"id", "task", "inputs"}).
+    """Run every job of JOBS_FILE (one JSON object a line: {"id", "task", "inputs"}, and
+    optionally "expect": {"output/clean.csv": "schema.yaml"}, schema paths relative to
+    JOBS_FILE). --expect gives the jobs without their own "expect" these checks.
 
-    Rerunning the same command skips jobs already in DIR/results.jsonl."""
+    Rerunning the same command skips jobs already in DIR/results.jsonl; a job whose outputs
+    failed their checks is run again."""
+    opts = {**opts, "check_retries": check_retries}
     explicit = click.get_current_context().get_parameter_source
     if ray_address is None:
         for name, flag in (("shared_paths", "--shared-paths"), ("max_input_mb", "--max-input-mb")):
@@ -85,8 +106,9 @@ def batch_cmd(
             'own script with the "replay" field of its line, e.g. {"id": "q1", "task": "...", '
             '"replay": "q1.json"}'
         )
+    default_expect = expect_option_value(expect)  # a bad schema: exit 2, before any job
     try:
-        jobs = load_jobs(jobs_file)
+        jobs = load_jobs(jobs_file, default_expect)
     except JobsError as error:
         raise click.UsageError(str(error)) from None
     shared = None

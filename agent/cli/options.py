@@ -295,4 +295,36 @@ def build_limits(opts: dict) -> Limits:
 
 
 def build_rules(opts: dict) -> Rules:
-    return replace(Rules(), max_steps=opts["max_steps"], wall_s=opts["wall_s"])
+    rules = replace(Rules(), max_steps=opts["max_steps"], wall_s=opts["wall_s"])
+    if opts.get("check_retries") is not None:  # run and batch: --check-retries
+        rules = replace(rules, check_retries=opts["check_retries"])
+    return rules
+
+
+def check_options(command):
+    """--expect OUT=SCHEMA (repeatable) and --check-retries N, for run and batch."""
+    command = click.option(
+        "--check-retries",
+        type=click.IntRange(1, 100),
+        default=Rules.check_retries,
+        show_default=True,
+        help="Final answers whose outputs fail their checks before the job stops (checks_failed).",
+    )(command)
+    return click.option(
+        "--expect",
+        "expect",
+        multiple=True,
+        metavar="OUT=SCHEMA",
+        help="An output under /workspace and the pandera schema (YAML or JSON) it must "
+        "pass, e.g. output/clean.csv=sales.yaml (repeatable).",
+    )(command)
+
+
+def expect_option_value(pairs: tuple[str, ...]) -> dict:
+    """--expect values loaded (schema paths relative to here); a bad one exits 2."""
+    from agent.jobs.checks import ExpectError, parse_pairs
+
+    try:
+        return parse_pairs(pairs, Path.cwd())
+    except ExpectError as error:
+        raise click.UsageError(str(error)) from None

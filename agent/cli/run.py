@@ -12,7 +12,9 @@ from agent.cli import exits, terminal
 from agent.cli.options import (
     agent_options,
     build_agent,
+    check_options,
     check_output_folder,
+    expect_option_value,
     input_option,
     output_folder,
     overwrite_option,
@@ -33,11 +35,15 @@ from sandbox.inputs import Inputs
 )
 @overwrite_option
 @click.option("--quiet", is_flag=True, help="Do not show the steps as they happen.")
+@check_options
 @agent_options
 @exits.reported()
-def run_cmd(task, inputs, output, overwrite, quiet, opts):
+def run_cmd(task, inputs, output, overwrite, quiet, expect, check_retries, opts):
     """Run one task to its end (exit 0 when answered, else non-zero with the stop reason;
-    Ctrl-C or SIGTERM keep what was done and exit 130 or 143)."""
+    Ctrl-C or SIGTERM keep what was done and exit 130 or 143). With --expect the answer is
+    accepted only once those outputs pass their schemas (else exit 1, checks_failed)."""
+    checks = expect_option_value(expect)  # a bad schema is refused before anything starts
+    opts = {**opts, "check_retries": check_retries}
     checked = Inputs.from_paths(inputs)  # a bad input is refused before anything is made
     check_output_folder(output, overwrite)
     on_event = None
@@ -52,12 +58,15 @@ def run_cmd(task, inputs, output, overwrite, quiet, opts):
     agent = build_agent(opts, on_event)  # model and engine checked before --overwrite clears
     output_folder(output, overwrite)
     exits.keep_details_in(output)
-    result = agent.run(task, inputs=checked, output_dir=output)
+    result = agent.run(task, inputs=checked, output_dir=output, expect=checks)
     write_answer(result, output)
     for warning in result.warnings:
         terminal.echo(f"sandcell: warning: {warning}", err=True)
     for path in result.files:
         terminal.echo(f"wrote {path}", err=True)  # names the code chose
+    if result.checks is not None:
+        said = "passed" if result.checks["passed"] else "FAILED"
+        terminal.echo(f"checks: {said} (see {output / 'answer.md'})", err=True)
     click.echo(f"trace: {result.trace_path}\nnotebook: {result.notebook_path}", err=True)
     if result.answered:
         terminal.echo(result.answer)
