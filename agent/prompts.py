@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from agent.vision import text_of
 from sandbox.inputs import Inputs
 from tools.file_metadata import profile_inputs
 
@@ -45,4 +46,4 @@ def inputs_profile(inputs: Inputs) -> str:
 
 def nudged_for_label(messages: list[dict]) -> bool:
     """Replies with no action and no label are nudged once; prose again is taken as the answer."""
-    return (messages[-1].get("content") or "").endswith(UNLABELLED)
+    return text_of(messages[-1]).endswith(UNLABELLED)

@@ -75,6 +75,7 @@ class Agent:
         limits: Limits | None = None,
         rules: Rules | None = None,
         protocol: str = "auto",
+        vision: str = "auto",
         image: str | None = None,
         extra_tools: list[Tool] | None = None,
         on_event: OnEvent | None = None,
@@ -82,6 +83,7 @@ class Agent:
     ):
         self.model, self.limits, self.rules = model, limits or Limits(), rules or Rules()
         self.protocol, self.image, self.on_event = protocol, image, on_event
+        self.vision = vision  # auto, on or off: the model sees the figures (agent.vision)
         self.extra_tools = list(extra_tools or [])
         if sandbox_start not in (BACKGROUND, ON_DEMAND):
             raise ValueError(f"sandbox_start is {BACKGROUND!r} or {ON_DEMAND!r}")
@@ -133,6 +135,7 @@ class Session:
                 limits=agent.limits.to_dict(),
                 rules=vars(agent.rules),
                 sandbox_start="given" if isinstance(sandbox, Sandbox) else agent.sandbox_start,
+                vision=agent.vision,
             )
         )
         if isinstance(sandbox, Sandbox):
@@ -159,6 +162,7 @@ class Session:
                 self.registry,
                 self.publish,
                 protocol=agent.protocol,
+                vision=agent.vision,
                 rules=agent.rules,
                 inputs_profile=inputs_profile(inputs),
             )
