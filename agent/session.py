@@ -164,7 +164,7 @@ class Session:
                 protocol=agent.protocol,
                 vision=agent.vision,
                 rules=agent.rules,
-                inputs_profile=inputs_profile(inputs),
+                inputs_profile=inputs_profile(inputs, agent.limits.memory_mb),
             )
         except BaseException:  # re-raised: the sandbox begun above must not outlive it
             self.sandbox.close()
@@ -293,7 +293,7 @@ class Session:
         tool = self.registry.get("file_metadata")
         if tool is not None:
             tool.function = file_metadata_tool(combined, self.sandbox).function
-        self.loop.describe_inputs(inputs_profile(combined))
+        self.loop.describe_inputs(inputs_profile(combined, self.agent.limits.memory_mb))
         self.publish(InputsAdded(added=more.to_trace()))
         return more
 

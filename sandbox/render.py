@@ -22,6 +22,17 @@ OFFLINE_NOTE = (
 )
 
 
+# What to do when the data does not fit in the sandbox's memory: said by the first prompt of a
+# session with big inputs (agent.prompts) and after an out-of-memory restart.
+MEMORY_ADVICE = (
+    "Do not read it all at once with pandas: read only the columns you need (usecols=) in "
+    "chunks (pd.read_csv(..., chunksize=500_000)), or query the file lazily with DuckDB "
+    "(duckdb.sql(\"SELECT ... FROM '/data/FILE.csv'\").df()) or Polars "
+    "(pl.scan_csv('/data/FILE.csv').group_by(...).agg(...).collect()); both are installed."
+)
+MEMORY_FLAG = "--memory"  # the sandcell option that raises the sandbox's memory
+
+
 def cut(text: str, budget: int, saved: str | None = None) -> str:
     """Head + tail of text within budget, with a marker saying how much was cut and where
     the full text is."""
@@ -71,7 +82,9 @@ def _stream(execution: Execution, budget: int) -> str:
     return _head_tail(head, tail, execution.cut_chars, budget, where)
 
 
-def render(execution: Execution, budget: int = 4000) -> str:
+def render(execution: Execution, budget: int = 4000, memory_mb: int | None = None) -> str:
+    """The observation; `memory_mb`, the sandbox's memory, is named after an out-of-memory
+    restart."""
     parts: list[str] = []
     if execution.stream:
         parts.append(_stream(execution, budget * 3 // 5))
@@ -87,7 +100,7 @@ def render(execution: Execution, budget: int = 4000) -> str:
     if execution.rich_dropped:
         parts.append(_rich_note(execution))
     if execution.restarted:
-        parts.append(_restart_note(execution))
+        parts.append(_restart_note(execution, memory_mb))
     elif execution.timed_out:
         parts.append(
             f"[Timed out after {execution.duration_s:.0f} s: the cell was interrupted; "
@@ -129,13 +142,16 @@ def _rich_note(execution: Execution) -> str:
     )
 
 
-def _restart_note(execution: Execution) -> str:
+def _restart_note(execution: Execution, memory_mb: int | None) -> str:
+    limit = f"the sandbox has {memory_mb} MB; " if memory_mb else ""
     why = {
         "timeout": "it did not stop after the timeout and an interrupt",
-        "out of memory": "it ran out of memory (use less: read fewer columns, chunksize=...)",
+        "out of memory": f"it ran out of memory ({limit}sandcell's {MEMORY_FLAG} option "
+        "raises it)",
         "died": "the kernel process died",
     }.get(execution.restarted, execution.restarted)
+    advice = f" {MEMORY_ADVICE}" if execution.restarted == "out of memory" else ""
     return (
         f"[The kernel was restarted because {why}. All variables are lost; files in "
-        "/workspace are kept. Re-run what you need.]"
+        f"/workspace are kept. Re-run what you need.{advice}]"
     )

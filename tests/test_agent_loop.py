@@ -37,7 +37,8 @@ def agent(server, rules=None, **kw):
 def last_observation(body: dict) -> str:
     for m in reversed(body["messages"]):
         if m["role"] == "tool" or (
-            m["role"] == "user" and (m["content"] or "").startswith("Observation:")
+            # a str: a user message after the observation may hold the cell's figures (a list)
+            m["role"] == "user" and str(m["content"] or "").startswith("Observation:")
         ):
             return m["content"].removeprefix("Observation: ")
     raise AssertionError("no observation in the request")

@@ -115,7 +115,10 @@ def test_vision_off_sends_no_image(tmp_path):
         result = Agent(model(server), protocol="tools", vision="off").run("Chart", (), tmp_path)
     assert result.answered, result
     assert [image_parts(body) for body in server.requests] == [0, 0, 0]
-    assert "image image/png saved to /workspace/figures/" in server.requests[1]["messages"][-1]["content"]
+    assert (
+        "image image/png saved to /workspace/figures/"
+        in server.requests[1]["messages"][-1]["content"]
+    )
 
 
 @pytest.mark.docker
