@@ -169,9 +169,7 @@ class OpenAIModel:
             except (*_TRANSIENT, _BadBody) as exc:
                 # sent again, it would be refused again (Ollama and llama-server refuse images
                 # with a 500)
-                if invalid(exc) or (
-                    images and _status(exc) and refuses_images(f"{exc} {getattr(exc, 'body', '')}")
-                ):
+                if invalid(exc) or _images_refused(exc, images):
                     raise self._refused(exc, bool(tools), images) from None
                 if attempt >= self._retries_for(exc):
                     raise ModelError(self._explain(exc, attempt + 1)) from None
@@ -453,7 +451,7 @@ class OpenAIModel:
 
     def _refused(self, exc: openai.APIStatusError, had_tools: bool, images: int = 0) -> ModelError:
         where, status = f"the model endpoint {self.where}", exc.status_code
-        if images and refuses_images(f"{exc} {getattr(exc, 'body', '')}"):
+        if _images_refused(exc, images):
             return ImagesUnsupported(
                 f"{where} refused a request with {images} image(s) (HTTP {status}: "
                 f"{self._said(exc)}): the model takes no image input. Use --vision off "
@@ -483,5 +481,8 @@ def _wire(message: dict) -> dict:
     return message
 
 
-def _status(exc: Exception) -> bool:
-    return isinstance(exc, openai.APIStatusError)
+def _images_refused(exc: Exception, images: int) -> bool:
+    """A request with images refused for them (the code field counts: llama-cpp-python's)."""
+    if not images or not isinstance(exc, openai.APIStatusError):
+        return False
+    return refuses_images(f"{exc} {exc.body}")
