@@ -201,8 +201,8 @@ class Loop:
             texts[-1] += "\n\n" + warnings[0]
         self.messages += self.protocol.observation_messages(parsed.actions, texts)
         figures = figures_message(executions) if self.vision != "off" else None
-        if figures:  # after the tool messages: only a user message can hold images
-            self.messages.append(figures)
+        if figures:
+            self._show(figures)
         self.publish(Step(**record, observations=observations, warnings=warnings))
         if stop is not None:
             raise stop
@@ -280,6 +280,16 @@ class Loop:
         watch.spent(reply.usage.total)
         self.usage = self.usage + reply.usage
         return reply
+
+    def _show(self, figures: dict) -> None:
+        """The figures join a text observation (a user message: chat templates that want
+        turns to alternate refuse two user messages in a row); after tool messages, which
+        cannot hold images, they come in a user message of their own."""
+        last = self.messages[-1]
+        if last["role"] == "user" and isinstance(last["content"], str):
+            last["content"] = [{"type": "text", "text": last["content"]}, *figures["content"]]
+        else:
+            self.messages.append(figures)
 
     def _vision_off(self, reason: str) -> None:
         """`auto`: the endpoint takes no images; none is sent from now on in this session."""
