@@ -144,10 +144,10 @@ def _rich_note(execution: Execution) -> str:
 
 def _restart_note(execution: Execution, memory_mb: int | None) -> str:
     limit = f"the sandbox has {memory_mb} MB; " if memory_mb else ""
+    raise_it = f"sandcell's {MEMORY_FLAG} option raises it"
     why = {
         "timeout": "it did not stop after the timeout and an interrupt",
-        "out of memory": f"it ran out of memory ({limit}sandcell's {MEMORY_FLAG} option "
-        "raises it)",
+        "out of memory": f"it ran out of memory ({limit}{raise_it})",
         "died": "the kernel process died",
     }.get(execution.restarted, execution.restarted)
     advice = f" {MEMORY_ADVICE}" if execution.restarted == "out of memory" else ""
