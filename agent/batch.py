@@ -167,6 +167,7 @@ class JobSettings:
     limits: Limits = field(default_factory=Limits)
     rules: Rules = field(default_factory=Rules)
     protocol: str = "auto"
+    vision: str = "auto"
 
 
 def run_job(
@@ -187,7 +188,11 @@ def run_job(
     acquire = functools.partial(pool.acquire, inputs=job.inputs) if pool else None
     try:
         agent = Agent(
-            model(job), limits=settings.limits, rules=settings.rules, protocol=settings.protocol
+            model(job),
+            limits=settings.limits,
+            rules=settings.rules,
+            protocol=settings.protocol,
+            vision=settings.vision,
         )
         # taken beside the job's first model request; the session closes it
         with (

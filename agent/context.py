@@ -1,17 +1,21 @@
-"""The context budget: when the history grows past its budget, older observations become
-one-line summaries. The system prompt, every user question and the newest steps stay whole;
-message order and tool-call pairing never change, so any endpoint accepts the result."""
+"""The context budget: when the history grows past its budget, older figures are dropped
+first (their file names stay), then older observations become one-line summaries. The system
+prompt, every user question and the newest steps stay whole; message order and tool-call
+pairing never change, so any endpoint accepts the result."""
 
 from __future__ import annotations
+
+from agent.vision import IMAGE_CHARS, drop_images, image_count, text_of
 
 COMPACTED = "[compacted]"
 
 
 def size(messages: list[dict]) -> int:
-    """Characters of the history, the unit of the budget (about 4 per token)."""
+    """Characters of the history, the unit of the budget (about 4 per token); an image counts
+    as a fixed IMAGE_CHARS, whatever the length of its data URL."""
     total = 0
     for m in messages:
-        total += len(m.get("content") or "")
+        total += len(text_of(m)) + IMAGE_CHARS * image_count(m)
         for call in m.get("tool_calls") or []:
             total += len(call["function"]["arguments"]) + len(call["function"]["name"])
     return total
@@ -19,7 +23,9 @@ def size(messages: list[dict]) -> int:
 
 def is_observation(message: dict) -> bool:
     role, content = message.get("role"), message.get("content") or ""
-    return role == "tool" or (role == "user" and content.startswith("Observation:"))
+    return role == "tool" or (
+        role == "user" and isinstance(content, str) and content.startswith("Observation:")
+    )
 
 
 def summarize(text: str, width: int = 160) -> str:
@@ -39,9 +45,14 @@ def fit(messages: list[dict], budget_chars: int, keep_recent: int = 3) -> int:
     newest `keep_recent` steps are left whole. Returns how many were compacted."""
     if size(messages) <= budget_chars:
         return 0
+    compacted = 0
+    with_images = [m for m in messages if image_count(m)]
+    for message in with_images[:-1]:  # oldest first; the newest figures stay
+        compacted += bool(drop_images(message, f"{COMPACTED}: shown before, dropped"))
+        if size(messages) <= budget_chars:
+            return compacted
     steps = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     protected = steps[-keep_recent] if len(steps) >= keep_recent else 0
-    compacted = 0
     for message in messages[:protected]:
         if not is_observation(message) or (message.get("content") or "").find(COMPACTED) >= 0:
             continue

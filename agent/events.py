@@ -133,6 +133,7 @@ class SessionStarted(Event):
     limits: dict
     rules: dict
     sandbox_start: str
+    vision: str | None = None  # --vision (traces before it had none)
 
     def input_items(self) -> list[dict]:
         return _items(self.inputs)
@@ -192,6 +193,23 @@ class ProtocolChanged(Event):
     @property
     def text(self) -> str:
         return f"the endpoint takes no tool definitions; using text ReAct ({self.reason})"
+
+
+@dataclass(frozen=True)
+class VisionOff(Event):
+    """`--vision auto` stopped sending images: the endpoint refused a request for them. The
+    request was sent again without them; none is sent for the rest of the session."""
+
+    tag = "vision"
+    reason: str
+    images: int  # image parts taken out of the history
+
+    @property
+    def text(self) -> str:
+        return (
+            "the endpoint takes no images: the model no longer sees the figures, only their "
+            f"file names (--vision off says so from the start; {self.reason})"
+        )
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,13 @@ from agent.events import (
     Step,
     Thought,
     Token,
+    VisionOff,
     observation_record,
 )
 from agent.protocols import ActionProtocol, ReactProtocol, answer_from_text, make_protocol
 from agent.seams import (
     FormatError,
+    ImagesUnsupported,
     LimitReached,
     Model,
     ModelError,
@@ -38,6 +40,8 @@ from agent.seams import (
     Usage,
 )
 from agent.stops import Rules, Watch
+from agent.vision import MODES as VISION_MODES
+from agent.vision import figures_message, without_images
 from sandbox import Execution, SandboxError
 from tools import Observation as Observed
 from tools import Registry
@@ -58,6 +62,7 @@ class Loop:
         rules: Rules | None = None,
         inputs_profile: str = "",
         verify: Callable[[int], str | None] | None = None,
+        vision: str = "auto",  # show the model the figures its code made (agent.vision)
     ):
         self.model, self.registry, self.publish = model, registry, publish
         # a final answer's declared output checks (agent.jobs.checks): None when they pass,
@@ -67,6 +72,10 @@ class Loop:
         self.auto = protocol == "auto"
         self.protocol: ActionProtocol = make_protocol(protocol)
         self.inputs_profile = inputs_profile
+        if vision not in VISION_MODES:
+            raise ValueError(f"unknown vision mode {vision!r}: use auto, on or off")
+        self.vision = vision  # "off" from when an `auto` endpoint refused images
+        self._notes: list[str] = []  # warnings of the running question said outside a step
         self.messages: list[dict] = [{"role": "system", "content": self._system()}]
         self.answers: list[str] = []
         self.questions = 0
@@ -105,6 +114,7 @@ class Loop:
         self.publish(Question(question=self.questions, task=question))
         answer, reason, detail, error = None, stops.ANSWERED, "", None
         warnings: list[str] = []
+        self._notes = []
         try:
             while True:
                 warnings += self._step(watch, question)
@@ -122,6 +132,7 @@ class Loop:
             detail = str(exc) or "interrupted (Ctrl-C)"
             self._answer_open_calls()
         self.clear_cancel()
+        warnings = self._notes + warnings
         if answer is not None:
             self.answers.append(answer)
         elapsed = time.monotonic() - started
@@ -172,7 +183,7 @@ class Loop:
             return self._answer(watch, question, parsed.answer, record)
         self.publish(Thought(text=parsed.thought))
         warnings = [w for w in [watch.thought(parsed.thought)] if w]
-        texts, observations, stop = [], [], None
+        texts, observations, stop, executions = [], [], None, []
         for action in parsed.actions:
             self.publish(ActionStarted(tool=action.tool, args=action.args))
             try:
@@ -188,11 +199,15 @@ class Loop:
             texts.append(obs.text + (f"\n\n{repeat}" if repeat else ""))
             observations.append(observation_record(action, obs))
             ex = obs.data if isinstance(obs.data, Execution) else None
+            executions += [ex] if ex else []
             self.publish(Observation(tool=action.tool, ok=obs.ok, text=obs.text, execution=ex))
             warnings += [repeat] if repeat else []
         if warnings and not any(warnings[0] in t for t in texts):
             texts[-1] += "\n\n" + warnings[0]
         self.messages += self.protocol.observation_messages(parsed.actions, texts)
+        figures = figures_message(executions) if self.vision != "off" else None
+        if figures:
+            self._show(figures)
         self.publish(Step(**record, observations=observations, warnings=warnings))
         if stop is not None:
             raise stop
@@ -251,6 +266,11 @@ class Loop:
                 cancelled=lambda: self.cancelled is not None,  # a Stop ends the request at once
                 **extra,
             )
+        except ImagesUnsupported as exc:
+            if self.vision != "auto":
+                raise
+            self._vision_off(str(exc))
+            return self._complete(watch, timed, **extra)  # once: no image is left to refuse
         except ToolsUnsupported as exc:
             if not self.auto or isinstance(self.protocol, ReactProtocol):
                 raise
@@ -270,6 +290,24 @@ class Loop:
         watch.spent(reply.usage.total)
         self.usage = self.usage + reply.usage
         return reply
+
+    def _show(self, figures: dict) -> None:
+        """The figures join a text observation (a user message: chat templates that want
+        turns to alternate refuse two user messages in a row); after tool messages, which
+        cannot hold images, they come in a user message of their own."""
+        last = self.messages[-1]
+        if last["role"] == "user" and isinstance(last["content"], str):
+            last["content"] = [{"type": "text", "text": last["content"]}, *figures["content"]]
+        else:
+            self.messages.append(figures)
+
+    def _vision_off(self, reason: str) -> None:
+        """`auto`: the endpoint takes no images; none is sent from now on in this session."""
+        self.vision = "off"
+        n = without_images(self.messages, "not sent: the endpoint takes no images")
+        event = VisionOff(reason=reason, images=n)
+        self.publish(event)
+        self._notes.append(event.text)
 
     def _token(self, text: str) -> None:
         """Each streamed token: shown to a UI, and where the question was cancelled the reply

@@ -29,7 +29,9 @@ tests/test_agent_models.py, and tests/test_realmodel.py runs llama-cpp-python's 
 - max_tokens ignored (llama-cpp-python's chatml-function-calling with tool_choice "auto"): a
   streamed reply is cut once it has sent more chunks than max_tokens allows; an unstreamed
   one is bounded by the caller's deadline (the question's wall time);
-- no usage in streamed replies (stream_options ignored): usage is then estimated, and marked."""
+- no usage in streamed replies (stream_options ignored): usage is then estimated, and marked;
+- a model without image input refuses image parts each server its own way (agent.vision's
+  REFUSALS; Ollama and llama-server with a 500, not retried): ImagesUnsupported."""
 
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ from agent.endpoint_errors import closed, invalid, no_response, refuses_choice, 
 from agent.model_settings import API_KEY_ENV, BASE_URL_ENV, DEFAULT_BASE_URL, ModelSettings
 from agent.redact import scrub
 from agent.seams import (
+    ImagesUnsupported,
     LimitReached,
     ModelError,
     OnToken,
@@ -55,6 +58,8 @@ from agent.seams import (
     ToolsUnsupported,
     estimated_usage,
 )
+from agent.vision import image_count
+from agent.vision import refused as refuses_images
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +159,7 @@ class OpenAIModel:
         if self.temperature is not None:
             request["temperature"] = self.temperature
         request[self._cap] = self.max_tokens
+        images = sum(image_count(m) for m in messages)
         started = time.monotonic()
         for attempt in range(self.max_retries + 1):
             try:
@@ -161,8 +167,10 @@ class OpenAIModel:
             except _Broken as exc:
                 raise ModelError(str(exc)) from None
             except (*_TRANSIENT, _BadBody) as exc:
-                if invalid(exc):  # sent again, it would be refused again
-                    raise self._refused(exc, bool(tools)) from None
+                # sent again, it would be refused again (Ollama and llama-server refuse images
+                # with a 500)
+                if invalid(exc) or _images_refused(exc, images):
+                    raise self._refused(exc, bool(tools), images) from None
                 if attempt >= self._retries_for(exc):
                     raise ModelError(self._explain(exc, attempt + 1)) from None
                 delay = self._delay(exc, attempt)
@@ -177,7 +185,7 @@ class OpenAIModel:
                 self._sleep(delay)
                 continue
             except openai.APIStatusError as exc:
-                raise self._refused(exc, bool(tools)) from None
+                raise self._refused(exc, bool(tools), images) from None
             except openai.APIError as exc:  # an error event in the stream, before any token
                 raise ModelError(
                     f"the model endpoint {self.where} sent an error instead of a reply: "
@@ -441,8 +449,14 @@ class OpenAIModel:
             f"tries): {self._said(exc)}. Check that OPENAI_BASE_URL is an OpenAI-compatible /v1 URL."
         )
 
-    def _refused(self, exc: openai.APIStatusError, had_tools: bool) -> ModelError:
+    def _refused(self, exc: openai.APIStatusError, had_tools: bool, images: int = 0) -> ModelError:
         where, status = f"the model endpoint {self.where}", exc.status_code
+        if _images_refused(exc, images):
+            return ImagesUnsupported(
+                f"{where} refused a request with {images} image(s) (HTTP {status}: "
+                f"{self._said(exc)}): the model takes no image input. Use --vision off "
+                f"[env SANDCELL_VISION], or a model that takes images."
+            )
         if status in (401, 403):
             return ModelError(
                 f"{where} rejected the API key (HTTP {status}: {self._said(exc)}). Check OPENAI_API_KEY "
@@ -465,3 +479,10 @@ def _wire(message: dict) -> dict:
     if message.get("role") == "assistant" and message.get("content") is None:
         return {**message, "content": ""}
     return message
+
+
+def _images_refused(exc: Exception, images: int) -> bool:
+    """A request with images refused for them (the code field counts: llama-cpp-python's)."""
+    if not images or not isinstance(exc, openai.APIStatusError):
+        return False
+    return refuses_images(f"{exc} {exc.body}")

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 
+from agent.vision import text_of
 from sandbox.inputs import Inputs
+from sandbox.render import MEMORY_ADVICE
 from tools.file_metadata import profile_inputs
+from tools.profile import human_size
 
 SYSTEM = """You are sandcell, a careful data analyst. Answer questions about the user's files by \
 running Python in a sandboxed Jupyter kernel (no network; state persists). Today is {today}.
@@ -37,12 +40,38 @@ def system_prompt(inputs_profile: str, protocol_block: str, today: dt.date | Non
     ).strip()
 
 
-def inputs_profile(inputs: Inputs) -> str:
+# An input larger than this share of the sandbox's memory cannot be loaded whole by pandas
+# (its frame takes several times the file's size): the first prompt says so.
+BIG_SHARE = 0.5
+
+
+def inputs_profile(inputs: Inputs, memory_mb: int | None = None) -> str:
     """Compact profiles of the input files, each naming the path the code sees (/data/NAME);
-    the file-metadata tool answers from the same profiles."""
-    return profile_inputs(inputs) if inputs else ""
+    the file-metadata tool answers from the same profiles. With the sandbox's memory, inputs
+    too big to load whole come with advice on reading them."""
+    if not inputs:
+        return ""
+    return profile_inputs(inputs) + big_inputs_advice(inputs, memory_mb)
+
+
+def big_inputs_advice(inputs: Inputs, memory_mb: int | None) -> str:
+    """What to do when an input, or all of them together, is larger than about half the
+    sandbox's memory; "" otherwise."""
+    if not memory_mb:
+        return ""
+    limit = memory_mb * 2**20 * BIG_SHARE
+    sizes = {item.sandbox_path: item.size or 0 for item in inputs}
+    big = [f"{path} ({human_size(size)})" for path, size in sizes.items() if size > limit]
+    total = sum(sizes.values())
+    if not big and total <= limit:
+        return ""
+    what = ", ".join(big) if big else f"the inputs together ({human_size(total)})"
+    return (
+        f"\n\nToo big to load whole: {what}, against {memory_mb} MB of sandbox memory (a "
+        f"DataFrame takes several times its file's size). {MEMORY_ADVICE}"
+    )
 
 
 def nudged_for_label(messages: list[dict]) -> bool:
     """Replies with no action and no label are nudged once; prose again is taken as the answer."""
-    return (messages[-1].get("content") or "").endswith(UNLABELLED)
+    return text_of(messages[-1]).endswith(UNLABELLED)

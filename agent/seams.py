@@ -36,7 +36,10 @@ class Usage:
 
 def estimated_usage(messages: list[dict], completion_chars: int) -> Usage:
     """For endpoints (and scripts) that report no usage: characters / 4."""
-    prompt = sum(len(str(m.get("content") or "")) for m in messages)
+    from agent.vision import IMAGE_CHARS, image_count, text_of
+
+    # an image counts as its fixed estimate, not as the characters of its data URL
+    prompt = sum(len(text_of(m)) + IMAGE_CHARS * image_count(m) for m in messages)
     return Usage(prompt // 4, completion_chars // 4, estimated=True)
 
 
@@ -159,6 +162,11 @@ class ModelError(Exception):
 
 class ToolsUnsupported(ModelError):
     """The endpoint refused a request because it carried tool definitions (`auto` falls back)."""
+
+
+class ImagesUnsupported(ModelError):
+    """The endpoint refused a request because it carried images (`--vision auto` sends it
+    again without them)."""
 
 
 # -- what a question ends with -----------------------------------------------------------------

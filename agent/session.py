@@ -84,6 +84,7 @@ class Agent:
         limits: Limits | None = None,
         rules: Rules | None = None,
         protocol: str = "auto",
+        vision: str = "auto",
         image: str | None = None,
         extra_tools: list[Tool] | None = None,
         on_event: OnEvent | None = None,
@@ -91,6 +92,7 @@ class Agent:
     ):
         self.model, self.limits, self.rules = model, limits or Limits(), rules or Rules()
         self.protocol, self.image, self.on_event = protocol, image, on_event
+        self.vision = vision  # auto, on or off: the model sees the figures (agent.vision)
         self.extra_tools = list(extra_tools or [])
         if sandbox_start not in (BACKGROUND, ON_DEMAND):
             raise ValueError(f"sandbox_start is {BACKGROUND!r} or {ON_DEMAND!r}")
@@ -152,6 +154,7 @@ class Session:
                 limits=agent.limits.to_dict(),
                 rules=vars(agent.rules),
                 sandbox_start="given" if isinstance(sandbox, Sandbox) else agent.sandbox_start,
+                vision=agent.vision,
             )
         )
         if isinstance(sandbox, Sandbox):
@@ -189,6 +192,7 @@ class Session:
                 self.registry,
                 self.publish,
                 protocol=agent.protocol,
+                vision=agent.vision,
                 rules=agent.rules,
                 inputs_profile=self._described(),
                 verify=self.checker,
@@ -201,7 +205,8 @@ class Session:
     def _described(self) -> str:
         """What the system prompt says of the task's files: the inputs' profiles, then the
         outputs' expected schemas."""
-        return "\n\n".join(t for t in (inputs_profile(self.inputs), describe(self.expect)) if t)
+        profiles = inputs_profile(self.inputs, self.agent.limits.memory_mb)
+        return "\n\n".join(t for t in (profiles, describe(self.expect)) if t)
 
     def publish(self, event: Event) -> None:
         """One fact of the session, to the trace and to the front end (Agent's on_event)."""

@@ -9,7 +9,9 @@ the same way for both (bench.tasks.sent_chars). sandcell runs its code in the Do
 from __future__ import annotations
 
 import itertools
+import json
 import logging
+import re
 import shutil
 import statistics
 import tempfile
@@ -21,8 +23,9 @@ from agent import Agent, OpenAIModel, Rules, ScriptedModel
 from agent.events import Event
 from agent.loop import Loop
 from agent.trace import TraceWriter
+from agent.vision import IMAGE_TOKENS
 from bench.tasks import TASKS, Task, sandcell_script, sent_chars, smolagents_script
-from tests.scripted_server import ScriptedServer
+from tests.scripted_server import ScriptedServer, image_parts
 from tools import Registry, calculator_tool
 
 SMOLAGENTS_IMPORTS = ["pandas", "numpy"]
@@ -150,12 +153,50 @@ def characters(tasks: list[Task]) -> dict:
     }
 
 
+# -- what --vision costs -----------------------------------------------------------------------
+
+CHART = "import matplotlib.pyplot as plt\nplt.bar(['a', 'b', 'c'], [3, 1, 2])\nplt.show()\n"
+
+
+def vision_cost() -> dict:
+    """One chart task (a chart cell, a print cell, the answer: three requests) with --vision off
+    and on: characters of text, image parts, estimated tokens (characters / 4 plus a fixed
+    IMAGE_TOKENS an image) and the data URLs' characters on the wire, per request."""
+    out = {}
+    for mode in ("off", "on"):
+        script = [
+            {"tool_calls": [{"name": "python", "arguments": {"code": CHART}}]},
+            {"tool_calls": [{"name": "python", "arguments": {"code": "print('a is tallest')"}}]},
+            "The tallest bar is a.",
+        ]
+        with ScriptedServer(script) as server:
+            model = OpenAIModel("scripted", base_url=server.url, api_key="k", retry_base_s=0.01)
+            result = Agent(model, protocol="tools", vision=mode).run("Chart it and say")
+            requests = list(server.requests)
+        assert result.answered, (mode, result.detail)
+        chars = [sent_chars(body) for body in requests]
+        images = [image_parts(body) for body in requests]
+        urls = [len(json.dumps(body)) - len(json.dumps(_without_urls(body))) for body in requests]
+        out[mode] = {"requests": len(requests), "chars": statistics.mean(chars),
+                     "images": sum(images), "url_chars": statistics.mean(urls),
+                     "tokens": statistics.mean(c / 4 + IMAGE_TOKENS * n
+                                               for c, n in zip(chars, images, strict=True))}  # fmt: skip
+    return out
+
+
+def _without_urls(body: dict) -> dict:
+    """A request with every data URL emptied: what the images weigh on the wire is the rest."""
+    text = json.dumps(body)
+    return json.loads(re.sub(r'"data:image/[^"]*"', '""', text))
+
+
 def run(smoke: bool) -> dict:
     steps = 30 if smoke else 300
     tasks = TASKS[:3] if smoke else TASKS
     return {
         "step_overhead": {p: step_overhead(steps, p) for p in ("tools", "react")},
         "characters": characters(tasks),
+        "vision": vision_cost(),
     }
 
 
@@ -175,9 +216,24 @@ def rows(section: dict, row) -> list[str]:
             f"{c['smolagents']} CodeAgent ({len(c['tasks'])} tasks, ratio of totals)",
             f"{c['ratio_auto']:.2f}× ({mean['sandcell_auto']:,.0f} vs "
             f"{mean['smolagents']:,.0f} a task)", "≤ 0.35×", c["ratio_auto"] <= 0.35),
+        *_vision_rows(section.get("vision"), row),
         row("characters sent per task, sandcell `react` vs smolagents CodeAgent",
             f"{c['ratio_react']:.2f}× ({mean['sandcell_react']:,.0f} vs "
             f"{mean['smolagents']:,.0f} a task)", "≤ 0.35×", c["ratio_react"] <= 0.35),
+    ]  # fmt: skip
+
+
+def _vision_rows(v: dict | None, row) -> list[str]:
+    if not v:  # results from before --vision
+        return []
+    off, on = v["off"], v["on"]
+    return [
+        row(f"per request of a chart task ({on['requests']} requests, {on['images']} image "
+            "parts in all), --vision off / on: characters of text, estimated tokens (an image "
+            f"counts {IMAGE_TOKENS}), data-URL characters on the wire",
+            f"{off['chars']:,.0f} / {on['chars']:,.0f} chars; {off['tokens']:,.0f} / "
+            f"{on['tokens']:,.0f} tokens; {on['url_chars']:,.0f} URL chars with images", "",
+            None),
     ]  # fmt: skip
 
 

@@ -23,6 +23,17 @@ OFFLINE_NOTE = (
 )
 
 
+# What to do when the data does not fit in the sandbox's memory: said by the first prompt of a
+# session with big inputs (agent.prompts) and after an out-of-memory restart.
+MEMORY_ADVICE = (
+    "Do not read it all at once with pandas: read only the columns you need (usecols=) in "
+    "chunks (pd.read_csv(..., chunksize=500_000)), or query the file lazily with DuckDB "
+    "(duckdb.sql(\"SELECT ... FROM '/data/FILE.csv'\").df()) or Polars "
+    "(pl.scan_csv('/data/FILE.csv').group_by(...).agg(...).collect()); both are installed."
+)
+MEMORY_FLAG = "--memory"  # the sandcell option that raises the sandbox's memory
+
+
 def cut(text: str, budget: int, saved: str | None = None) -> str:
     """Head + tail of text within budget, with a marker saying how much was cut and where
     the full text is."""
@@ -83,7 +94,9 @@ class Parts:
     notes: list[str] = field(default_factory=list)  # caps, restarts, timeouts, offline
 
 
-def parts(execution: Execution, budget: int = 4000) -> Parts:
+def parts(execution: Execution, budget: int = 4000, memory_mb: int | None = None) -> Parts:
+    """The observation's parts; `memory_mb`, the sandbox's memory, is named after an
+    out-of-memory restart."""
     out = Parts()
     if execution.stream:
         out.stream = _stream(execution, budget * 3 // 5)
@@ -98,7 +111,7 @@ def parts(execution: Execution, budget: int = 4000) -> Parts:
     if execution.rich_dropped:
         out.notes.append(_rich_note(execution))
     if execution.restarted:
-        out.notes.append(_restart_note(execution))
+        out.notes.append(_restart_note(execution, memory_mb))
     elif execution.timed_out:
         out.notes.append(
             f"[Timed out after {execution.duration_s:.0f} s: the cell was interrupted; "
@@ -113,8 +126,8 @@ def joined(texts: list[str]) -> str:
     return "\n".join(t.rstrip("\n") for t in texts if t)
 
 
-def render(execution: Execution, budget: int = 4000) -> str:
-    p = parts(execution, budget)
+def render(execution: Execution, budget: int = 4000, memory_mb: int | None = None) -> str:
+    p = parts(execution, budget, memory_mb)
     text = joined([p.stream, *p.results, p.error or "", *p.notes])
     return cut(text, budget) if text else "[ran without output]"
 
@@ -149,13 +162,16 @@ def _rich_note(execution: Execution) -> str:
     )
 
 
-def _restart_note(execution: Execution) -> str:
+def _restart_note(execution: Execution, memory_mb: int | None) -> str:
+    limit = f"the sandbox has {memory_mb} MB; " if memory_mb else ""
+    raise_it = f"sandcell's {MEMORY_FLAG} option raises it"
     why = {
         "timeout": "it did not stop after the timeout and an interrupt",
-        "out of memory": "it ran out of memory (use less: read fewer columns, chunksize=...)",
+        "out of memory": f"it ran out of memory ({limit}{raise_it})",
         "died": "the kernel process died",
     }.get(execution.restarted, execution.restarted)
+    advice = f" {MEMORY_ADVICE}" if execution.restarted == "out of memory" else ""
     return (
         f"[The kernel was restarted because {why}. All variables are lost; files in "
-        "/workspace are kept. Re-run what you need.]"
+        f"/workspace are kept. Re-run what you need.{advice}]"
     )

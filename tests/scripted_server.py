@@ -27,6 +27,11 @@ Script entries, consumed one per chat-completion request:
                                             response at all (llama-cpp-python's server reports an
                                             error in a streamed request these ways)
     callable(request_body) -> entry         answer from what the agent sent (e.g. an observation)
+
+`reject_images="openai" | "vllm" | "ollama" | "llama-server" | "llama-cpp-python"`: a request
+whose messages hold an `image_url` part is refused as that server refuses it for a model without
+image input (status and body below, IMAGE_REFUSALS); the request is recorded, no entry used.
+`image_parts(body)` counts them in a recorded request.
 """
 
 from __future__ import annotations
@@ -41,6 +46,41 @@ from typing import Any, Self
 from tests.cli_runner import free_port
 
 Entry = str | dict | Callable[[dict], Any]
+
+# How real servers refuse image parts for a model that takes none: (status, body).
+IMAGE_REFUSALS: dict[str, tuple[int, dict]] = {
+    "openai": (400, {"error": {
+        "message": "Invalid content type. image_url is only supported by certain models.",
+        "type": "invalid_request_error", "param": "messages.[3].content.[1].type", "code": None,
+    }}),
+    # vLLM serving a text-only model (its error object is not wrapped in "error")
+    "vllm": (400, {"object": "error", "message": "Qwen/Qwen3-8B is not a multimodal model None",
+                   "type": "BadRequestError", "param": None, "code": 400}),
+    "ollama": (500, {"error": {"message": "Failed to create new sequence: failed to process "
+                               "inputs: this model is missing data required for image input",
+                               "type": "api_error", "param": None, "code": None}}),
+    "llama-server": (500, {"error": {"code": 500, "type": "server_error", "message": (
+        "image input is not supported - hint: if this is unexpected, you may need to "
+        "provide the mmproj")}}),
+    # llama-cpp-python puts the data URL into the prompt as text (measured with SmolLM2)
+    "llama-cpp-python": (400, {"error": {
+        "message": "This model's maximum context length is 8192 tokens. However, you requested "
+        "97243 tokens (97238 in the messages, 5 in the completion). Please reduce the length "
+        "of the messages or completion.",
+        "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded",
+    }}),
+}  # fmt: skip
+
+
+def image_parts(body: dict) -> int:
+    """The image_url parts of a chat-completion request."""
+    return sum(
+        1
+        for m in body.get("messages", [])
+        if isinstance(m.get("content"), list)
+        for p in m["content"]
+        if p.get("type") == "image_url"
+    )
 
 
 def dead_url() -> str:
@@ -59,6 +99,7 @@ class ScriptedServer:
         reject_params: tuple[str, ...] = (),
         model: str = "scripted-model",
         stream_usage: bool = True,
+        reject_images: str | None = None,
     ):
         self.script: list[Entry] = list(script or [])
         self.api_key, self.reject_tools, self.honor_stop, self.model = (
@@ -72,6 +113,7 @@ class ScriptedServer:
         self.reject_params = reject_params
         # False: stream_options is accepted but no usage is streamed, as llama-cpp-python does
         self.stream_usage = stream_usage
+        self.reject_images = reject_images  # a key of IMAGE_REFUSALS
         self.requests: list[dict] = []  # every chat-completion body received, in order
         self.served = 0
         self._lock = threading.Lock()
@@ -154,6 +196,12 @@ def _handler(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
                     400,
                     _error(f"registry/{server.model} does not support tools", "invalid_request"),
                 )
+                return
+            if server.reject_images and image_parts(body):
+                with server._lock:
+                    server.requests.append(body)
+                status, error = IMAGE_REFUSALS[server.reject_images]
+                self._json(status, error)
                 return
             refused = [p for p in server.reject_params if p in body]
             if refused:

@@ -36,10 +36,11 @@ def agent(server, rules=None, **kw):
 
 def last_observation(body: dict) -> str:
     for m in reversed(body["messages"]):
-        if m["role"] == "tool" or (
-            m["role"] == "user" and (m["content"] or "").startswith("Observation:")
-        ):
-            return m["content"].removeprefix("Observation: ")
+        text = m["content"] or ""
+        if isinstance(text, list):  # an observation with the cell's figures (--vision)
+            text = "".join(p["text"] for p in text if p["type"] == "text")
+        if m["role"] == "tool" or (m["role"] == "user" and text.startswith("Observation:")):
+            return text.removeprefix("Observation: ")
     raise AssertionError("no observation in the request")
 
 

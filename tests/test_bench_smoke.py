@@ -61,6 +61,9 @@ def test_smoke_bench_writes_every_section(tmp_path):
     assert all(t["sandcell_auto"] > 0 and t["smolagents"] > 0 for t in chars["tasks"])
     assert chars["auto_protocol"] == ["tools"]  # the scripted server takes tool definitions
     assert set(results["agent"]["step_overhead"]) == {"tools", "react"}
+    vision = results["agent"]["vision"]  # one chart task with --vision off and on
+    assert vision["off"]["images"] == 0 < vision["on"]["images"]
+    assert vision["on"]["tokens"] > vision["off"]["tokens"]
     real = results["realmodel"]  # the real server's row: skipped only outside CI
     assert "steps" in real or (not IN_CI and "skipped" in real), real
     for step in real.get("steps", []):  # the server's own counts, beside the characters

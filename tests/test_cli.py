@@ -347,7 +347,7 @@ def test_an_internal_error_in_a_command_is_one_line_and_a_file(tmp_path, monkeyp
     shows the traceback instead."""
     import agent.session
 
-    def broken(inputs):
+    def broken(inputs, memory_mb=None):
         raise RuntimeError("profiles are broken")
 
     monkeypatch.setattr(agent.session, "inputs_profile", broken)

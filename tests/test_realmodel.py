@@ -255,6 +255,31 @@ def test_the_servers_errors_are_said_not_retried(llama):
     assert json.dumps(str(err.value)).count("\\n") == 0
 
 
+@pytest.mark.timeout(240)
+def test_a_figure_is_refused_by_a_model_without_vision_and_told_apart(llama):
+    """With a text-only chat format the server puts an image part into the prompt as text (the
+    whole data URL): a chart-sized PNG overflows the context. That is taken for a refusal of
+    the images (ImagesUnsupported, so `--vision auto` sends the request again without them)."""
+    import base64
+    import io
+    import random
+
+    from PIL import Image
+
+    from agent.seams import ImagesUnsupported
+
+    noise = Image.frombytes("RGB", (200, 150), random.Random(0).randbytes(200 * 150 * 3))
+    out = io.BytesIO()
+    noise.save(out, "PNG")
+    url = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+    figure = [{"type": "text", "text": "The figure:"}, {"type": "image_url", "image_url": {"url": url}}]  # fmt: skip
+    model = OpenAIModel(MODEL, base_url=llama.url, api_key="none", retry_base_s=0.01)
+    with pytest.raises(ImagesUnsupported, match="--vision off"):
+        model.complete([{"role": "user", "content": "Describe it."}, {"role": "user", "content": figure}])  # fmt: skip
+    reply = model.complete([{"role": "user", "content": "Say hi."}])
+    assert reply.finish_reason in ("stop", "length")
+
+
 @pytest.mark.docker
 @pytest.mark.timeout(180)
 def test_a_run_behind_an_abandoned_request_ends_at_its_wall(tmp_path):

@@ -40,7 +40,9 @@ def python_tool(
 
     def run_python(code: str) -> Observation:
         execution = sandbox.run(code, on_output=on_output)
-        return Observation(ok=execution.ok, text=render(execution, chars), data=execution)
+        return Observation(
+            ok=execution.ok, text=render(execution, chars, limits.memory_mb), data=execution
+        )
 
     return Tool.of(
         SPEC,

@@ -123,7 +123,9 @@ def batch_cmd(
 
     if not any(job.replay for job in jobs):
         make_model(jobs[0])  # a bad endpoint or key fails now (exit 4), not once per job
-    settings = JobSettings(build_limits(opts), build_rules(opts), opts["protocol"])
+    settings = JobSettings(
+        build_limits(opts), build_rules(opts), opts["protocol"], vision=opts["vision"]
+    )
     if ray_address is not None:
         executor = ray_executor(settings, ray_address, shared_paths, max_input_mb, opts)
     else:

@@ -21,6 +21,7 @@ from agent.events import (
     ProtocolChanged,
     Thought,
     Token,
+    VisionOff,
 )
 from sandbox.render import joined, parts
 
@@ -44,6 +45,7 @@ class EventPrinter:
             Observation: self._observation,
             Notice: self._warning,
             ProtocolChanged: self._warning,
+            VisionOff: self._warning,
             Final: self._answer,
         }
 
@@ -125,7 +127,7 @@ class EventPrinter:
             )
         )
 
-    def _warning(self, event: Notice | ProtocolChanged) -> None:
+    def _warning(self, event: Notice | ProtocolChanged | VisionOff) -> None:
         self.console.print(f"[yellow]note to the model: {self._safe(event.text)}[/yellow]")
 
     def _answer(self, event: Final) -> None:

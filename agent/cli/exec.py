@@ -54,7 +54,7 @@ def exec_cmd(inputs, timeout, memory, output, rich_outputs, rich_mb, runtime, as
     if as_json:
         click.echo(json.dumps(ex.to_dict(), indent=1))
     else:  # the observation, unless it is just what the stream showed already
-        observation = render(ex, limits.observation_chars)
+        observation = render(ex, limits.observation_chars, limits.memory_mb)
         printed = "".join(chunk.text for chunk in ex.stream)
         if observation.strip() != printed.strip():
             terminal.echo(observation)

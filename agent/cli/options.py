@@ -23,6 +23,8 @@ from agent.model_settings import (
     ModelSettings,
 )
 from agent.stops import Rules
+from agent.vision import MODES as VISION_MODES
+from agent.vision import VISION_ENV
 from sandbox.limits import Limits
 
 if TYPE_CHECKING:
@@ -151,6 +153,15 @@ _OPTIONS = [
         show_default=True,
         help="Native tool calls, text ReAct, or detect.",
     ),
+    click.option(
+        "--vision",
+        type=click.Choice(VISION_MODES),
+        envvar=VISION_ENV,
+        default="auto",
+        show_default=True,
+        help="Show the model the figures its code made (as images): auto stops sending them "
+        f"once the endpoint refuses images [env {VISION_ENV}].",
+    ),
     click.option("--temperature", type=click.FloatRange(0, 2), default=0.0, show_default=True),
     click.option(
         "--max-tokens",
@@ -201,7 +212,8 @@ _LIMIT_OPTIONS = [
 ]
 
 
-_MODEL_NAMES = ["model_name", "base_url", "api_key", "replay", "protocol", "temperature"]
+_MODEL_NAMES = ["model_name", "base_url", "api_key", "replay", "protocol", "vision"]
+_MODEL_NAMES += ["temperature"]
 _MODEL_NAMES += ["max_tokens", "max_steps", "wall_s"]
 _LIMIT_NAMES = ["timeout_s", "memory_mb", "cpus", "rich_outputs", "rich_mb", "runtime"]
 
@@ -278,6 +290,7 @@ def build_agent(opts: dict, on_event=None) -> Agent:
         limits=limits,
         rules=build_rules(opts),
         protocol=opts["protocol"],
+        vision=opts["vision"],
         on_event=on_event,
     )
 

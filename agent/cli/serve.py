@@ -228,6 +228,7 @@ def serve_cmd(
         limits=limits,
         rules=build_rules(opts),
         protocol=opts["protocol"],
+        vision=opts["vision"],
         max_sessions=max_sessions,
         max_sessions_per_user=max_sessions_per_user,
         max_user_mb=max_user_mb,

@@ -29,6 +29,7 @@ class ServeConfig:
     limits: Limits = field(default_factory=Limits)
     rules: Rules = field(default_factory=Rules)
     protocol: str = "auto"
+    vision: str = "auto"  # --vision: the model sees the figures its code made
     image: str | None = None
     max_sessions: int = 8  # sessions holding a sandbox at once
     # of those, one user's, so that another user is still served; None: half of them (at

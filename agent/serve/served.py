@@ -79,6 +79,7 @@ class ServedSession:
             limits=config.limits,
             rules=config.rules,
             protocol=config.protocol,
+            vision=config.vision,
             image=config.image,
             on_event=self._emit,
         )

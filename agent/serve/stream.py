@@ -208,7 +208,7 @@ class MessageStream:
                 self._put("observation", self._observation(event))
             case ev.Notice(text=text, kernel_reset=True):
                 self._put("warning", {"text": text, "kernel_reset": True})
-            case ev.Notice(text=text) | ev.ProtocolChanged(text=text):
+            case ev.Notice(text=text) | ev.ProtocolChanged(text=text) | ev.VisionOff(text=text):
                 self._put("warning", {"text": text})
 
     def _observation(self, event: ev.Observation) -> dict:
