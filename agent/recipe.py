@@ -15,7 +15,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from agent.events import Event, Reset, Step
+from agent.events import ChecksRun, Event, Final, Reset, Step
 from agent.trace import all_inputs, read_events
 from sandbox import Execution
 from sandbox.boundary import DATA
@@ -35,7 +35,7 @@ class Recipe:
     cells: list[str]  # the code, parameters already in place
     inputs: list[dict]  # the run's inputs: {"name", "path", "size", "sha256"}
     source: str = ""  # the run folder it came from
-    checks: dict = field(default_factory=dict)  # OUTPUT -> schema file, as the run had them
+    checks: dict = field(default_factory=dict)  # OUTPUT -> the sha256 that passed its checks
     left_out: int = 0  # cells that failed or were stopped
 
     def script(self) -> str:
@@ -46,7 +46,7 @@ class Recipe:
             "# job, in the order of the job's inputs). Inputs of origin (sha256):",
             *(f"#   INPUTS[{i}] {item['path']}  {item['sha256']}" for i, item in enumerate(self.inputs)),
             "# Checks the output passed:",
-            *(f"#   {out} <- {schema}" for out, schema in sorted(self.checks.items())),
+            *(f"#   {out}  {digest}" for out, digest in sorted(self.checks.items())),
         ]  # fmt: skip
         values = ", ".join(repr(f"{DATA}/{item['name']}") for item in self.inputs)
         parts = ["\n".join(header), f"{PARAMETERS}\n{PARAMETER} = [{values}]"]
@@ -71,9 +71,38 @@ def successful_cells(events: list[Event]) -> tuple[list[str], int]:
                     ex = Execution.from_dict(obs["execution"])
                     if not ex.ok or ex.interrupted:
                         left_out += 1
-                    elif ex.code.strip():
+                    elif ex.code.strip() and not _sets_parameters(ex.code):
                         cells.append(ex.code)
     return cells, left_out
+
+
+def _sets_parameters(code: str) -> bool:
+    """A recipe's own parameters cell, as a recipe job ran it: not a cell of the next recipe."""
+    try:
+        body = ast.parse(code).body
+    except SyntaxError:
+        return False
+    return (
+        len(body) == 1
+        and isinstance(body[0], ast.Assign)
+        and [getattr(t, "id", None) for t in body[0].targets] == [PARAMETER]
+    )
+
+
+def passed_checks(events: list[Event]) -> dict[str, str] | None:
+    """The outputs (path -> sha256) of the run's last check run, when it passed and the
+    question it checked was answered; else None."""
+    last: ChecksRun | None = None
+    answered = False
+    for event in events:
+        match event:
+            case ChecksRun():
+                last, answered = event, False
+            case Final(stop_reason="answered", question=question) if last is not None:
+                answered = last.passed and last.question == question
+    if last is None or not answered:
+        return None
+    return {path: str(verdict.get("sha256")) for path, verdict in last.outputs.items()}
 
 
 class _InputPaths(cst.CSTTransformer):
@@ -175,8 +204,8 @@ def parameterize(code: str, inputs: list[dict]) -> str:
     return module.visit(_InputPaths(paths)).code
 
 
-def from_run(folder: Path, checks: dict[str, str] | None = None) -> Recipe:
-    """The recipe of the run (or batch job) in folder."""
+def from_run(folder: Path) -> Recipe:
+    """The recipe of the run (or batch job) in folder, whose outputs passed their checks."""
     trace = folder / "trace.jsonl"
     if not trace.is_file():
         raise RecipeError(f"{folder} holds no trace.jsonl: give a run or batch-job folder")
@@ -184,6 +213,12 @@ def from_run(folder: Path, checks: dict[str, str] | None = None) -> Recipe:
         events = read_events(trace)
     except (OSError, ValueError) as error:
         raise RecipeError(f"{trace} cannot be read: {error}") from None
+    checks = passed_checks(events)
+    if checks is None:
+        raise RecipeError(
+            f"the run in {folder} has no answer whose outputs passed declared checks: only "
+            'such a run makes a recipe (declare them with --expect OUT=SCHEMA or "expect")'
+        )
     inputs = all_inputs(events)
     cells, left_out = successful_cells(events)
     if not cells:
@@ -194,7 +229,7 @@ def from_run(folder: Path, checks: dict[str, str] | None = None) -> Recipe:
         [parameterize(code, inputs) for code in cells],
         inputs,
         source=str(folder),
-        checks=dict(checks or {}),
+        checks=checks,
         left_out=left_out,
     )
 

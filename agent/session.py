@@ -229,10 +229,30 @@ class Session:
         result = self.loop.ask(question)
         if result.stop_reason in (stops.INTERRUPTED, stops.TERMINATED):
             self.sandbox.interrupt()  # the cell it cut short
-        result.trace_path = self.trace_path
-        result.notebook_path = export_notebook(self.trace_path, self.notebook_path)
         if self.checker is not None:
             result.checks = self._checks(result)
+        return self.settle(result)
+
+    def run_cells(self, cells: list[str]) -> tuple[int, Execution] | None:
+        """Run cells without the model (a recipe), each recorded as serve's /execute cells
+        are; stop at the first that fails or is stopped: its index and Execution, else None.
+        A cancel (Ctrl-C, SIGTERM) interrupts the running cell and ends it there."""
+        self._idle.clear()
+        try:
+            for index, code in enumerate(cells):
+                execution = self.sandbox.run(code)
+                self.executed(code, execution)
+                if not execution.ok or execution.interrupted or self.loop.cancelled:
+                    return index, execution
+            return None
+        finally:
+            self._idle.set()
+
+    def settle(self, result: Result) -> Result:
+        """A question's result made whole: the trace and the notebook named, the files the
+        code made copied back, and those the checks read compared with what was copied."""
+        result.trace_path = self.trace_path
+        result.notebook_path = export_notebook(self.trace_path, self.notebook_path)
         if not self.sandbox_used:
             return result  # no code ran: nothing to copy, and no container to wait for
         result.files, problems = self.bring_back()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.events import Reset, SessionStarted, executed_cell
+from agent.events import ChecksRun, Final, Reset, SessionStarted, executed_cell
 from agent.recipe import PARAMETERS, RecipeError, from_run, load, parameterize
 from agent.trace import TraceWriter
 from sandbox import Execution
@@ -50,7 +50,12 @@ def test_a_cell_that_does_not_parse_is_kept_as_it_ran():
     assert parameterize("%timeit 1\n", INPUTS) == "%timeit 1\n"
 
 
-def _trace(folder: Path, cells: list[tuple[str, Execution]], reset_after: int | None = None):
+def _trace(
+    folder: Path,
+    cells: list[tuple[str, Execution]],
+    reset_after: int | None = None,
+    passed: bool | None = True,
+):
     with TraceWriter(folder / "trace.jsonl") as trace:
         trace(SessionStarted(model="m", max_tokens=None, protocol="tools", inputs=INPUTS,
                              image="i", limits={}, rules={}, sandbox_start="fresh"))  # fmt: skip
@@ -59,6 +64,11 @@ def _trace(folder: Path, cells: list[tuple[str, Execution]], reset_after: int | 
             trace(executed_cell(1, code, ex))
             if n == reset_after:
                 trace(Reset(question=1))
+        if passed is not None:
+            outputs = {"output/clean.csv": {"passed": passed, "sha256": "ef" * 32, "failures": []}}
+            trace(ChecksRun(question=1, attempt=1, passed=passed, outputs=outputs, duration_s=1.0))
+        trace(Final(question=1, tokens=9, duration_s=2.0, answer="done", stop_reason="answered",
+                    detail="", error=None, steps=3))  # fmt: skip
 
 
 def test_the_recipe_keeps_the_cells_that_ran_and_names_its_origin(tmp_path):
@@ -69,7 +79,7 @@ def test_the_recipe_keeps_the_cells_that_ran_and_names_its_origin(tmp_path):
         ("df = pd.read_csv('/data/sales.csv')", Execution()),
         ("df.drop_duplicates().to_csv('/workspace/output/clean.csv')", Execution()),
     ])  # fmt: skip
-    recipe = from_run(tmp_path, checks={"output/clean.csv": "schemas/sales.yaml"})
+    recipe = from_run(tmp_path)
     assert recipe.left_out == 2 and len(recipe.cells) == 3
     script = recipe.script()
     ast.parse(script)
@@ -77,7 +87,7 @@ def test_the_recipe_keeps_the_cells_that_ran_and_names_its_origin(tmp_path):
     assert "INPUTS = ['/data/sales.csv', '/data/rates.csv']" in script
     assert "df.nope" not in script and "while True" not in script
     assert f"INPUTS[0] /home/a/sales.csv  {'ab' * 32}" in script
-    assert "output/clean.csv <- schemas/sales.yaml" in script
+    assert f"output/clean.csv  {'ef' * 32}" in script
     path = tmp_path / "recipe.py"
     path.write_text(script)
     loaded = load(path)
@@ -87,6 +97,18 @@ def test_the_recipe_keeps_the_cells_that_ran_and_names_its_origin(tmp_path):
 
 def test_a_reset_drops_the_cells_before_it(tmp_path):
     _trace(tmp_path, [("a = 1", Execution()), ("b = 2", Execution())], reset_after=0)
+    assert from_run(tmp_path).cells == ["b = 2"]
+
+
+@pytest.mark.parametrize("passed", [False, None])
+def test_a_run_whose_outputs_did_not_pass_declared_checks_makes_no_recipe(tmp_path, passed):
+    _trace(tmp_path, [("a = 1", Execution())], passed=passed)
+    with pytest.raises(RecipeError, match="passed declared checks"):
+        from_run(tmp_path)
+
+
+def test_a_recipe_job_s_own_parameters_cell_is_not_a_cell_of_the_next_recipe(tmp_path):
+    _trace(tmp_path, [("INPUTS = ['/data/x.csv']", Execution()), ("b = 2", Execution())])
     assert from_run(tmp_path).cells == ["b = 2"]
 
 

@@ -17,6 +17,7 @@ COMMANDS = {  # name -> "module:attribute"
     "mcp": "agent.cli.mcp:mcp_cmd",
     "image": "agent.cli.image:image_cmd",
     "doctor": "agent.cli.doctor:doctor_cmd",
+    "recipe": "agent.cli.recipe:recipe_cmd",
 }
 
 

@@ -1,0 +1,83 @@
+"""A batch job tried first with a recipe (agent.recipe): its cells run in the job's sandbox
+with the job's own inputs and no model, then the job's checks. Passed: the job is answered
+by the recipe. A cell failed or a check did: the agent takes over in the same session (the
+kernel as the recipe left it), its first message holding the recipe and how it failed."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent import stops
+from agent.events import Final
+from agent.jobs.checks import outcome_lines
+from agent.recipe import Loaded, parameters_cell
+from agent.seams import Result
+from agent.session import Session
+from sandbox.boundary import DATA
+from sandbox.render import render
+
+RECIPE, AGENT = "recipe", "agent"  # a results line's "solved_by"
+SHOWN_CHARS = 2000  # of a failed cell's observation, in the agent's first message
+
+
+@dataclass
+class Tried:
+    """What trying the recipe came to: a result when it solved the job, else how it failed
+    (for the results line) and what the agent is told."""
+
+    result: Result | None = None
+    failure: dict | None = None
+    handover: str = ""
+
+
+def try_recipe(session: Session, recipe: Loaded, path: Path) -> Tried:
+    """Run the recipe in the session, then the job's checks (a job without any cannot use a
+    recipe: nothing would tell a wrong output)."""
+    if session.checker is None:
+        raise ValueError("a job without declared checks cannot use a recipe")
+    started = time.monotonic()
+    paths = [f"{DATA}/{name}" for name in session.inputs.names]
+    if len(paths) != recipe.inputs:
+        why = f"the recipe takes {recipe.inputs} input(s) and this job has {len(paths)}"
+        return _handover(recipe, path, {"cell": None, "error": why}, why)
+    cells = [parameters_cell(paths), *recipe.cells]
+    stopped = session.run_cells(cells)
+    if session.loop.cancelled:  # Ctrl-C or SIGTERM: the job ends here, as interrupted
+        stop = Result(None, session.loop.cancelled, "interrupted while the recipe ran")
+        return Tried(session.settle(stop))
+    if stopped is not None:
+        index, execution = stopped
+        said = render(execution, SHOWN_CHARS)
+        error = execution.error.name if execution.error else "stopped"
+        where = f"its cell {index} (of {len(recipe.cells)}) failed"
+        return _handover(recipe, path, {"cell": index, "error": error}, f"{where}:\n{said}")
+    feedback = session.checker(session.loop.questions)  # publishes the check run
+    checks = session.checker.last.record()
+    if feedback is None:
+        answer = (
+            f"Solved by the recipe {path.name} with no model: its {len(recipe.cells)} cells "
+            f"ran on this job's inputs and the outputs passed their checks."
+        )
+        session.publish(  # the trace ends the job as a question's answer would
+            Final(question=session.loop.questions, tokens=0, answer=answer,
+                  duration_s=round(time.monotonic() - started, 3),
+                  stop_reason=stops.ANSWERED, detail="", error=None, steps=0)
+        )  # fmt: skip
+        return Tried(session.settle(Result(answer, stops.ANSWERED, checks=checks)))
+    said = "\n".join(outcome_lines(checks["outputs"]))
+    return _handover(
+        recipe, path, {"cell": None, "checks": checks}, f"its outputs failed their checks:\n{said}"
+    )
+
+
+def _handover(recipe: Loaded, path: Path, failure: dict, how: str) -> Tried:
+    shown = "\n\n".join(f"# %%\n{cell}" for cell in recipe.cells)
+    text = (
+        f"A recipe ({path.name}) that cleaned another file of this family was tried on this "
+        f"job first, and {how}\n\nThe recipe's cells ran in your kernel up to that point, "
+        f"with INPUTS set to this job's inputs; its variables are there. The recipe:\n\n"
+        f"```python\n{shown}\n```\n\nFinish the task; the outputs must pass their checks."
+    )
+    return Tried(None, failure, text)
