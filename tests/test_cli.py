@@ -32,19 +32,8 @@ def sandcell(*args: str, env: dict | None = None, stdin: str | None = None):
 def test_help_lists_every_command():
     helped = sandcell("--help")
     assert helped.exit_code == 0 and "Usage:" in helped.stdout
-    names = [
-        "batch",
-        "chat",
-        "doctor",
-        "exec",
-        "gc",
-        "image",
-        "mcp",
-        "replay",
-        "run",
-        "serve",
-        "tool",
-    ]
+    names = ["batch", "chat", "doctor", "exec", "gc", "image", "mcp", "recipe", "replay", "run"]
+    names += ["serve", "tool"]
     assert sorted(COMMANDS) == names
     for name in COMMANDS:
         assert f"  {name} " in helped.stdout
