@@ -24,13 +24,15 @@ from tqdm import tqdm
 
 from agent import stops
 from agent.jobfiles import write_answer
+from agent.jobs import report
+from agent.jobs.audit import write_audit
 from agent.scripted import ScriptedModel, ScriptError
 from agent.seams import Model, Terminated
 from agent.session import Agent
 from agent.stops import Rules
 from sandbox import InputError, Inputs, Limits, SandboxPool
 
-RESULTS = "results.jsonl"
+RESULTS = report.RESULTS  # "results.jsonl"
 STOP_WAIT_S = 60.0  # after Ctrl-C or SIGTERM, how long running jobs get to end
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -181,6 +183,7 @@ def run_job(
         with agent.session(job.inputs, folder, acquire) as session, running.tracked(session):
             result = session.ask(job.task)
         write_answer(result, folder)
+        write_audit(job.inputs, result.files, folder)
         interrupted = result.stop_reason in (stops.INTERRUPTED, stops.TERMINATED)
         record.update(
             status="answered" if result.answered else ("interrupted" if interrupted else "stopped"),
@@ -304,7 +307,12 @@ class Batch:
         ordered = [latest[j.id] for j in self.jobs if j.id in latest]
         if len(ordered) < sum(1 for _ in _lines(self.output / RESULTS)):
             self._rewrite(ordered)  # retried jobs left older lines: keep one line per job
+        self._report()  # also when every job was done already: the report is there
         return ordered
+
+    def _report(self) -> None:
+        """report.html and report.md rewritten from results.jsonl (each atomically)."""
+        report.write(self.output, expected=len(self.jobs))
 
     def _rewrite(self, records: list[dict]) -> None:
         temporary = self.output / (RESULTS + ".tmp")
@@ -327,12 +335,14 @@ class Batch:
             self.bar.set_postfix(self.counts, refresh=True)
 
     def record(self, record: dict) -> None:
-        """A job ended: its line appended to results.jsonl (flushed to disk), the bar moved."""
+        """A job ended: its line appended to results.jsonl (flushed to disk), the report
+        rewritten, the bar moved."""
         with self._lock:
             with open(self.output / RESULTS, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
+            self._report()
             self.counts["running"] -= 1
             self.counts["done" if record["status"] != "failed" else "failed"] += 1
             self.bar.set_postfix(self.counts, refresh=False)

@@ -40,6 +40,8 @@ class Column:
     nulls: int | None = None  # None: unknown
     nulls_note: str = ""  # e.g. "in the first 1,000 rows"
     detail: str = ""  # range or examples
+    distinct: int | None = None  # distinct non-null values (None: not counted)
+    distinct_more: bool = False  # there were more than `distinct`: the count hit its cap
 
 
 @dataclass
