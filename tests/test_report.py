@@ -5,6 +5,7 @@ import json
 import time
 from html.parser import HTMLParser
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -12,6 +13,8 @@ from agent.cli import main
 from tests.cli_runner import sandcell, sandcell_process
 from tests.polling import lines_in, wait_for
 from tools import tables
+from tools.file_metadata import profile_file
+from tools.profile import Caps
 
 # 6 rows, 2 of them repeats (one with its blank amount written NA): 4 distinct rows; a bad
 # amount ("abc") makes the column text; `notes` has 2 blanks
@@ -201,3 +204,18 @@ def test_distinct_values_and_duplicate_rows_keep_to_their_caps():
     assert (capped.duplicate_rows, capped.duplicates_more) == (2, True)
     plain = tables.parse_table(text, ",", time.monotonic() + 5, True)
     assert plain.duplicate_rows is None and plain.columns[0].values is None
+
+
+def test_parquet_and_xlsx_outputs_get_distinct_values_and_duplicates(tmp_path):
+    frame = pd.DataFrame({"id": [1, 2, 1, 3, None], "name": ["a", "b", "a", "c", None]})
+    frame.to_parquet(tmp_path / "t.parquet")
+    frame.to_excel(tmp_path / "t.xlsx", index=False)
+    for name in ("t.parquet", "t.xlsx"):
+        p = profile_file(tmp_path / name, name, Caps(distinct=100))
+        assert (p.rows, p.duplicate_rows) == (5, 1), name
+        assert [(c.name, c.nulls, c.distinct) for c in p.columns] == [
+            ("id", 1, 3),
+            ("name", 1, 3),
+        ], name
+        plain = profile_file(tmp_path / name, name)  # the prompt's profile counts no more
+        assert plain.duplicate_rows is None and plain.columns[0].distinct is None

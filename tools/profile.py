@@ -173,9 +173,9 @@ def _binary_table(
     f = open_file() if open_file is not None else io.BytesIO(data)
     try:
         if kind == "parquet":
-            info = formats.parquet_info(f, p.size, caps.full_bytes)
+            info = formats.parquet_info(f, p.size, caps.full_bytes, caps.distinct)
         else:
-            info = formats.xlsx_info(f, deadline)
+            info = formats.xlsx_info(f, deadline, distinct=caps.distinct)
     except _corrupt_errors(kind) as exc:
         p.notes.append(f"could not read the {kind} metadata: {error_text(exc)}")
         return
@@ -188,6 +188,7 @@ def _binary_table(
         info.sample,
     )
     p.header = True
+    p.duplicate_rows = info.duplicate_rows
     p.extra += info.extra
     p.notes += info.notes
 
