@@ -280,6 +280,8 @@ class Batch:
     def __init__(self, jobs: list[Job], output: Path, executor: Executor, progress: bool = True):
         self.jobs, self.output, self.executor, self.progress = jobs, output, executor, progress
         self._lock = threading.Lock()
+        self._report_lock = threading.Lock()
+        self._reporting = self._report_due = False
         self.counts: dict = {"done": 0, "failed": 0, "running": 0}
         self.skipped = 0  # jobs finished by an earlier run
 
@@ -311,8 +313,26 @@ class Batch:
         return ordered
 
     def _report(self) -> None:
-        """report.html and report.md rewritten from results.jsonl (each atomically)."""
-        report.write(self.output, expected=len(self.jobs))
+        """report.html and report.md rewritten from results.jsonl (each atomically). One
+        thread writes at a time; jobs that end meanwhile are in its next pass, so ending jobs
+        neither wait for each other's rewrite nor write an older report over a newer one."""
+        with self._report_lock:
+            self._report_due = True
+            if self._reporting:
+                return  # the writing thread makes one more pass, with this job in it
+            self._reporting = True
+        try:
+            while True:
+                with self._report_lock:
+                    if not self._report_due:  # done: said under the lock a job marks it due
+                        self._reporting = False
+                        return
+                    self._report_due = False
+                report.write(self.output, expected=len(self.jobs))
+        except BaseException:
+            with self._report_lock:
+                self._reporting = False
+            raise
 
     def _rewrite(self, records: list[dict]) -> None:
         temporary = self.output / (RESULTS + ".tmp")
@@ -342,8 +362,8 @@ class Batch:
                 f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
-            self._report()
             self.counts["running"] -= 1
             self.counts["done" if record["status"] != "failed" else "failed"] += 1
             self.bar.set_postfix(self.counts, refresh=False)
             self.bar.update(1)
+        self._report()
