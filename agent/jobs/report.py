@@ -22,7 +22,8 @@ from agent.jobs.audit import AUDIT
 RESULTS = "results.jsonl"  # agent.batch's name for it (batch imports this module)
 HTML, MARKDOWN = "report.html", "report.md"
 FIRST_FAILURES = 3  # check failures shown per job; the job's answer.md has them all
-TEXT_CAP = 300  # characters of a task, error or failure shown in a cell
+TEXT_CAP = 300  # characters of an error or failure shown in a cell
+TASK_CAP = 160  # characters of a task in its cell (report.html has it whole as a tooltip)
 
 _env = jinja2.Environment(
     loader=jinja2.PackageLoader("agent.jobs", "templates"),
@@ -50,14 +51,15 @@ class ReportError(ValueError):
     """DIR holds no batch results; the message says what is missing."""
 
 
-def _cut(text: object) -> str:
+def _cut(text: object, cap: int = TEXT_CAP) -> str:
     text = " ".join(str(text).split())
-    return text if len(text) <= TEXT_CAP else text[: TEXT_CAP - 1] + "…"
+    return text if len(text) <= cap else text[: cap - 1] + "…"
 
 
 def records(folder: Path) -> list[dict]:
-    """The results lines, the last line of an id winning, in the order the ids first came; a
-    torn last line (a batch killed mid-write) is left out, as a rerun does."""
+    """The results lines, the last line of an id winning, ordered by id (jobs end in any
+    order; a reader looks a job up); a torn last line (a batch killed mid-write) is left out,
+    as a rerun does."""
     latest: dict[str, dict] = {}
     path = folder / RESULTS
     for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
@@ -67,7 +69,7 @@ def records(folder: Path) -> list[dict]:
             continue
         if isinstance(record, dict) and "id" in record:
             latest[str(record["id"])] = record
-    return list(latest.values())
+    return [latest[key] for key in sorted(latest)]
 
 
 def _audit(job_dir: Path) -> dict | None:
@@ -127,13 +129,17 @@ def row(folder: Path, record: dict) -> dict:
             links.append((relative, _href(job_id, relative)))
     return {
         "id": job_id,
-        "task": _cut(record.get("task", "")),
+        "task": _cut(record.get("task", ""), TASK_CAP),
+        "task_whole": _cut(record.get("task", ""), 4000),
         "status": record.get("status", "?"),
         "status_text": _status(record),
         "checks": _checks(record),
         "rows_in": summary.get("rows_in"),
         "rows_out": summary.get("rows_out"),
         "rows_exact": summary.get("exact", True),
+        "duplicates_removed": sum(
+            c.get("duplicates_removed") or 0 for c in (audit or {}).get("changes") or []
+        ),
         "model_calls": record.get("steps"),
         "tokens": record.get("tokens"),
         "seconds": record.get("duration_s"),
