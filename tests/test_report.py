@@ -219,3 +219,20 @@ def test_parquet_and_xlsx_outputs_get_distinct_values_and_duplicates(tmp_path):
         ], name
         plain = profile_file(tmp_path / name, name)  # the prompt's profile counts no more
         assert plain.duplicate_rows is None and plain.columns[0].distinct is None
+
+
+def test_an_input_over_the_read_cap_is_audited_from_its_head_and_the_audit_says_so(tmp_path):
+    from agent.jobs.audit import CAPS, audit
+    from sandbox.inputs import Inputs
+
+    huge = tmp_path / "huge.csv"
+    row = "1,some text that repeats,2.5\n"
+    huge.write_text("id,text,x\n" + row * (CAPS.full_bytes // len(row) + 1000))
+    started = time.monotonic()
+    result = audit(Inputs.from_paths([huge]), [], tmp_path)
+    assert time.monotonic() - started < 2 * CAPS.time_s  # only the first MiB was read
+    (entry,) = result["inputs"]
+    assert not entry["exact"] and entry["sha256"] is None
+    assert entry["duplicates_at_least"] and entry["duplicate_rows"] > 0
+    assert entry["notes"][0].startswith("over 16.0 MiB: profiled from its first 1.0 MiB")
+    assert result["summary"]["exact"] is False and result["caps"]["full_bytes"] == CAPS.full_bytes

@@ -42,14 +42,16 @@ def table(profile: Profile, path: str, **where: str) -> dict:
         "rows": profile.rows,
         "exact": exact,
         "duplicate_rows": profile.duplicate_rows,
-        "duplicates_at_least": profile.duplicates_more,
+        # counted in part of the file (a cap): what was found is a floor
+        "duplicates_at_least": profile.duplicate_rows is not None
+        and (profile.duplicates_more or not exact),
         "columns": [
             {
                 "name": c.name,
                 "dtype": c.type,
                 "nulls": c.nulls,
                 "distinct": c.distinct,
-                "distinct_at_least": c.distinct_more,
+                "distinct_at_least": c.distinct_more or (not exact and c.distinct is not None),
             }
             for c in profile.columns
         ],
@@ -195,7 +197,11 @@ def markdown(result: dict) -> str:
             lines.append(
                 f"- {side} `{t['path']}`: {t['kind']}, {_n(t['rows'], t['exact'])} rows x "
                 f"{len(t['columns'])} columns"
-                + (f", {_n(dups)} duplicate rows" if dups is not None else "")
+                + (
+                    f", {'at least ' if t['duplicates_at_least'] else ''}{_n(dups)} duplicate rows"
+                    if dups is not None
+                    else ""
+                )
             )
             for c in t["columns"]:
                 more = "+" if c["distinct_at_least"] else ""
