@@ -236,3 +236,12 @@ def test_an_input_over_the_read_cap_is_audited_from_its_head_and_the_audit_says_
     assert entry["duplicates_at_least"] and entry["duplicate_rows"] > 0
     assert entry["notes"][0].startswith("over 16.0 MiB: profiled from its first 1.0 MiB")
     assert result["summary"]["exact"] is False and result["caps"]["full_bytes"] == CAPS.full_bytes
+
+
+def test_the_audit_takes_a_jobs_inputs_as_plain_paths_too(tmp_path):
+    """Job(id, task, [path]) as the Python API and the bench make it: not an Inputs."""
+    from agent.jobs.audit import audit
+
+    (tmp_path / "sales.csv").write_text(MESSY)
+    (entry,) = audit([tmp_path / "sales.csv"], [], tmp_path)["inputs"]
+    assert (entry["path"], entry["rows"], entry["duplicate_rows"]) == ("sales.csv", 6, 2)

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from sandbox.inputs import Inputs
-from tools.file_metadata import profile_file
+from tools.file_metadata import InputsLike, profile_file
 from tools.profile import DEFAULT_CAPS, Profile, human_size
 from tools.registry import ToolError
 
@@ -118,9 +118,10 @@ def _match(output: dict, inputs: list[dict]) -> tuple[dict, str] | None:
     return None
 
 
-def audit(inputs: Inputs, files: Iterable[str | Path], folder: Path) -> dict:
-    """The audit of one job: `inputs` as the job was given them (host paths), `files` the
-    host paths of what was copied back into `folder`."""
+def audit(inputs: InputsLike, files: Iterable[str | Path], folder: Path) -> dict:
+    """The audit of one job: `inputs` as the job was given them (host paths, or Inputs),
+    `files` the host paths of what was copied back into `folder`."""
+    inputs = Inputs.from_paths(inputs, files_only=False)  # the API's Job takes plain paths too
     notes: list[str] = []
     ins, outs = [], []
     for item in inputs:
@@ -172,7 +173,7 @@ def _total(tables: list[dict]) -> int | None:
     return sum(counts) if counts and None not in counts else None
 
 
-def write_audit(inputs: Inputs, files: Iterable[str | Path], folder: Path) -> dict:
+def write_audit(inputs: InputsLike, files: Iterable[str | Path], folder: Path) -> dict:
     """audit.json in `folder`, and its section appended to the folder's answer.md."""
     result = audit(inputs, files, folder)
     (folder / AUDIT).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
