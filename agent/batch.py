@@ -24,6 +24,8 @@ from tqdm import tqdm
 
 from agent import stops
 from agent.jobfiles import write_answer
+from agent.jobs import report
+from agent.jobs.audit import write_audit
 from agent.jobs.checks import Expect, ExpectError, load_expect
 from agent.scripted import ScriptedModel, ScriptError
 from agent.seams import Model, Terminated
@@ -31,7 +33,7 @@ from agent.session import Agent
 from agent.stops import Rules
 from sandbox import InputError, Inputs, Limits, SandboxPool
 
-RESULTS = "results.jsonl"
+RESULTS = report.RESULTS  # "results.jsonl"
 STOP_WAIT_S = 60.0  # after Ctrl-C or SIGTERM, how long running jobs get to end
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -201,6 +203,7 @@ def run_job(
         ):
             result = session.ask(job.task)
         write_answer(result, folder)
+        write_audit(job.inputs, result.files, folder)
         record.update(
             status=_status(result),
             stop_reason=result.stop_reason,
@@ -308,6 +311,8 @@ class Batch:
     def __init__(self, jobs: list[Job], output: Path, executor: Executor, progress: bool = True):
         self.jobs, self.output, self.executor, self.progress = jobs, output, executor, progress
         self._lock = threading.Lock()
+        self._report_lock = threading.Lock()
+        self._reporting = self._report_due = False
         self.counts: dict = {"done": 0, "failed": 0, "running": 0}
         self.skipped = 0  # jobs finished by an earlier run
 
@@ -335,7 +340,30 @@ class Batch:
         ordered = [latest[j.id] for j in self.jobs if j.id in latest]
         if len(ordered) < sum(1 for _ in _lines(self.output / RESULTS)):
             self._rewrite(ordered)  # retried jobs left older lines: keep one line per job
+        self._report()  # also when every job was done already: the report is there
         return ordered
+
+    def _report(self) -> None:
+        """report.html and report.md rewritten from results.jsonl (each atomically). One
+        thread writes at a time; jobs that end meanwhile are in its next pass, so ending jobs
+        neither wait for each other's rewrite nor write an older report over a newer one."""
+        with self._report_lock:
+            self._report_due = True
+            if self._reporting:
+                return  # the writing thread makes one more pass, with this job in it
+            self._reporting = True
+        try:
+            while True:
+                with self._report_lock:
+                    if not self._report_due:  # done: said under the lock a job marks it due
+                        self._reporting = False
+                        return
+                    self._report_due = False
+                report.write(self.output, expected=len(self.jobs))
+        except BaseException:
+            with self._report_lock:
+                self._reporting = False
+            raise
 
     def _rewrite(self, records: list[dict]) -> None:
         temporary = self.output / (RESULTS + ".tmp")
@@ -358,7 +386,8 @@ class Batch:
             self.bar.set_postfix(self.counts, refresh=True)
 
     def record(self, record: dict) -> None:
-        """A job ended: its line appended to results.jsonl (flushed to disk), the bar moved."""
+        """A job ended: its line appended to results.jsonl (flushed to disk), the report
+        rewritten, the bar moved."""
         with self._lock:
             with open(self.output / RESULTS, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
@@ -368,3 +397,4 @@ class Batch:
             self.counts["done" if record["status"] != "failed" else "failed"] += 1
             self.bar.set_postfix(self.counts, refresh=False)
             self.bar.update(1)
+        self._report()

@@ -32,8 +32,8 @@ def sandcell(*args: str, env: dict | None = None, stdin: str | None = None):
 def test_help_lists_every_command():
     helped = sandcell("--help")
     assert helped.exit_code == 0 and "Usage:" in helped.stdout
-    names = ["batch", "chat", "doctor", "exec", "gc", "image", "mcp", "recipe", "replay", "run"]
-    names += ["serve", "tool"]
+    names = ["batch", "chat", "doctor", "exec", "gc", "image", "mcp", "recipe", "replay"]
+    names += ["report", "run", "serve", "tool"]
     assert sorted(COMMANDS) == names
     for name in COMMANDS:
         assert f"  {name} " in helped.stdout
@@ -43,6 +43,7 @@ HELP = {
     "exec": ["--input", "--timeout", "--memory", "--max-rich-outputs", "--max-rich-mb", "--json"]
     + ["-c", "[FILE]", "124 timed out"],
     "gc": ["Remove sandbox containers whose owner process is gone."],
+    "report": ["DIR", "Rebuild the batch report of DIR"],
     "tool": ["NAME [ARGS]", "--input"],
     "replay": ["TRACE", "--input", "--image", "1 some differ"],
     "run": ["--task", "--input", "--output", *MODEL_OPTIONS, *LIMIT_OPTIONS],

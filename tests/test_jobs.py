@@ -144,6 +144,9 @@ def test_run_writes_answer_trace_notebook_and_outputs(tmp_path):
     kinds = [json.loads(x)["type"] for x in (out / "trace.jsonl").read_text().splitlines()]
     assert kinds[:2] == ["session", "question"] and kinds[-1] == "final" and "step" in kinds
     assert (out / "notebook.ipynb").exists() and (out / "answer.md").exists()
+    audit = json.loads((out / "audit.json").read_text())  # the input read on the host
+    assert [(t["path"], t["rows"]) for t in audit["inputs"]] == [(csv.name, expected["job-00"])]
+    assert audit["outputs"] == [] and "## Audit" in (out / "answer.md").read_text()
 
 
 def test_bad_jobs_file_is_a_usage_error_naming_the_line(tmp_path):

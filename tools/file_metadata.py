@@ -115,23 +115,7 @@ class FileMetadata:
             os.close(fd)
 
     def _build(self, fd: int, st: os.stat_result, shown: str) -> Profile:
-        complete = st.st_size <= self.caps.full_bytes
-        limit = st.st_size if complete else self.caps.head_bytes
-        data = read_fd(fd, limit, time.monotonic() + self.caps.time_s)
-        complete = complete and len(data) == st.st_size  # a file that changed is not "whole"
-
-        def reopen() -> io.BufferedReader:  # parquet and xlsx seek to their footer
-            return os.fdopen(os.dup(fd), "rb")
-
-        return build_profile(
-            shown,
-            st.st_size,
-            st.st_mtime,
-            data,
-            complete=complete,
-            caps=self.caps,
-            open_file=reopen,
-        )
+        return _profile_fd(fd, st, shown, self.caps)
 
     def listing(self) -> str:
         if not self.inputs:
@@ -188,6 +172,33 @@ class FileMetadata:
             shown, size, info.get("mtime"), data, complete=complete, caps=self.caps
         )
         return self._cache.put(key, profile)
+
+
+def _profile_fd(fd: int, st: os.stat_result, shown: str, caps: Caps) -> Profile:
+    complete = st.st_size <= caps.full_bytes
+    limit = st.st_size if complete else caps.head_bytes
+    data = read_fd(fd, limit, time.monotonic() + caps.time_s)
+    complete = complete and len(data) == st.st_size  # a file that changed is not "whole"
+
+    def reopen() -> io.BufferedReader:  # parquet and xlsx seek to their footer
+        return os.fdopen(os.dup(fd), "rb")
+
+    return build_profile(
+        shown, st.st_size, st.st_mtime, data, complete=complete, caps=caps, open_file=reopen
+    )
+
+
+def profile_file(path: Path, shown: str, caps: Caps = DEFAULT_CAPS) -> Profile:
+    """The profile of one host file, read as the tool reads an input (no symlink followed,
+    regular files only, at most caps.full_bytes read); `shown` names it in the profile.
+    Raises ToolError (a Refused) for what cannot be read, its message saying why."""
+    fd, st = open_confined(path, (), shown)
+    try:
+        if kind_of(st.st_mode) != "file":
+            raise refuse_kind(shown, kind_of(st.st_mode))
+        return _profile_fd(fd, st, shown, caps)
+    finally:
+        os.close(fd)
 
 
 def file_metadata_tool(

@@ -40,6 +40,8 @@ class Column:
     nulls: int | None = None  # None: unknown
     nulls_note: str = ""  # e.g. "in the first 1,000 rows"
     detail: str = ""  # range or examples
+    distinct: int | None = None  # distinct non-null values (None: not counted)
+    distinct_more: bool = False  # there were more than `distinct`: the count hit its cap
 
 
 @dataclass
@@ -50,6 +52,7 @@ class TableInfo:
     sample: list[list[str]]
     extra: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    duplicate_rows: int | None = None  # counted only when asked for (and possible)
 
 
 def _cell(value: object) -> str:
@@ -62,7 +65,9 @@ def _cell(value: object) -> str:
     return str(value)[:60]
 
 
-def parquet_info(f: BinaryIO, size: int, sample_cap: int) -> TableInfo:
+def parquet_info(f: BinaryIO, size: int, sample_cap: int, distinct: int = 0) -> TableInfo:
+    """Rows and column types from the footer; with `distinct` > 0 a file up to `sample_cap`
+    bytes is also read whole for its distinct values and duplicate rows."""
     import pyarrow.parquet as pq  # heavy: only when a parquet file shows up
 
     pf = pq.ParquetFile(f)
@@ -91,10 +96,38 @@ def parquet_info(f: BinaryIO, size: int, sample_cap: int) -> TableInfo:
     elif meta.num_row_groups:
         notes.append("sample rows skipped: the first row group is too large to read here")
     extra = [f"{meta.num_row_groups} row group(s), written by {meta.created_by or 'unknown'}"]
-    return TableInfo(meta.num_rows, True, columns, sample, extra, notes)
+    info = TableInfo(meta.num_rows, True, columns, sample, extra, notes)
+    unpacked = sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
+    if distinct and flat and size <= sample_cap and unpacked <= 4 * sample_cap:
+        _parquet_counts(pf, info, distinct)  # small enough to read whole, also uncompressed
+    elif distinct:
+        info.notes.append("distinct values and duplicate rows not counted: the file is too large")
+    return info
 
 
-def xlsx_info(f: BinaryIO, deadline: float, max_rows_scanned: int = 5000) -> TableInfo:
+def _parquet_counts(pf, info: TableInfo, cap: int) -> None:
+    """Exact nulls, distinct values and duplicate rows of a parquet file read whole. A
+    column type arrow cannot count or pandas cannot hash (nested lists) stays uncounted."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = pf.read()
+    for column, data in zip(info.columns, table.columns, strict=True):
+        column.nulls, column.nulls_note = data.null_count, ""
+        try:
+            count = pc.count_distinct(data, mode="only_valid").as_py()
+        except pa.ArrowNotImplementedError:
+            continue
+        column.distinct, column.distinct_more = min(count, cap), count > cap
+    try:
+        info.duplicate_rows = int(table.to_pandas().duplicated().sum())
+    except TypeError:  # unhashable values (lists, dicts): not counted
+        info.notes.append("duplicate rows not counted: some values are lists or maps")
+
+
+def xlsx_info(
+    f: BinaryIO, deadline: float, max_rows_scanned: int = 5000, distinct: int = 0
+) -> TableInfo:
     with zipfile.ZipFile(f) as zf:
         for info in zf.infolist():
             if info.flag_bits & 0x1:  # zipfile would raise RuntimeError reading it
@@ -125,12 +158,14 @@ def xlsx_info(f: BinaryIO, deadline: float, max_rows_scanned: int = 5000) -> Tab
         extra = [f"sheets: {listed}{more}"]
         if not sheets:
             return TableInfo(0, True, [], [], extra, ["the workbook has no worksheets"])
-        return _first_sheet(sheets[0], deadline, max_rows_scanned, extra)
+        return _first_sheet(sheets[0], deadline, max_rows_scanned, extra, distinct)
     finally:
         wb.close()
 
 
-def _first_sheet(ws, deadline: float, max_rows: int, extra: list[str]) -> TableInfo:
+def _first_sheet(
+    ws, deadline: float, max_rows: int, extra: list[str], distinct: int = 0
+) -> TableInfo:
     rows_iter = ws.iter_rows(values_only=True)
     header = next(rows_iter, None)
     if header is None:
@@ -138,6 +173,9 @@ def _first_sheet(ws, deadline: float, max_rows: int, extra: list[str]) -> TableI
     names = [_cell(h) or f"column_{i + 1}" for i, h in enumerate(header)]
     kinds: list[set[str]] = [set() for _ in names]
     nulls = [0] * len(names)
+    values: list[set] = [set() for _ in names]  # at most max_rows each: scanning is capped
+    rows_seen: set[tuple] = set()
+    duplicates = 0
     sample, scanned, finished = [], 0, True
     for row in rows_iter:
         if scanned >= max_rows or time.monotonic() > deadline:
@@ -146,18 +184,29 @@ def _first_sheet(ws, deadline: float, max_rows: int, extra: list[str]) -> TableI
         scanned += 1
         if len(sample) < 3:
             sample.append([_cell(v) for v in row])
+        cells = tuple(None if v == "" else v for v in row[: len(names)])
         for i in range(len(names)):
-            v = row[i] if i < len(row) else None
-            if v is None or v == "":
+            v = cells[i] if i < len(cells) else None
+            if v is None:
                 nulls[i] += 1
             else:
                 kinds[i].add(_py_kind(v))
+                if distinct:
+                    values[i].add(v)
+        if distinct:
+            duplicates += cells in rows_seen
+            rows_seen.add(cells)
     note = "" if finished else f"in the first {scanned:,} rows"
     columns = [Column(n, _merge(k), c, note) for n, k, c in zip(names, kinds, nulls, strict=True)]
+    if distinct:
+        for column, held in zip(columns, values, strict=True):
+            column.distinct, column.distinct_more = min(len(held), distinct), len(held) > distinct
     dim_rows = (ws.max_row - 1) if ws.max_row else None
     rows, exact = (scanned, True) if finished else (dim_rows, False)
     notes = [] if finished else ["row count from the sheet's dimension record"]
-    return TableInfo(rows, exact, columns, sample, [f"profiled sheet: {ws.title}"] + extra, notes)
+    info = TableInfo(rows, exact, columns, sample, [f"profiled sheet: {ws.title}"] + extra, notes)
+    info.duplicate_rows = duplicates if distinct else None
+    return info
 
 
 def _py_kind(v: object) -> str:

@@ -35,6 +35,9 @@ class Caps:
     max_columns: int = 40  # columns listed in the rendered text
     max_chars: int = 3000  # one rendered profile
     identity: bool = True  # show modification time and sha256 (not needed in a prompt)
+    # distinct values held per column, and rows held to find duplicates (CSV/TSV and JSON
+    # records); 0: not counted (a prompt needs no such counts; the job audit does)
+    distinct: int = 0
 
 
 DEFAULT_CAPS = Caps()
@@ -54,6 +57,8 @@ class Profile:
     rows_exact: bool = True
     rows_at_least: bool = False  # text ended early (zero padding): no extrapolation to the size
     columns: list[Column] = field(default_factory=list)
+    duplicate_rows: int | None = None  # rows equal to an earlier one (None: not counted)
+    duplicates_more: bool = False  # rows past Caps.distinct were not held: a floor
     column_count: int | None = None  # all the columns, when `columns` lists only the first ones
     sample: list[list[str]] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
@@ -168,9 +173,9 @@ def _binary_table(
     f = open_file() if open_file is not None else io.BytesIO(data)
     try:
         if kind == "parquet":
-            info = formats.parquet_info(f, p.size, caps.full_bytes)
+            info = formats.parquet_info(f, p.size, caps.full_bytes, caps.distinct)
         else:
-            info = formats.xlsx_info(f, deadline)
+            info = formats.xlsx_info(f, deadline, distinct=caps.distinct)
     except _corrupt_errors(kind) as exc:
         p.notes.append(f"could not read the {kind} metadata: {error_text(exc)}")
         return
@@ -183,6 +188,7 @@ def _binary_table(
         info.sample,
     )
     p.header = True
+    p.duplicate_rows = info.duplicate_rows
     p.extra += info.extra
     p.notes += info.notes
 
@@ -247,11 +253,11 @@ def _text(p: Profile, data: bytes, complete: bool, caps: Caps, deadline: float) 
         p.extra.append("content: binary data (many control characters)")
         return
     ext = PurePosixPath(p.name).suffix.lower()
-    if _json(p, text, ext, complete):
+    if _json(p, text, ext, complete, caps.distinct):
         return
     delimiter, width = tables.sniff_delimiter(text)
     if width > 1 or ext in DELIMITED_EXTS:
-        _table(p, text, delimiter, complete, deadline, data, enc)
+        _table(p, text, delimiter, complete, deadline, data, enc, caps.distinct)
     else:
         p.kind = "text"
         lines = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
@@ -270,10 +276,12 @@ def _table(
     deadline: float,
     data: bytes,
     enc: tables.Encoding,
+    distinct: int = 0,
 ) -> None:
     p.kind = "tsv" if delimiter == "\t" else "csv"
     p.delimiter = delimiter
-    t = tables.parse_table(text, delimiter, deadline, complete)
+    t = tables.parse_table(text, delimiter, deadline, complete, distinct)
+    p.duplicate_rows, p.duplicates_more = t.duplicate_rows, t.duplicates_more
     p.header = t.header
     exact = complete and t.complete and p.rows_exact
     if t.stopped and t.rows == 0:
@@ -295,7 +303,8 @@ def _table(
             if c.examples
             else ""
         )
-        p.columns.append(Column(c.name, c.kind, c.nulls, note, detail))
+        counted = len(c.values) if c.values is not None else None
+        p.columns.append(Column(c.name, c.kind, c.nulls, note, detail, counted, c.distinct_more))
     if t.width > len(t.columns):
         p.column_count = t.width
         p.notes.append(f"{t.width:,} columns: only the first {len(t.columns):,} were profiled")
@@ -315,7 +324,7 @@ def _table(
         p.notes.append(t.stopped)
 
 
-def _json(p: Profile, text: str, ext: str, complete: bool) -> bool:
+def _json(p: Profile, text: str, ext: str, complete: bool, distinct: int = 0) -> bool:
     head = text.lstrip()[:1]
     if ext not in (".json", ".jsonl", ".ndjson", ".geojson") and head not in ("{", "["):
         return False
@@ -326,7 +335,7 @@ def _json(p: Profile, text: str, ext: str, complete: bool) -> bool:
         records = [v for v in values if v is not None]
         n = sum(1 for ln in all_lines if ln.strip())
         p.rows, p.rows_exact = _rows(n, complete, len(text.encode()), p.size)
-        _json_columns(p, records, complete)
+        _json_columns(p, records, complete, distinct)
         return True
     p.kind = "json"
     if not complete:
@@ -349,7 +358,7 @@ def _json(p: Profile, text: str, ext: str, complete: bool) -> bool:
         return True
     if isinstance(value, list):
         p.rows = len(value)
-        _json_columns(p, value[:1000], True)
+        _json_columns(p, value[:1000], True, distinct)
     elif isinstance(value, dict):
         p.extra.append("top level: object with keys " + ", ".join(k[:40] for k in list(value)[:20]))
     return True
@@ -374,7 +383,7 @@ _JSON_KINDS = {
 }
 
 
-def _json_columns(p: Profile, records: list, complete: bool) -> None:
+def _json_columns(p: Profile, records: list, complete: bool, distinct: int = 0) -> None:
     dicts = [r for r in records if isinstance(r, dict)]
     keys: dict[str, set[str]] = {}
     for r in dicts:
@@ -387,7 +396,28 @@ def _json_columns(p: Profile, records: list, complete: bool) -> None:
         nulls = sum(1 for r in dicts if r.get(k) is None)
         kind = "float" if kinds == {"int", "float"} else "/".join(sorted(kinds)) or "null"
         p.columns.append(Column(k, kind, nulls, note))
+    if distinct:  # over the same records as the nulls (the note says which)
+        _json_distinct(p, dicts, distinct)
     p.sample = [[_json_text(r)] for r in records[:3]]
+
+
+def _json_distinct(p: Profile, records: list[dict], cap: int) -> None:
+    """Distinct values per key and duplicate records, as tables.parse_table counts them."""
+    for c in p.columns:
+        seen = {_json_key(r[c.name]) for r in records if r.get(c.name) is not None}
+        c.distinct, c.distinct_more = min(len(seen), cap), len(seen) > cap
+    keys = [_json_key(r) for r in records]
+    p.duplicate_rows = len(keys) - len(set(keys))
+
+
+def _json_key(value: object) -> str:
+    """A JSON value as a hashable key (lists and objects are not hashable)."""
+    if not isinstance(value, (dict, list)):
+        return repr(value)
+    try:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False)
+    except (ValueError, RecursionError):
+        return repr(value)
 
 
 def _json_text(value: object) -> str:

@@ -52,6 +52,9 @@ _DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-
 DELIMITERS = (",", "\t", ";", "|")
 FIELD_LIMIT = 1 << 26  # characters in one field while a table is parsed (csv's own: 131,072)
 MAX_COLUMNS = 2000  # columns given stats; a wider table is counted, its other columns not read
+# distinct values held for all the columns of one table together (each column has its own cap
+# too, `distinct` of parse_table): a wide table of unique values must not fill the memory
+DISTINCT_BUDGET = 2_000_000
 _WESTERN = ("cp1252", "latin_1", "iso8859_15")
 
 
@@ -148,6 +151,8 @@ class ColumnStats:
     minimum: float | None = None
     maximum: float | None = None
     examples: list[str] = field(default_factory=list)
+    values: set[str] | None = None  # the distinct non-null values, when they are counted
+    distinct_more: bool = False  # more distinct values than were held: `values` is a floor
 
     def add(self, value: str) -> None:
         if value in NA_TOKENS:
@@ -192,6 +197,33 @@ class Table:
     chars_parsed: int = 0
     unclosed_quote: int = 0  # the line where a quoted field opens and never closes
     width: int = 0  # fields in the first row: all the columns, even past MAX_COLUMNS
+    distinct: int = 0  # distinct values held per column (and rows for duplicates); 0: not counted
+    duplicate_rows: int | None = None  # rows equal to an earlier row (None: not counted)
+    duplicates_more: bool = False  # rows past the cap were not held: the count is a floor
+    _rows_seen: set[int] = field(default_factory=set, repr=False)
+    _budget: int = DISTINCT_BUDGET
+
+
+def _count_distinct(table: Table, row: list[str]) -> None:
+    """Distinct values per column and duplicate rows, each held up to `table.distinct`: past
+    it a new value is not kept (the count says "at least"). Nulls are not values (pandas'
+    nunique) and compare equal in rows (pandas' duplicated)."""
+    cap = table.distinct
+    for col, value in zip(table.columns, row, strict=False):
+        if value in NA_TOKENS or col.values is None or value in col.values:
+            continue
+        if len(col.values) < cap and table._budget > 0:
+            col.values.add(value)
+            table._budget -= 1
+        else:
+            col.distinct_more = True
+    key = hash(tuple(None if v in NA_TOKENS else v for v in row))
+    if key in table._rows_seen:
+        table.duplicate_rows = (table.duplicate_rows or 0) + 1
+    elif len(table._rows_seen) < cap:
+        table._rows_seen.add(key)
+    else:
+        table.duplicates_more = True
 
 
 def sniff_delimiter(text: str) -> tuple[str, int]:
@@ -231,12 +263,17 @@ def _looks_like_header(first: list[str]) -> bool:
     return len(set(first)) == len(first)
 
 
-def parse_table(text: str, delimiter: str, deadline: float, complete: bool) -> Table:
+def parse_table(
+    text: str, delimiter: str, deadline: float, complete: bool, distinct: int = 0
+) -> Table:
     """Column stats of delimited `text` (as `decode` gives it: LF line ends; any others are
-    made LF here too, so `chars_parsed` counts in the normalised text)."""
+    made LF here too, so `chars_parsed` counts in the normalised text). `distinct` > 0 also
+    counts each column's distinct values and the duplicate rows, holding at most that many."""
     text = normalize_newlines(text)
     reader = csv.reader(io.StringIO(text, newline="\n"), delimiter=delimiter)
-    table = Table(delimiter, True, [], 0, complete, [])
+    table = Table(delimiter, True, [], 0, complete, [], distinct=distinct)
+    if distinct:
+        table.duplicate_rows = 0
     first: list[str] | None = None
     width = 0
     cells_to_check = 0  # the clock is read every 20,000 fields: wide rows count by their width
@@ -256,7 +293,8 @@ def parse_table(text: str, delimiter: str, deadline: float, complete: bool) -> T
                         row[:shown] if table.header else [f"column_{i + 1}" for i in range(shown)]
                     )
                     table.columns = [
-                        ColumnStats(n.strip() or f"unnamed_{i}") for i, n in enumerate(names)
+                        ColumnStats(n.strip() or f"unnamed_{i}", values=set() if distinct else None)
+                        for i, n in enumerate(names)
                     ]
                     if table.header:
                         continue
@@ -332,6 +370,8 @@ def _add_row(table: Table, row: list[str], width: int, lineno: int) -> None:
         col.add(value)
     for col in table.columns[len(row) :]:
         col.nulls += 1  # a short row: pandas fills the missing fields with NaN
+    if table.distinct:
+        _count_distinct(table, row)
 
 
 def _chars_upto_line(text: str, line: int) -> int:

@@ -12,6 +12,7 @@ COMMANDS = {  # name -> "module:attribute"
     "replay": "agent.cli.replay:replay_cmd",
     "run": "agent.cli.run:run_cmd",
     "batch": "agent.cli.batch:batch_cmd",
+    "report": "agent.cli.report:report_cmd",
     "chat": "agent.cli.chat:chat_cmd",
     "serve": "agent.cli.serve:serve_cmd",
     "mcp": "agent.cli.mcp:mcp_cmd",

@@ -21,6 +21,7 @@ from agent.cli.options import (
     task_text,
 )
 from agent.jobfiles import write_answer
+from agent.jobs.audit import write_audit
 from sandbox.inputs import Inputs
 
 
@@ -60,6 +61,7 @@ def run_cmd(task, inputs, output, overwrite, quiet, expect, check_retries, opts)
     exits.keep_details_in(output)
     result = agent.run(task, inputs=checked, output_dir=output, expect=checks)
     write_answer(result, output)
+    write_audit(checked, result.files, output)
     for warning in result.warnings:
         terminal.echo(f"sandcell: warning: {warning}", err=True)
     for path in result.files:

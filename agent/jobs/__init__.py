@@ -1,1 +1,2 @@
-"""Batch work's home: a job's declared checks (checks.py), and more to come."""
+"""Batch work on jobs: declared checks on a job's outputs (checks), what its folder holds
+beyond its answer (audit), the batch report (report), and recipes (recipes)."""
