@@ -27,6 +27,8 @@ from agent.jobfiles import write_answer
 from agent.jobs import report
 from agent.jobs.audit import write_audit
 from agent.jobs.checks import Expect, ExpectError, load_expect
+from agent.jobs.recipes import AGENT, RECIPE, AutoRecipe, try_recipe
+from agent.recipe import Loaded
 from agent.scripted import ScriptedModel, ScriptError
 from agent.seams import Model, Terminated
 from agent.session import Agent
@@ -170,6 +172,8 @@ class JobSettings:
     rules: Rules = field(default_factory=Rules)
     protocol: str = "auto"
     vision: str = "auto"
+    recipe: Loaded | None = None  # tried on each job before the agent (agent.jobs.recipes)
+    recipe_path: str = ""  # where the recipe is, for the answer and the results line
 
 
 def run_job(
@@ -201,7 +205,15 @@ def run_job(
             agent.session(job.inputs, folder, acquire, expect=job.expect) as session,
             running.tracked(session),
         ):
-            result = session.ask(job.task)
+            tried = None
+            if settings.recipe is not None:  # first the recipe, with no model
+                tried = try_recipe(session, settings.recipe, Path(settings.recipe_path))
+            if tried is not None and tried.result is not None:
+                result = tried.result
+            else:  # the agent, told how the recipe failed when one was tried
+                result = session.ask(
+                    job.task if tried is None else f"{job.task}\n\n{tried.handover}"
+                )
         write_answer(result, folder)
         write_audit(job.inputs, result.files, folder)
         record.update(
@@ -218,6 +230,10 @@ def run_job(
         )
         if result.checks is not None:
             record["checks"] = result.checks
+        if tried is not None and result.answered:
+            record["solved_by"] = RECIPE if tried.result is not None else AGENT
+        if tried is not None and tried.failure is not None:
+            record["recipe_failure"] = tried.failure
     except Exception as error:  # one job's failure is recorded, never stops the batch
         record = failed(job, f"{type(error).__name__}: {error}")
     record["duration_s"] = round(time.monotonic() - started, 2)
@@ -267,8 +283,15 @@ class ThreadExecutor:
     """The jobs in threads on this host, `workers` at once, each in a sandbox from one warm
     pool; `model` gives each job its model."""
 
-    def __init__(self, workers: int, settings: JobSettings, model: Callable[[Job], Model]):
+    def __init__(
+        self,
+        workers: int,
+        settings: JobSettings,
+        model: Callable[[Job], Model],
+        auto_recipe: AutoRecipe | None = None,
+    ):
         self.workers, self.settings, self.model = workers, settings, model
+        self.auto_recipe = auto_recipe  # --recipe auto: learnt from the first job that passes
 
     def __enter__(self) -> "ThreadExecutor":
         return self
@@ -296,9 +319,11 @@ class ThreadExecutor:
         if running.stopping:  # queued before the stop: not started, and nothing recorded
             return {"id": job.id, "task": job.task, "status": "interrupted"}
         batch.started()
-        record = run_job(
-            job, batch.output / job.id, self.settings, model=self.model, pool=pool, running=running
-        )
+        settings = self.auto_recipe.settings(self.settings) if self.auto_recipe else self.settings
+        folder = batch.output / job.id
+        record = run_job(job, folder, settings, model=self.model, pool=pool, running=running)
+        if self.auto_recipe:
+            self.auto_recipe.learn(record, folder)
         batch.record(record)
         return record
 

@@ -68,6 +68,13 @@ from sandbox.container import preflight
     help="With --ray: the most a job's inputs may add up to through the object store.",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs, CI).")
+@click.option(
+    "--recipe",
+    metavar="FILE|auto",
+    help="Try this recipe (`sandcell recipe`) on each job first, with no model; the agent takes "
+    "over where it fails. auto: the recipe of the first job whose outputs pass their checks "
+    "(kept as DIR/recipe.py). Every job needs checks.",
+)
 @check_options
 @agent_options
 @exits.reported()
@@ -79,6 +86,7 @@ def batch_cmd(
     shared_paths,
     max_input_mb,
     no_progress,
+    recipe,
     expect,
     check_retries,
     opts,
@@ -121,17 +129,20 @@ def batch_cmd(
             shared = build_model(opts)  # one client for all jobs: it is thread-safe
         return shared
 
-    if not any(job.replay for job in jobs):
-        make_model(jobs[0])  # a bad endpoint or key fails now (exit 4), not once per job
     settings = JobSettings(
         build_limits(opts), build_rules(opts), opts["protocol"], vision=opts["vision"]
     )
+    auto_recipe = None
+    if recipe is not None:
+        settings, auto_recipe = recipe_settings(recipe, jobs, settings, output, ray_address)
+    if not any(job.replay for job in jobs):
+        make_model(jobs[0])  # a bad endpoint or key fails now (exit 4), not once per job
     if ray_address is not None:
         executor = ray_executor(settings, ray_address, shared_paths, max_input_mb, opts)
     else:
         # so does a missing engine, image or runtime (exit 3)
         preflight(runtime=settings.limits.runtime)
-        executor = ThreadExecutor(workers, settings, make_model)
+        executor = ThreadExecutor(workers, settings, make_model, auto_recipe)
     batch = Batch(jobs, output, executor, progress=not no_progress)
     records = batch.run()
     if batch.skipped:
@@ -155,6 +166,32 @@ def batch_cmd(
     if retried:
         click.echo(f"rerun the same command to retry the {len(retried)} unfinished jobs", err=True)
     sys.exit(batch_status(failed + unanswered))
+
+
+def recipe_settings(recipe: str, jobs, settings: JobSettings, output: Path, ray_address):
+    """--recipe FILE|auto: every job needs checks (nothing else would tell a wrong output);
+    a FILE must be a recipe. Usage errors (exit 2) before any job starts."""
+    from agent.jobs.recipes import AutoRecipe
+    from agent.recipe import RecipeError, load
+
+    unchecked = [job.id for job in jobs if not job.expect]
+    if unchecked:
+        raise click.UsageError(
+            f"--recipe needs checks on every job, and job {unchecked[0]!r} has none: give it "
+            '"expect" in the jobs file, or --expect OUT=SCHEMA for all'
+        )
+    if recipe == "auto":
+        if ray_address is not None:
+            raise click.UsageError(
+                "--recipe auto learns on this host: give --recipe FILE with --ray"
+            )
+        return settings, AutoRecipe(output)
+    path = Path(recipe)
+    try:
+        loaded = load(path)
+    except RecipeError as error:
+        raise click.UsageError(f"--recipe: {error}") from None
+    return replace(settings, recipe=loaded, recipe_path=str(path.resolve())), None
 
 
 def ray_executor(settings: JobSettings, address, shared_paths, max_input_mb, opts):

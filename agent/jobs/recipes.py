@@ -5,14 +5,16 @@ kernel as the recipe left it), its first message holding the recipe and how it f
 
 from __future__ import annotations
 
+import os
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agent import stops
 from agent.events import Final
 from agent.jobs.checks import outcome_lines
-from agent.recipe import Loaded, parameters_cell
+from agent.recipe import Loaded, RecipeError, from_run, load, parameters_cell
 from agent.seams import Result
 from agent.session import Session
 from sandbox.boundary import DATA
@@ -56,9 +58,11 @@ def try_recipe(session: Session, recipe: Loaded, path: Path) -> Tried:
     feedback = session.checker(session.loop.questions)  # publishes the check run
     checks = session.checker.last.record()
     if feedback is None:
+        link = os.path.relpath(path, session.folder) if path.is_absolute() else str(path)
         answer = (
-            f"Solved by the recipe {path.name} with no model: its {len(recipe.cells)} cells "
-            f"ran on this job's inputs and the outputs passed their checks."
+            f"Solved by the recipe [{path.name}]({link}) with no model: its "
+            f"{len(recipe.cells)} cells ran on this job's inputs and the outputs passed their "
+            "checks."
         )
         session.publish(  # the trace ends the job as a question's answer would
             Final(question=session.loop.questions, tokens=0, answer=answer,
@@ -70,6 +74,48 @@ def try_recipe(session: Session, recipe: Loaded, path: Path) -> Tried:
     return _handover(
         recipe, path, {"cell": None, "checks": checks}, f"its outputs failed their checks:\n{said}"
     )
+
+
+class AutoRecipe:
+    """`--recipe auto`: no recipe until a job the agent answered passes its checks; then that
+    job's, kept as DIR/recipe.py, for every job that starts after it (a rerun starts with the
+    one kept). Jobs already running with the agent finish that way."""
+
+    def __init__(self, output: Path):
+        self.path = output / "recipe.py"
+        self._lock = threading.Lock()
+        self.loaded: Loaded | None = None
+        if self.path.is_file():
+            try:
+                self.loaded = load(self.path)
+            except RecipeError:
+                pass  # not a recipe (edited by hand?): learnt again, and rewritten
+
+    def settings(self, settings):
+        """The batch's job settings, with the recipe once there is one."""
+        with self._lock:
+            loaded = self.loaded
+        if loaded is None:
+            return settings
+        return replace(settings, recipe=loaded, recipe_path=str(self.path))
+
+    def learn(self, record: dict, folder: Path) -> None:
+        checks = record.get("checks") or {}
+        if record.get("status") != "answered" or not checks.get("passed"):
+            return
+        if record.get("solved_by") == RECIPE:
+            return  # a recipe's own job: the recipe is known already
+        with self._lock:
+            if self.loaded is not None:
+                return
+            try:
+                script = from_run(folder).script()
+            except RecipeError:
+                return  # nothing to learn from this job (its cells all failed?)
+            temporary = self.path.with_suffix(".tmp")
+            temporary.write_text(script, encoding="utf-8")
+            temporary.replace(self.path)
+            self.loaded = load(self.path)
 
 
 def _handover(recipe: Loaded, path: Path, failure: dict, how: str) -> Tried:
