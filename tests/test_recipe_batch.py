@@ -135,6 +135,11 @@ def test_a_recipe_from_a_run_answers_most_of_a_batch_without_the_model(family):
         family / "out" / "b" / "output" / "clean.csv"
     ).read_text() == "id,amount,region\n7,1,S\n8,2,N\n"
 
+    report = (family / "out" / "report.md").read_text()
+    assert (
+        report.count("answered by the recipe") == 2 and report.count("answered by the agent") == 2
+    )
+
     # a recipe job replays like any job: the same cells, the same outputs
     replayed = sandcell("replay", "out/b/trace.jsonl", cwd=family, timeout=180)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr

@@ -104,8 +104,9 @@ def _checks(record: dict) -> dict:
 
 def _status(record: dict) -> str:
     status = record.get("status", "?")
-    if status == "answered":
-        return "answered"
+    if status == "answered":  # by a recipe with no model, or by the agent after one failed
+        solved = record.get("solved_by")
+        return f"answered by the {solved}" if solved else "answered"
     why = record.get("error") or record.get("detail")
     reason = record.get("stop_reason") or ""
     text = f"{status}: {reason}" if reason and reason != status else status
