@@ -22,7 +22,7 @@ def test_cli_version_and_help():
     runner = CliRunner()
     version = runner.invoke(main, ["--version"], prog_name="sandcell")
     assert version.exit_code == 0
-    assert version.stdout == f"sandcell, version {metadata.version('sandcell')}\n"
+    assert version.stdout.startswith(f"sandcell {metadata.version('sandcell')} (sandbox image")
     helped = runner.invoke(main, ["--help"], prog_name="sandcell")
     assert helped.exit_code == 0
     assert helped.stdout.startswith("Usage: sandcell [OPTIONS] COMMAND [ARGS]...")

@@ -177,9 +177,9 @@ def write_audit(inputs: InputsLike, files: Iterable[str | Path], folder: Path) -
     """audit.json in `folder`, and its section appended to the folder's answer.md."""
     result = audit(inputs, files, folder)
     (folder / AUDIT).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-    answer = folder / "answer.md"
-    with open(answer, "a", encoding="utf-8") as f:
-        f.write("\n" + markdown(result))
+    if result["inputs"] or result["outputs"]:  # a job with no table gets no empty section
+        with open(folder / "answer.md", "a", encoding="utf-8") as f:
+            f.write("\n" + markdown(result))
     return result
 
 
