@@ -96,12 +96,30 @@ def run_kernel() -> None:
     sys.modules["ipykernel.kernelapp"].launch_new_instance()
 
 
+def retitle(words: list[str]) -> None:
+    """Write as many of `words` as fit over this process's command line, in place: a forked
+    kernel or relay shows what it is (`ps`, /proc/<pid>/cmdline; the host looks for a live
+    kernel that way). The command line ends where the environment begins, on the stack."""
+    with open("/proc/self/cmdline", "rb") as f:
+        old = f.read()
+    env = ctypes.POINTER(ctypes.c_void_p).in_dll(ctypes.CDLL(None), "environ")[0]
+    if not env or ctypes.string_at(env - len(old), len(old)) != old:
+        return  # not the layout expected: keep the old title rather than write blind
+    title = b""
+    for word in words:
+        if len(title) + len(word) + 1 > len(old):
+            break
+        title += word.encode() + b"\0"
+    ctypes.memmove(env - len(old), title.ljust(len(old), b"\0"), len(old))
+
+
 def spawn(cmd: list[str], oom_score_adj: int, run=None) -> int:
     """Start cmd (or, when run is given, call run in a fork of this process)."""
     pid = os.fork()
     if pid == 0:  # child: own session so an interrupt reaches its whole process group
         if run is not None:  # nothing of PID 1 but its imports goes to the child
             os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+            retitle(cmd)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
