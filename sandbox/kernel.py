@@ -146,21 +146,23 @@ def wait_until_ready(client: BlockingKernelClient, timeout: float) -> None:
     Not jupyter_client's wait_for_ready: it takes a missing heartbeat during a slow start
     under load for a dead kernel."""
     deadline = time.monotonic() + timeout
+    wait = 0.05  # a request sent before the kernel binds is dropped by the relay: ask again
     while time.monotonic() < deadline:
         msg_id = client.kernel_info()
         answered = False
         while (left := deadline - time.monotonic()) > 0:
             try:
-                msg = client.get_shell_msg(timeout=min(1.0, left))
+                msg = client.get_shell_msg(timeout=min(wait, left))
             except Empty:
                 break
             if msg["parent_header"].get("msg_id") == msg_id:
                 answered = True
                 break
+        wait = min(1.0, wait * 2)  # soon at first (a forked kernel starts in 0.1 s), then less
         if not answered:
             continue
         try:
-            client.get_iopub_msg(timeout=0.5)
+            client.get_iopub_msg(timeout=min(0.5, wait))
         except Empty:
             continue
         while True:  # discard the rest of the startup chatter
