@@ -3,7 +3,7 @@
 import importlib
 
 # beside the sandbox's: each in bench/<name>_bench.py
-SECTIONS = ("agent", "batch", "session", "serve", "mcp", "ray", "gvisor", "realmodel")
+SECTIONS = ("agent", "batch", "recipe", "session", "serve", "mcp", "ray", "gvisor", "realmodel")
 
 
 def sections():
