@@ -35,13 +35,8 @@ def _figures(sb, ex) -> list[str]:
 @docker_test
 @pytest.mark.timeout(60)
 def test_a_cell_that_never_imports_matplotlib_does_not_load_it():
-    # matplotlib's core comes preloaded from the supervisor the kernel is forked from, at no
-    # cost to the kernel; pyplot and the inline backend are loaded at first use only
     with DockerSandbox(limits=SLOW) as box:
-        ex = box.run(
-            "import sys\nprint(1)\n"
-            "sorted(m for m in sys.modules if m.startswith(('matplotlib.pyplot', 'matplotlib_')))"
-        )
+        ex = box.run("import sys\nprint(1)\nsorted(m for m in sys.modules if 'matplotlib' in m)")
         assert ex.ok and ex.text == "[]", render(ex)
 
 

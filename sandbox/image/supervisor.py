@@ -5,9 +5,10 @@ request kills every other process (stop first, so a fork bomb cannot refill its 
 starts a fresh kernel and relay; on RENEW it also empties every folder a job can write to,
 for the next job of a batch.
 
-Kernels are forked from this process, which has imported ipykernel, pandas, numpy and most
-of matplotlib once (and never runs model code): a new kernel then costs its own start only, not
-those imports. Where an import fails, kernels are started with exec as before.
+From the first RENEW on, kernels are forked from this process, which then imports ipykernel,
+pandas, numpy and most of matplotlib once (and never runs model code): a renewed kernel costs
+its own start only, not those imports. A sandbox never renewed pays nothing for this: its
+kernels start with exec, as they do where an import fails.
 It makes itself non-dumpable so model code, which runs as the same uid, can neither
 ptrace it nor read its memory through /proc.
 
@@ -288,8 +289,8 @@ def wipe() -> None:
 def main() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)  # before any import can start a thread
-    copy_font_cache()  # before matplotlib is imported: it reads the cache from there
-    forked = preload()
+    copy_font_cache()
+    preloaded = forked = False
     relay, kernel = start(forked)
     while True:
         info = signal.sigwaitinfo(HANDLED)
@@ -311,6 +312,8 @@ def main() -> None:
                 wipe()
             except OSError as error:
                 sys.exit(f"supervisor: the sandbox cannot be renewed: {error}")
+            if not preloaded:  # after wipe(): matplotlib reads the font cache it copied back
+                preloaded, forked = True, preload()
             relay, kernel = start(forked)
         elif sig == boundary.SWEEP:
             kill_all({1, kernel, relay})
