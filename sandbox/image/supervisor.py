@@ -56,6 +56,14 @@ PRELOAD = (
     "zmq",
     "relay",
     "ipykernel.kernelapp",
+    "ipykernel.debugger",  # debugpy, imported as a kernel starts: a tenth of a CPU-second
+    # and the rest of what a kernel imports as it starts
+    "IPython.core.completerlib",
+    "IPython.core.debugger",
+    "IPython.core.oinspect",
+    "IPython.core.pylabtools",
+    "IPython.extensions.storemagic",
+    "tornado.platform.asyncio",
     "numpy",
     "pandas",
     # not pyplot nor the inline backend: the kernel extension patches pyplot as it is first
