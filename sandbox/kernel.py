@@ -146,7 +146,7 @@ def wait_until_ready(client: BlockingKernelClient, timeout: float) -> None:
     Not jupyter_client's wait_for_ready: it takes a missing heartbeat during a slow start
     under load for a dead kernel."""
     deadline = time.monotonic() + timeout
-    wait = 0.05  # a request sent before the kernel binds is dropped by the relay: ask again
+    wait = 0.02  # a request sent before the kernel binds is dropped by the relay: ask again
     while time.monotonic() < deadline:
         msg_id = client.kernel_info()
         answered = False
@@ -158,7 +158,7 @@ def wait_until_ready(client: BlockingKernelClient, timeout: float) -> None:
             if msg["parent_header"].get("msg_id") == msg_id:
                 answered = True
                 break
-        wait = min(1.0, wait * 2)  # soon at first (a forked kernel starts in 0.1 s), then less
+        wait = min(1.0, wait * 1.5)  # often at first (a forked kernel starts in 0.1 s), then less
         if not answered:
             continue
         try:
