@@ -3,7 +3,18 @@
 import importlib
 
 # beside the sandbox's: each in bench/<name>_bench.py
-SECTIONS = ("agent", "batch", "session", "serve", "mcp", "ray", "gvisor", "realmodel", "checks")
+SECTIONS = (
+    "agent",
+    "batch",
+    "recipe",
+    "session",
+    "serve",
+    "mcp",
+    "ray",
+    "gvisor",
+    "realmodel",
+    "checks",
+)
 
 
 def sections():

@@ -45,6 +45,11 @@ def socket_name(port: int) -> str:
 
 # -- signals the supervisor (PID 1) obeys when the host sends them --------------------------
 RESTART = signal.SIGUSR1  # kill everything but PID 1, start a fresh kernel and relay
+# kill everything but PID 1, empty every folder a job can write to (workspace, /tmp, /dev/shm,
+# /dev/mqueue, the kernel's folder, the unsealed connection folder but its connection file),
+# remove System V IPC objects, start a fresh kernel and relay; the container ends instead if
+# a process outlives the kill or a file stays
+RENEW = signal.SIGHUP
 SWEEP = signal.SIGUSR2  # kill everything but PID 1, the kernel and the relay
 STOP = signal.SIGTERM  # kill everything and exit
 

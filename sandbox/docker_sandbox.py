@@ -99,7 +99,11 @@ class DockerSandbox:
         """Connect once the kernel answers; after a restart, only to the new relay."""
         try:
             if replacing is not None and not kernel.await_new_sockets(
-                self.conn_dir, self._info, replacing, READY_TIMEOUT_S
+                self.conn_dir,
+                self._info,
+                replacing,
+                READY_TIMEOUT_S,
+                check=lambda: ctr.check_running(self.container),
             ):
                 raise RuntimeError("no new relay")
             client = kernel.connect(self.conn_dir, self._info, READY_TIMEOUT_S)
@@ -107,6 +111,10 @@ class DockerSandbox:
             log = self._kernel_log()
             self.close()
             raise SandboxError(f"the kernel did not start within {READY_TIMEOUT_S:.0f} s.\n{log}")
+        except SandboxError as error:  # the container stopped while the kernel started
+            log = self._container_log()
+            self.close()
+            raise SandboxError(f"{error}{log}") from None
         kernel.seal(self.conn_dir)
         return client
 
@@ -219,6 +227,55 @@ class DockerSandbox:
         before = kernel.socket_files(self.conn_dir, self._info)
         ctr.send_signal(self.container, boundary.RESTART.name)
         self._set_client(self._connect(replacing=before))
+
+    def renew(self, inputs: Inputs | list[str | Path] = ()) -> None:
+        """Make this sandbox what a fresh one would be for a new job, in the same container
+        (a fraction of a new container's cost): every process of the last job killed
+        (background, daemonized, in another session, ignoring signals or stuck in a cell),
+        the workspace, /tmp, /dev/shm and /dev/mqueue emptied, System V IPC objects removed,
+        a fresh kernel with a new connection key, and /data holding exactly `inputs`.
+        Under gVisor (runsc 2022-12) System V IPC objects cannot be listed, so they stay:
+        SandboxPool.release does not renew a gVisor sandbox for that reason.
+
+        Only a sandbox started with staging=True (a pool's) can be renewed. If the renewal
+        cannot be completed (the container stopped, a process outlived the kill, a file
+        could not be removed, no kernel started) the sandbox is closed and SandboxError
+        raised: start a new one. A bad input path raises InputError before anything changes."""
+        self._check_open()
+        if self.staging_dir is None:
+            raise SandboxError(
+                "only a sandbox started with staging=True (a pool's) can be renewed: its /data "
+                "is a folder the host fills; start a new sandbox instead"
+            )
+        fresh = Inputs.from_paths(inputs)
+        try:
+            ctr.check_running(self.container)
+            self._set_client(None)
+            kernel.unseal(self.conn_dir)
+            before = kernel.socket_files(self.conn_dir, self._info)
+            self._info = kernel.rotate_key(self.conn_dir, self._info)
+            ctr.send_signal(self.container, boundary.RENEW.name)
+            self._set_client(self._connect(replacing=before))
+            # The supervisor kills the last job's processes before it starts the kernel just
+            # reached: only now may /data change, so none of them can see the new inputs.
+            for link in self.staging_dir.iterdir():
+                link.unlink()
+            self.inputs = Inputs()
+            self.add_inputs(fresh)
+        except SandboxError as error:
+            self.close()
+            raise SandboxError(f"the sandbox could not be renewed: {error}") from None
+        except BaseException:  # re-raised: a half-renewed sandbox must never run a job
+            self.close()
+            raise
+
+    def _container_log(self) -> str:
+        """The supervisor's last words (why it ended), if the engine still has them."""
+        try:
+            text = self.container.logs(tail=3).decode(errors="replace").strip()
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return ""
+        return f" ({text})" if text else ""
 
     def _kernel_died(self) -> bool:
         if kernel.beating(self._client, self.conn_dir, self._info):

@@ -78,17 +78,37 @@ def socket_files(path: str, info: dict) -> list[tuple[int, int] | None]:
     return ids
 
 
-def await_new_sockets(path: str, info: dict, before: list, timeout: float) -> bool:
+def await_new_sockets(
+    path: str, info: dict, before: list, timeout: float, check: Callable[[], None] | None = None
+) -> bool:
     """After a hard restart, wait until a new relay has bound every socket afresh. Connecting
     sooner can reach the old relay in its last moments: the old kernel answers the readiness
-    check, then dies, and the next cell's output is lost or runs in the old state."""
+    check, then dies, and the next cell's output is lost or runs in the old state. `check`,
+    called about once a second, raises to end the wait early (the container stopped)."""
     deadline = time.monotonic() + timeout
+    next_check = time.monotonic() + 0.5
     while time.monotonic() < deadline:
         now = socket_files(path, info)
         if all(new is not None and new != old for new, old in zip(now, before, strict=True)):
             return True
+        if check is not None and time.monotonic() >= next_check:
+            check()
+            next_check = time.monotonic() + 1.0
         time.sleep(0.01)
     return False
+
+
+def rotate_key(path: str, info: dict) -> dict:
+    """The connection info with a new key, written into the connection file in place: the
+    file is bind-mounted into the container on its own, so a new file would not be seen. The
+    supervisor reads it when it next starts a kernel."""
+    fresh = dict(info, key=secrets.token_hex(32))
+    file = os.path.join(path, boundary.CONNECTION_FILE)
+    os.chmod(file, 0o644)
+    with open(file, "w") as f:  # truncates the same inode
+        json.dump(fresh, f)
+    os.chmod(file, 0o444)
+    return fresh
 
 
 def connect(path: str, info: dict, ready_timeout: float) -> BlockingKernelClient:
@@ -126,21 +146,23 @@ def wait_until_ready(client: BlockingKernelClient, timeout: float) -> None:
     Not jupyter_client's wait_for_ready: it takes a missing heartbeat during a slow start
     under load for a dead kernel."""
     deadline = time.monotonic() + timeout
+    wait = 0.02  # a request sent before the kernel binds is dropped by the relay: ask again
     while time.monotonic() < deadline:
         msg_id = client.kernel_info()
         answered = False
         while (left := deadline - time.monotonic()) > 0:
             try:
-                msg = client.get_shell_msg(timeout=min(1.0, left))
+                msg = client.get_shell_msg(timeout=min(wait, left))
             except Empty:
                 break
             if msg["parent_header"].get("msg_id") == msg_id:
                 answered = True
                 break
+        wait = min(1.0, wait * 1.5)  # often at first (a forked kernel starts in 0.1 s), then less
         if not answered:
             continue
         try:
-            client.get_iopub_msg(timeout=0.5)
+            client.get_iopub_msg(timeout=min(0.5, wait))
         except Empty:
             continue
         while True:  # discard the rest of the startup chatter

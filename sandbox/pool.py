@@ -1,11 +1,14 @@
-"""A warm pool: sandboxes started ahead of time, each handed out once, refilled in the
-background. A sandbox is never reused by a second session."""
+"""A warm pool: sandboxes started ahead of time, handed out and refilled in the background.
+A sandbox is never reused by a second session; a batch worker may give one back with
+release() once its job is over, and the pool hands it out again only renewed (see
+DockerSandbox.renew): no process, file, input or kernel state of the last job is left."""
 
 import queue
 import threading
 from pathlib import Path
 
 from sandbox.docker_sandbox import DockerSandbox
+from sandbox.errors import SandboxError
 from sandbox.inputs import Inputs
 from sandbox.limits import Limits
 
@@ -14,6 +17,14 @@ RETRY_AFTER_S = 5.0  # after a failed background start
 # Loaded while the sandbox waits in the pool, so a job's first `import pandas` is instant.
 # __import__ binds no name: the user's namespace stays empty.
 WARMUP = "__import__('pandas'); __import__('numpy'); __import__('matplotlib.pyplot')"
+
+
+# gVisor's runsc (2022-12) lists no System V IPC objects (no /proc/sysvipc, no SHM_INFO), so
+# a renewal cannot remove a shared memory segment or queue a job left for the next one.
+NOT_UNDER_GVISOR = (
+    "a gVisor sandbox is not renewed: System V IPC objects a job made cannot be found and "
+    "removed there; each job gets a fresh sandbox"
+)
 
 
 def warmed(sandbox: DockerSandbox, code: str | None = WARMUP) -> DockerSandbox:
@@ -39,6 +50,9 @@ class SandboxPool:
         self.limits = limits or Limits()
         self.image = image
         self._ready: queue.Queue[DockerSandbox] = queue.Queue()
+        # given back by release(), renewed: handed out before fresh ones, and without a refill
+        self._renewed: queue.Queue[DockerSandbox] = queue.Queue()
+        self.renew_error: Exception | None = None  # why the latest release() could not renew
         self._wanted = threading.Semaphore(0)  # one permit per sandbox to start
         self._closed = threading.Event()
         # The latest background start's failure, None once a start succeeds: an engine
@@ -86,12 +100,15 @@ class SandboxPool:
         # the engine's error as it is now (or works, the outage over), never a stale one.
         wait = timeout if self.error is None else None
         try:
-            sandbox = self._ready.get(timeout=wait) if wait else self._ready.get_nowait()
+            sandbox = self._renewed.get_nowait()
         except queue.Empty:
-            sandbox = self._new()
-            self.error = None
-        else:
-            self._wanted.release()  # refill the slot just taken
+            try:
+                sandbox = self._ready.get(timeout=wait) if wait else self._ready.get_nowait()
+            except queue.Empty:
+                sandbox = self._new()
+                self.error = None
+            else:
+                self._wanted.release()  # refill the slot just taken
         if inputs:
             try:
                 sandbox.add_inputs(inputs)
@@ -99,6 +116,32 @@ class SandboxPool:
                 sandbox.close()
                 raise
         return sandbox
+
+    def release(self, sandbox: DockerSandbox) -> bool:
+        """Give back a sandbox whose job is over, for a later acquire() (batch workers running
+        job after job): it is renewed now, so nothing of the job outlives this call, and kept.
+        False if it could not be renewed (it is closed; `renew_error` says why), runs under
+        gVisor (see NOT_UNDER_GVISOR) or the pool is closed. Only for a sandbox this pool handed out, after code that a check then
+        judged (a recipe); one in which the model's agent ran, close() instead: renewal holds
+        against any code, but that is the sandbox model code had longest to work on."""
+        if self._closed.is_set():
+            sandbox.close()
+            return False
+        if sandbox.gvisor:
+            sandbox.close()
+            self.renew_error = SandboxError(NOT_UNDER_GVISOR)
+            return False
+        try:
+            sandbox.renew()
+        except SandboxError as error:  # renew() closed it; the next acquire() starts afresh
+            self.renew_error = error
+            return False
+        self._renewed.put(sandbox)
+        if self._closed.is_set():  # closed meanwhile: close() may have emptied the queue
+            while not self._renewed.empty():
+                self._renewed.get_nowait().close()
+            return False
+        return True
 
     def ready(self) -> int:
         return self._ready.qsize()
@@ -109,8 +152,9 @@ class SandboxPool:
             self._wanted.release()
         for worker in self._workers:
             worker.join(timeout=120)
-        while not self._ready.empty():
-            self._ready.get_nowait().close()
+        for waiting in (self._ready, self._renewed):
+            while not waiting.empty():
+                waiting.get_nowait().close()
 
     def __enter__(self) -> "SandboxPool":
         return self

@@ -44,6 +44,7 @@ def test_smoke_bench_writes_every_section(tmp_path):
         "seconds",
     }
     want.add("gvisor")  # or its skip reason, when the engine has no runsc
+    want.add("recipe")
     assert want <= set(results)
     serve = results["serve"]
     assert serve["api_s"]["n"] == serve["in_process_s"]["n"] >= 8 * 10
@@ -68,6 +69,9 @@ def test_smoke_bench_writes_every_section(tmp_path):
     assert "steps" in real or (not IN_CI and "skipped" in real), real
     for step in real.get("steps", []):  # the server's own counts, beside the characters
         assert 0 < step["prompt_tokens"] < step["chars_sent"]
+    recipe = results["recipe"]  # renewed sandboxes against agent jobs, in one run
+    assert recipe["recipe"]["jobs"] == 4 and recipe["agent"]["jobs"] == 4
+    assert 0 < recipe["recipe"]["cpu_s_per_job"] < recipe["fresh_cpu_s"]
     assert set(results["batch"]["runs"]) == {"1", "2"}
     assert all(r["jobs"] == 3 for r in results["batch"]["runs"].values())
     late = results["batch"]["late"]  # the same jobs, each reply a second late

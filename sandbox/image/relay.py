@@ -72,6 +72,7 @@ def main() -> None:
         front = context.socket(zmq.XPUB if pub else zmq.ROUTER)
         back = context.socket(zmq.XSUB if pub else zmq.DEALER)
         front.bind(f"ipc://{boundary.CONNECTION_DIR}/{boundary.socket_name(port)}")
+        back.setsockopt(zmq.RECONNECT_IVL, 10)  # the kernel binds after us: find it soon
         back.connect(f"ipc://{internal}-{port}")
         peer[front], peer[back] = back, front
         from_kernel.add(back)

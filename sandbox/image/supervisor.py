@@ -2,7 +2,13 @@
 
 Starts the Jupyter kernel and the relay the host talks to (relay.py), reaps orphans, and on
 request kills every other process (stop first, so a fork bomb cannot refill its slots) and
-starts a fresh kernel and relay.
+starts a fresh kernel and relay; on RENEW it also empties every folder a job can write to,
+for the next job of a batch.
+
+From the first RENEW on, kernels are forked from this process, which then imports ipykernel,
+pandas, numpy and most of matplotlib once (and never runs model code): a renewed kernel costs
+its own start only, not those imports. A sandbox never renewed pays nothing for this: its
+kernels start with exec, as they do where an import fails.
 It makes itself non-dumpable so model code, which runs as the same uid, can neither
 ptrace it nor read its memory through /proc.
 
@@ -11,6 +17,7 @@ the same signals sent by a process inside the container carry its pid and are ig
 """
 
 import ctypes
+import importlib
 import json
 import os
 import shutil
@@ -27,21 +34,101 @@ INTERNAL_DIR = (
 )
 INTERNAL_FILE = f"{INTERNAL_DIR}/{boundary.CONNECTION_FILE}"
 RELAY_CMD = [sys.executable, boundary.RELAY_PROGRAM, f"{INTERNAL_DIR}/k", CONNECTION_FILE]
-KERNEL_CMD = [
-    sys.executable,
-    "-m",
-    boundary.KERNEL_MODULE,
+KERNEL_ARGS = [
     "-f",
     INTERNAL_FILE,
     f"--IPKernelApp.extensions=['{boundary.KERNEL_EXTENSION}']",
     "--HistoryManager.enabled=False",
 ]
-HANDLED = {signal.SIGCHLD, boundary.RESTART, boundary.SWEEP, boundary.STOP, signal.SIGINT}
+KERNEL_CMD = [sys.executable, "-m", boundary.KERNEL_MODULE, *KERNEL_ARGS]
+HANDLED = {
+    signal.SIGCHLD,
+    boundary.RESTART,
+    boundary.RENEW,
+    boundary.SWEEP,
+    boundary.STOP,
+    signal.SIGINT,
+}
+# What a kernel would import anyway, loaded here once. Importing opens no socket or file that
+# a fork would share; numpy's OpenBLAS starts its threads, which it stops and restarts
+# around a fork by itself (pthread_atfork). A forked kernel's matrix product is tested.
+PRELOAD = (
+    "zmq",
+    "relay",
+    "ipykernel.kernelapp",
+    "ipykernel.debugger",  # debugpy, imported as a kernel starts: a tenth of a CPU-second
+    # and the rest of what a kernel imports as it starts
+    "IPython.core.completerlib",
+    "IPython.core.debugger",
+    "IPython.core.oinspect",
+    "IPython.core.pylabtools",
+    "IPython.extensions.storemagic",
+    "tornado.platform.asyncio",
+    "numpy",
+    "pandas",
+    # not pyplot nor the inline backend: the kernel extension patches pyplot as it is first
+    # imported, and the inline backend hooks into the shell as it is imported
+    "matplotlib.figure",
+    "matplotlib.backends.backend_agg",
+    boundary.KERNEL_EXTENSION,
+)
+# Every place model code can leave files for a later job: the tmpfs mounts, the shared-memory
+# and POSIX message-queue folders, the kernel's own folder, and the host's connection folder
+# (writable to the sandbox while the host has it unsealed for a restart).
+JOB_DIRS = (boundary.WORKSPACE, "/tmp", "/dev/shm", "/dev/mqueue", INTERNAL_DIR)
 
 
-def spawn(cmd: list[str], oom_score_adj: int) -> int:
+def preload() -> bool:
+    """Import PRELOAD; False (kernels then start with exec) if the kernel's own modules fail."""
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception as error:  # an image without pandas still runs kernels
+            print(f"supervisor: preload of {name} failed: {error!r}", file=sys.stderr)
+            if name in ("zmq", "relay", "ipykernel.kernelapp", boundary.KERNEL_EXTENSION):
+                return False
+    return True
+
+
+def run_relay() -> None:
+    sys.argv = RELAY_CMD[1:]
+    sys.modules["relay"].main()
+
+
+def run_kernel() -> None:
+    """What `python -m ipykernel_launcher` does, in a process forked from this one."""
+    sys.argv = [boundary.KERNEL_MODULE, *KERNEL_ARGS]
+    sys.path.pop(0)  # this script's folder; the launcher removes the cwd it would have had
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:  # numpy does not reseed at fork: every kernel would draw alike
+        numpy.random.seed()
+    sys.modules["ipykernel.kernelapp"].launch_new_instance()
+
+
+def retitle(words: list[str]) -> None:
+    """Write as many of `words` as fit over this process's command line, in place: a forked
+    kernel or relay shows what it is (`ps`, /proc/<pid>/cmdline; the host looks for a live
+    kernel that way). The command line ends where the environment begins, on the stack."""
+    with open("/proc/self/cmdline", "rb") as f:
+        old = f.read()
+    env = ctypes.POINTER(ctypes.c_void_p).in_dll(ctypes.CDLL(None), "environ")[0]
+    if not env or ctypes.string_at(env - len(old), len(old)) != old:
+        return  # not the layout expected: keep the old title rather than write blind
+    title = b""
+    for word in words:
+        if len(title) + len(word) + 1 > len(old):
+            break
+        title += word.encode() + b"\0"
+    ctypes.memmove(env - len(old), title.ljust(len(old), b"\0"), len(old))
+
+
+def spawn(cmd: list[str], oom_score_adj: int, run=None) -> int:
+    """Start cmd (or, when run is given, call run in a fork of this process)."""
     pid = os.fork()
     if pid == 0:  # child: own session so an interrupt reaches its whole process group
+        if run is not None:  # nothing of PID 1 but its imports goes to the child
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+            retitle(cmd)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
@@ -52,17 +139,23 @@ def spawn(cmd: list[str], oom_score_adj: int) -> int:
         os.dup2(null, 0)
         os.dup2(log, 1)  # never the container's stdout: that is Docker's log
         os.dup2(log, 2)
+        os.closerange(3, max(null, log) + 1)  # exec would close them; a fork must
         try:  # our /proc files belong to root while we are non-dumpable, as PID 1 made us
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
             with open("/proc/self/oom_score_adj", "w") as f:
                 f.write(str(oom_score_adj))  # under memory pressure the kernel goes first
         except OSError:
             pass
-        os.execv(cmd[0], cmd)
+        if run is None:
+            os.execv(cmd[0], cmd)
+        try:
+            run()
+        finally:
+            os._exit(0)
     return pid
 
 
-def start() -> tuple[int, int]:
+def start(forked: bool) -> tuple[int, int]:
     """A fresh relay and kernel. The kernel binds its sockets in INTERNAL_DIR."""
     os.makedirs(INTERNAL_DIR, mode=0o700, exist_ok=True)
     try:  # every session starts with the folder a job hands back
@@ -74,6 +167,8 @@ def start() -> tuple[int, int]:
     info["ip"] = f"{INTERNAL_DIR}/k"
     with open(INTERNAL_FILE, "w") as f:
         json.dump(info, f)
+    if forked:
+        return spawn(RELAY_CMD, 500, run_relay), spawn(KERNEL_CMD, 1000, run_kernel)
     return spawn(RELAY_CMD, 500), spawn(KERNEL_CMD, 1000)
 
 
@@ -104,12 +199,14 @@ def live_pids(keep: set[int]) -> list[int]:
     return pids
 
 
-def kill_all(keep: set[int], seconds: float = 10.0) -> None:
+def kill_all(keep: set[int], seconds: float = 10.0) -> bool:
+    """True once no process but `keep` is left; False if some still live at the deadline."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         pids = live_pids(keep)
         if not pids:
-            break
+            reap()
+            return True
         for sig in (signal.SIGSTOP, signal.SIGKILL):
             for pid in pids:
                 try:
@@ -119,16 +216,90 @@ def kill_all(keep: set[int], seconds: float = 10.0) -> None:
         reap()
         time.sleep(0.005)
     reap()
+    return not live_pids(keep)
 
 
-def main() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+def copy_font_cache() -> None:
     try:  # the font cache lives in the read-only image; matplotlib wants it writable
         shutil.copytree(boundary.FONT_CACHE, os.environ.get("MPLCONFIGDIR", "/tmp/.matplotlib"))
     except OSError:
         pass
-    relay, kernel = start()
+
+
+def unlock(top: str) -> None:
+    """Every folder under top readable and writable by us, its owner: model code may have
+    taken its own rights away (chmod 0) to keep a file from being removed."""
+    stack = [top]
+    while stack:
+        path = stack.pop()
+        try:
+            os.chmod(path, 0o700)
+            with os.scandir(path) as entries:
+                stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
+        except OSError:
+            pass  # not ours (a mount point) or gone: empty() checks what is left
+
+
+def empty(folder: str, keep: tuple[str, ...] = ()) -> None:
+    """Remove everything in folder but `keep`; raise OSError if anything else is left."""
+    if not os.path.isdir(folder):
+        return
+    for entry in os.scandir(folder):
+        if entry.name in keep:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            unlock(entry.path)
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                pass
+    left = sorted(set(os.listdir(folder)) - set(keep))
+    if left:
+        raise OSError(f"{folder} still holds {left[:3]}")
+
+
+def remove_ipc() -> None:
+    """System V shared memory, semaphores and message queues outlive their processes: remove
+    every one (all are ours: nothing else runs in the container's IPC namespace)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    ipc_rmid = 0
+    for kind, remove in (
+        ("shm", lambda i: libc.shmctl(i, ipc_rmid, None)),
+        ("sem", lambda i: libc.semctl(i, 0, ipc_rmid)),
+        ("msg", lambda i: libc.msgctl(i, ipc_rmid, None)),
+    ):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue  # gVisor may not list them
+        for row in rows:
+            if remove(int(row.split()[1])) != 0:
+                raise OSError(ctypes.get_errno(), f"the {kind} segment {row.split()[1]} stays")
+
+
+def wipe() -> None:
+    """Leave nothing of a job: its files everywhere it could write, and its IPC objects."""
+    os.chmod(boundary.WORKSPACE, 0o755)  # its root is ours: model code may have chmodded it
+    if INTERNAL_DIR == boundary.KERNEL_DIR:
+        os.chmod(INTERNAL_DIR, 0o700)
+    for folder in JOB_DIRS:
+        empty(folder)
+    empty(boundary.CONNECTION_DIR, keep=(boundary.CONNECTION_FILE,))
+    remove_ipc()
+    for name in os.listxattr(boundary.WORKSPACE):
+        os.removexattr(boundary.WORKSPACE, name)
+    copy_font_cache()
+
+
+def main() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)  # before any import can start a thread
+    copy_font_cache()
+    preloaded = forked = False
+    relay, kernel = start(forked)
     while True:
         info = signal.sigwaitinfo(HANDLED)
         sig = info.si_signo
@@ -139,7 +310,19 @@ def main() -> None:
                 kernel = -1  # the host notices through the heartbeat and asks for a restart
         elif sig == boundary.RESTART:
             kill_all({1})
-            relay, kernel = start()
+            relay, kernel = start(forked)
+        elif sig == boundary.RENEW:
+            # No process of the last job may see the next job's files: if one outlives the
+            # kill, or anything it wrote stays, the container ends (the host then says so).
+            if not kill_all({1}):
+                sys.exit("supervisor: a process outlived the kill; the sandbox cannot be renewed")
+            try:
+                wipe()
+            except OSError as error:
+                sys.exit(f"supervisor: the sandbox cannot be renewed: {error}")
+            if not preloaded:  # after wipe(): matplotlib reads the font cache it copied back
+                preloaded, forked = True, preload()
+            relay, kernel = start(forked)
         elif sig == boundary.SWEEP:
             kill_all({1, kernel, relay})
         else:
