@@ -210,6 +210,8 @@ def run_job(
                 tried = try_recipe(session, settings.recipe, Path(settings.recipe_path))
             if tried is not None and tried.result is not None:
                 result = tried.result
+                if pool is not None and result.answered:  # no model ran: renewed, reused
+                    session.hand_back = pool.release
             else:  # the agent, told how the recipe failed when one was tried
                 result = session.ask(
                     job.task if tried is None else f"{job.task}\n\n{tried.handover}"

@@ -136,6 +136,9 @@ class Session:
         expect: Expect | None = None,
     ):
         self.agent, self.inputs, self.expect = agent, inputs, expect or {}
+        # set by a batch whose job a recipe solved: where the sandbox goes instead of close()
+        # (SandboxPool.release renews it for the next job; never after the model's agent ran)
+        self.hand_back: Callable[[Sandbox], object] | None = None
         self._idle = threading.Event()  # no question running
         self._idle.set()
         self.folder = Path(output_dir or tempfile.mkdtemp(prefix="sandcell-session-"))
@@ -409,7 +412,15 @@ class Session:
                 self.publish(SandboxReady(**self.sandbox.timing(), used=False))
         finally:
             self.trace.close()
-            self.sandbox.close()
+            if self.hand_back is not None and self.sandbox_used:
+                self.hand_back(self._inner_sandbox())  # closes it when it cannot take it
+            else:
+                self.sandbox.close()
+
+    def _inner_sandbox(self) -> Sandbox:
+        if isinstance(self.sandbox, BackgroundSandbox):
+            return self.sandbox.ready()
+        return self.sandbox
 
     def __enter__(self) -> Self:
         return self

@@ -8,6 +8,7 @@ import json
 import pandera.pandas as pa
 import pytest
 
+from agent.trace import read_trace
 from tests.cli_runner import sandcell
 from tests.scripted_server import ScriptedServer
 
@@ -98,6 +99,11 @@ def test_a_recipe_from_a_run_answers_most_of_a_batch_without_the_model(family):
     checked = sandcell("recipe", "--check", "recipe.py", cwd=family)
     assert checked.returncode == 0 and "a list of 1 input path(s)" in checked.stdout
 
+    # a cell a person added: which container ran the job (a recipe job's sandbox is renewed
+    # and reused by the next job)
+    with open(family / "recipe.py", "a") as f:
+        f.write("\n# %%\nimport socket\nprint('host', socket.gethostname())\n")
+
     # the batch: b and c by the recipe; d raises in it, e fails its checks: the agent answers
     fixes = [
         python("df = pd.read_csv(INPUTS[0]).rename(columns={'area': 'region'})\n"
@@ -135,14 +141,21 @@ def test_a_recipe_from_a_run_answers_most_of_a_batch_without_the_model(family):
         family / "out" / "b" / "output" / "clean.csv"
     ).read_text() == "id,amount,region\n7,1,S\n8,2,N\n"
 
+    hosts = {j: _printed_host(family / "out" / j) for j in "bc"}
+    assert hosts["b"] and hosts["b"] == hosts["c"], hosts  # c ran in b's renewed sandbox
     report = (family / "out" / "report.md").read_text()
     assert (
         report.count("answered by the recipe") == 2 and report.count("answered by the agent") == 2
     )
 
-    # a recipe job replays like any job: the same cells, the same outputs
-    replayed = sandcell("replay", "out/b/trace.jsonl", cwd=family, timeout=180)
-    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+
+def _printed_host(folder) -> str | None:
+    for step in read_trace(folder / "trace.jsonl"):
+        for obs in step.get("observations") or []:
+            for chunk in (obs.get("execution") or {}).get("stream", []):
+                if chunk["text"].startswith("host "):
+                    return chunk["text"].split()[1]
+    return None
 
 
 @pytest.mark.timeout(500)
@@ -159,6 +172,9 @@ def test_recipe_auto_learns_from_the_first_job_that_passes(family):
     assert [got[j].get("solved_by") for j in "abc"] == [None, "recipe", "recipe"], got
     assert len(server.requests) == 2  # job a's two; none for b and c
     assert "INPUTS = ['/data/a.csv']" in (family / "out" / "recipe.py").read_text()
+    # a recipe job replays like any job: the same cells, the same outputs
+    replayed = sandcell("replay", "out/b/trace.jsonl", cwd=family, timeout=180)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
 
 
 @pytest.mark.timeout(120)
