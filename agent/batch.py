@@ -324,9 +324,9 @@ class ThreadExecutor:
         settings = self.auto_recipe.settings(self.settings) if self.auto_recipe else self.settings
         folder = batch.output / job.id
         record = run_job(job, folder, settings, model=self.model, pool=pool, running=running)
+        batch.record(record)  # first: the job's line is written whatever learning does
         if self.auto_recipe:
             self.auto_recipe.learn(record, folder)
-        batch.record(record)
         return record
 
 

@@ -115,10 +115,10 @@ def _runsc_fix() -> str:
     )
 
 
-def model(settings: ModelSettings, env: dict[str, str]) -> Check:
+def model(settings: ModelSettings, env: dict[str, str], given: bool = False) -> Check:
     """The endpoint answers /models with this key; the model's name is listed (a warning if
     not: some servers answer to any name)."""
-    if not endpoint_in(env) and settings.api_key is None:
+    if not given and not endpoint_in(env) and settings.api_key is None:
         return Check(
             "model", WARN, "no endpoint configured (exec, image and mcp need none)",
             f"for run, chat, batch and serve: set {BASE_URL_ENV} to a local server "
@@ -204,7 +204,9 @@ def cgroups(info: dict) -> Check:
     return Check("cgroups", OK, f"{version}: memory, cpu, pids and swap limits enforced")
 
 
-def checks(settings: ModelSettings, runtime: str | None) -> Iterator[Check]:
+def checks(
+    settings: ModelSettings, runtime: str | None, endpoint_given: bool = False
+) -> Iterator[Check]:
     """Every check, in the order a person fixes them."""
     client, found = engine()
     yield found
@@ -223,5 +225,5 @@ def checks(settings: ModelSettings, runtime: str | None) -> Iterator[Check]:
         yield image(client)
         yield runtimes(client, info, runtime)
         yield cgroups(info)
-    yield model(settings, dict(os.environ))
+    yield model(settings, dict(os.environ), endpoint_given)
     yield disk(info)

@@ -9,7 +9,9 @@ cell sets INPUTS; a batch replaces that cell with each job's own inputs."""
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,14 +41,14 @@ class Recipe:
     left_out: int = 0  # cells that failed or were stopped
 
     def script(self) -> str:
-        header = [
-            f"# sandcell recipe, made from the run in {self.source}",
+        header = [  # every name repr()ed: a newline in one cannot end the comment
+            f"# sandcell recipe, made from the run in {self.source!r}",
             f"# {len(self.cells)} cells; {self.left_out} that failed or were stopped left out.",
             "# Each input is a parameter: set INPUTS in the first cell (a batch sets it for each",
             "# job, in the order of the job's inputs). Inputs of origin (sha256):",
-            *(f"#   INPUTS[{i}] {item['path']}  {item['sha256']}" for i, item in enumerate(self.inputs)),
+            *(f"#   INPUTS[{i}] {item['path']!r}  {item['sha256']}" for i, item in enumerate(self.inputs)),
             "# Checks the output passed:",
-            *(f"#   {out}  {digest}" for out, digest in sorted(self.checks.items())),
+            *(f"#   {out!r}  {digest}" for out, digest in sorted(self.checks.items())),
         ]  # fmt: skip
         values = ", ".join(repr(f"{DATA}/{item['name']}") for item in self.inputs)
         parts = ["\n".join(header), f"{PARAMETERS}\n{PARAMETER} = [{values}]"]
@@ -82,10 +84,10 @@ def _sets_parameters(code: str) -> bool:
         body = ast.parse(code).body
     except SyntaxError:
         return False
-    return (
-        len(body) == 1
-        and isinstance(body[0], ast.Assign)
-        and [getattr(t, "id", None) for t in body[0].targets] == [PARAMETER]
+    return any(
+        isinstance(node, ast.Assign)
+        and [getattr(t, "id", None) for t in node.targets] == [PARAMETER]
+        for node in body
     )
 
 
@@ -112,7 +114,8 @@ class _InputPaths(cst.CSTTransformer):
     def __init__(self, paths: dict[str, int]) -> None:
         self.paths = paths
         alternatives = "|".join(re.escape(p) for p in sorted(paths, key=len, reverse=True))
-        self.pattern = re.compile(f"({alternatives})(?![\\w.-])")  # /data/a.csv, not a.csv2
+        # /data/a.csv, not /data/a.csv2 nor /workspace/data/a.csv
+        self.pattern = re.compile(f"(?<![\\w.-])({alternatives})(?![\\w.-])")
         self.replaced = 0
         self.concatenated = 0  # inside an implicit concatenation ("a" "b")
 
@@ -191,17 +194,34 @@ def _has_fstring(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.FormattedString)
 
 
+MAGIC = re.compile(r"^(\s*)([%!].*)$", re.M)  # an IPython line magic or shell escape
+
+
+def plain_python(code: str) -> str | None:
+    """The cell as Python a script can hold: IPython's line magics and shell escapes
+    (`%matplotlib inline`, `!ls`) commented out; None if it still does not parse."""
+    for candidate in (code, MAGIC.sub(r"\1# (IPython, left out of the recipe) \2", code)):
+        try:
+            ast.parse(candidate)
+            return candidate
+        except SyntaxError:
+            continue
+    return None
+
+
 def parameterize(code: str, inputs: list[dict]) -> str:
-    """The cell with each input's /data path replaced by INPUTS[i]; code that does not parse
-    (it ran, so it rarely happens: an IPython magic) is kept as it is."""
+    """The cell with each input's /data path replaced by INPUTS[i]. A rewrite that would not
+    parse (a path inside an f-string's expression, a `case` pattern) keeps the cell as it
+    was: a job then fails on the literal path and the agent takes over."""
     paths = {f"{DATA}/{item['name']}": i for i, item in enumerate(inputs)}
     if not paths:
         return code
     try:
-        module = cst.parse_module(code)
-    except cst.ParserSyntaxError:
+        rewritten = cst.parse_module(code).visit(_InputPaths(paths)).code
+        ast.parse(rewritten)
+    except (cst.ParserSyntaxError, SyntaxError):
         return code
-    return module.visit(_InputPaths(paths)).code
+    return rewritten
 
 
 def from_run(folder: Path) -> Recipe:
@@ -220,24 +240,49 @@ def from_run(folder: Path) -> Recipe:
             'such a run makes a recipe (declare them with --expect OUT=SCHEMA or "expect")'
         )
     inputs = all_inputs(events)
-    cells, left_out = successful_cells(events)
+    ran, left_out = successful_cells(events)
+    cells = [c for c in map(plain_python, ran) if c is not None]
+    left_out += len(ran) - len(cells)  # what no script can hold
     if not cells:
         raise RecipeError(
             f"the run in {folder} ran no cell to its end: nothing to make a recipe of"
         )
-    return Recipe(
+    recipe = Recipe(
         [parameterize(code, inputs) for code in cells],
         inputs,
         source=str(folder),
         checks=checks,
         left_out=left_out,
     )
+    try:
+        ast.parse(recipe.script())
+    except SyntaxError as error:  # a cell parses alone but not in the script (a bug here)
+        raise RecipeError(f"the recipe of {folder} does not parse: {error}") from None
+    return recipe
 
 
 @dataclass(frozen=True)
 class Loaded:
     cells: list[str]  # the cells after the parameters cell
     inputs: int  # how many inputs the parameters cell names
+    parameters: str = ""  # that cell as written: a job runs it, then its own INPUTS
+
+
+def _cells(text: str) -> list[tuple[str, str]]:
+    """(marker, code) of each `# %%` cell, found as comment tokens: a `# %%` line inside a
+    string is code."""
+    lines = text.splitlines(keepends=True)
+    starts = [
+        token.start[0] - 1
+        for token in tokenize.generate_tokens(io.StringIO(text).readline)
+        if token.type == tokenize.COMMENT
+        and token.start[1] == 0
+        and token.string.startswith("# %%")
+    ]
+    return [
+        (lines[start].strip(), "".join(lines[start + 1 : end]))
+        for start, end in zip(starts, [*starts[1:], len(lines)], strict=True)
+    ]
 
 
 def load(path: Path) -> Loaded:
@@ -251,12 +296,12 @@ def load(path: Path) -> Loaded:
         ast.parse(text, filename=str(path))
     except SyntaxError as error:
         raise RecipeError(f"{path} does not parse: line {error.lineno}: {error.msg}") from None
-    cells = re.split(r"^# %%.*$", text, flags=re.M)
-    markers = re.findall(r"^# %%.*$", text, flags=re.M)
-    if not markers or markers[0] != PARAMETERS:
+    cells = _cells(text)
+    if not cells or cells[0][0] != PARAMETERS:
         raise RecipeError(f"{path}: the first cell must be the parameters cell `{PARAMETERS}`")
-    count = _inputs_count(cells[1], path)
-    return Loaded([c.strip() for c in cells[2:] if c.strip()], count)
+    parameters = cells[0][1].strip()
+    count = _inputs_count(parameters, path)
+    return Loaded([c.strip() for _, c in cells[1:] if c.strip()], count, parameters)
 
 
 def _inputs_count(cell: str, path: Path) -> int:
@@ -270,6 +315,8 @@ def _inputs_count(cell: str, path: Path) -> int:
     raise RecipeError(f"{path}: the parameters cell must set {PARAMETER} = [...] (a list of paths)")
 
 
-def parameters_cell(paths: list[str]) -> str:
-    """The first cell a job runs: its own inputs, in the order of its jobs-file entry."""
-    return f"{PARAMETER} = {paths!r}"
+def parameters_cell(paths: list[str], written: str = "") -> str:
+    """The first cell a job runs: the recipe's parameters cell as written (other parameters a
+    person added stay), then the job's own inputs, in the order of its jobs-file entry."""
+    own = f"{PARAMETER} = {paths!r}"
+    return f"{written}\n{own}" if written.strip() else own

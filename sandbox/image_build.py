@@ -25,6 +25,7 @@ from pathlib import Path
 
 import docker
 import docker.errors
+import requests
 
 from sandbox.errors import SandboxUnavailable
 
@@ -262,7 +263,9 @@ def make_base(client: docker.DockerClient, base: str, say: Say) -> None:
         ):
             subprocess.run(step, check=True, capture_output=True, env=env)
     say(f"making the base image {base} with debootstrap (about a minute, once)")
-    root = Path(tempfile.mkdtemp(prefix="sandcell-rootfs."))
+    # not in /tmp: debootstrap refuses a nodev filesystem, which /tmp often is
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="rootfs.", dir=cache_dir()))
     try:
         done = subprocess.run(
             ["debootstrap", "--variant=minbase",
@@ -286,24 +289,37 @@ def make_base(client: docker.DockerClient, base: str, say: Say) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def run_once(
+    client: docker.DockerClient, image: str, entrypoint: str, args: list[str], **options
+) -> tuple[int, str]:
+    """Run a throwaway container with no network to its end: (exit status, output). It is
+    removed whatever happens, a failed start included (docker's run() leaves that one)."""
+    container = client.containers.create(
+        image, args, entrypoint=entrypoint, network_mode="none", **options
+    )
+    try:
+        container.start()
+        status = container.wait(timeout=120).get("StatusCode", 1)
+        return status, container.logs().decode(errors="replace").strip()
+    finally:
+        container.remove(force=True)
+
+
 def base_python(client: docker.DockerClient, base: str) -> str:
     """The base's Python as X.Y: the wheels must match it."""
-    try:
-        out = client.containers.run(
-            base,
-            ["-c", "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
-            entrypoint="python3",
-            network_mode="none",
-            remove=True,
-        )
-    except docker.errors.ImageNotFound:
+    if not inspect(client, base).present:
         raise BuildError(
             f"the base image {base} is not on this engine: pull it first (`docker pull {base}`), "
             "or leave out --base to make one with debootstrap"
-        ) from None
-    except docker.errors.ContainerError as error:
+        )
+    probe = "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"
+    try:
+        status, out = run_once(client, base, "python3", ["-c", probe])
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
         raise BuildError(f"the base image {base} has no working python3 ({error})") from None
-    return out.decode().strip()
+    if status != 0 or not re.fullmatch(r"\d+\.\d+", out):
+        raise BuildError(f"the base image {base} has no working python3 ({out[-300:]})")
+    return out
 
 
 def _normal(info: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -366,6 +382,12 @@ def build(
     """Build the image `name` (and tag it with its hash) unless it is already current;
     no_cache builds it anew, layers and all."""
     base = base or DEFAULT_BASE
+    arch = client.version().get("Arch", "amd64")
+    if arch != "amd64":  # the wheels are downloaded for x86_64 (WHEEL_PLATFORMS)
+        raise BuildError(
+            f"the engine runs on {arch}: sandcell's image build downloads x86_64 wheels only "
+            "for now; build on an x86_64 engine"
+        )
     extra_text = extra.read_bytes() if extra else None
     wanted = image_hash(base, extra_text)
     before = inspect(client, name)
@@ -411,12 +433,14 @@ def build(
 def smoke(client: docker.DockerClient, name: str, runtime: str) -> None:
     """The image's Python starts under `runtime` (with no network, as a sandbox would)."""
     try:
-        client.containers.run(
-            name, ["-c", "import ipykernel, pandas"], entrypoint="/opt/venv/bin/python",
-            network_mode="none", runtime=runtime, remove=True,
+        status, out = run_once(
+            client, name, "/opt/venv/bin/python", ["-c", "import ipykernel, pandas"],
+            runtime=runtime,
         )  # fmt: skip
-    except docker.errors.DockerException as error:
-        raise BuildError(f"the image {name} does not start under the runtime {runtime}: {error}")
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        status, out = 1, str(error)
+    if status != 0:
+        raise BuildError(f"the image {name} does not start under the runtime {runtime}: {out}")
 
 
 def repin(python: str = "3.11") -> None:

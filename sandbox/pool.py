@@ -133,7 +133,8 @@ class SandboxPool:
             return False
         try:
             sandbox.renew()
-        except SandboxError as error:  # renew() closed it; the next acquire() starts afresh
+        except Exception as error:  # renew() closed it (a SandboxError); any other: close it
+            sandbox.close()
             self.renew_error = error
             return False
         self._renewed.put(sandbox)

@@ -49,6 +49,8 @@ def test_a_missing_image_tag_exits_3_and_says_to_build_it():
 def test_an_endpoint_that_does_not_answer_or_refuses_the_key_fails_the_model_check():
     done = doctor(OPENAI_BASE_URL=dead_url())
     assert done.returncode == 3 and lines(done.stdout)["model"] == "FAIL", done.stdout
+    given = doctor("--base-url", dead_url())  # a flag configures it as the variable does
+    assert given.returncode == 3 and lines(given.stdout)["model"] == "FAIL", given.stdout
     assert "fix: start the server" in done.stdout
     with ScriptedServer(api_key="right") as server:
         done = doctor(OPENAI_BASE_URL=server.url, OPENAI_API_KEY="wrong")

@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 
 from agent.events import ChecksRun, Final, Reset, SessionStarted, executed_cell
-from agent.recipe import PARAMETERS, RecipeError, from_run, load, parameterize
+from agent.recipe import (
+    PARAMETERS,
+    Recipe,
+    RecipeError,
+    from_run,
+    load,
+    parameterize,
+    parameters_cell,
+    plain_python,
+)
 from agent.trace import TraceWriter
 from sandbox import Execution
 from sandbox.execution import Error
@@ -86,8 +95,8 @@ def test_the_recipe_keeps_the_cells_that_ran_and_names_its_origin(tmp_path):
     assert script.count("\n# %%\n") == 3 and PARAMETERS in script
     assert "INPUTS = ['/data/sales.csv', '/data/rates.csv']" in script
     assert "df.nope" not in script and "while True" not in script
-    assert f"INPUTS[0] /home/a/sales.csv  {'ab' * 32}" in script
-    assert f"output/clean.csv  {'ef' * 32}" in script
+    assert f"INPUTS[0] '/home/a/sales.csv'  {'ab' * 32}" in script
+    assert f"'output/clean.csv'  {'ef' * 32}" in script
     path = tmp_path / "recipe.py"
     path.write_text(script)
     loaded = load(path)
@@ -128,3 +137,42 @@ def test_folders_and_files_that_are_no_recipe_are_refused_saying_why(tmp_path):
     bad.write_text(f"{PARAMETERS}\nX = 1\n# %%\nx = 1\n")
     with pytest.raises(RecipeError, match="must set INPUTS"):
         load(bad)
+
+
+def test_what_a_script_cannot_hold_is_commented_out_or_kept_as_it_ran():
+    magic = "%matplotlib inline\n!ls /data\nx = 1\n"
+    held = plain_python(magic)
+    assert (
+        held is not None and "x = 1" in held and "# (IPython, left out of the recipe) !ls" in held
+    )
+    assert plain_python("x = (\n") is None
+    # a rewrite that would not parse on 3.11 (quotes inside an f-string's expression), and a
+    # `case` pattern: the cell stays as it ran, a job then fails on its path and the agent takes over
+    for code in ("import glob\nf'{glob.glob(\"/data/sales.csv*\")}'\n",
+                 "match p:\n    case '/data/sales.csv':\n        pass\n"):  # fmt: skip
+        assert parameterize(code, INPUTS) == code
+    assert (
+        parameterize("p = '/workspace/data/sales.csv'\n", INPUTS)
+        == "p = '/workspace/data/sales.csv'\n"
+    )
+
+
+def test_a_hostile_input_name_cannot_put_code_in_the_header(tmp_path):
+    hostile = [{**INPUTS[0], "path": "/h/q.csv\nimport os; os.system('x') #"}]
+    recipe = Recipe(["a = 1"], hostile, source="/runs/x\nimport sys", checks={"o\nimport y": "ab"})
+    body = ast.parse(recipe.script()).body
+    assert [type(node).__name__ for node in body] == ["Assign", "Assign"]
+
+
+def test_a_parameters_cell_a_person_extended_and_a_marker_inside_a_string_are_kept(tmp_path):
+    path = tmp_path / "recipe.py"
+    path.write_text(
+        f"# header\n{PARAMETERS}\nINPUTS = ['/data/a.csv']\nSEP = ';'\n\n"
+        '# %%\ns = """\n# %% not a cell\n"""\nprint(s)\n'
+    )
+    loaded = load(path)
+    assert loaded.cells == ['s = """\n# %% not a cell\n"""\nprint(s)']
+    first = parameters_cell(["/data/b.csv"], loaded.parameters)
+    namespace: dict = {}
+    exec(first, namespace)
+    assert namespace["SEP"] == ";" and namespace["INPUTS"] == ["/data/b.csv"]

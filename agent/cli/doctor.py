@@ -23,7 +23,7 @@ def doctor_cmd(model_name: str | None, base_url: str | None, runtime: str | None
     with exits.reported():
         settings = ModelSettings.from_env(name=model_name, base_url=base_url)
         failed = 0
-        for check in doctor.checks(settings, runtime or None):
+        for check in doctor.checks(settings, runtime or None, endpoint_given=bool(base_url)):
             failed += check.status == doctor.FAIL
             terminal.echo(f"{check.status:>4}  {check.name:<8} {check.detail}")
             if check.fix and check.status in (doctor.FAIL, doctor.WARN):

@@ -5,6 +5,7 @@ kernel as the recipe left it), its first message holding the recipe and how it f
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -20,6 +21,7 @@ from agent.session import Session
 from sandbox.boundary import DATA
 from sandbox.render import render
 
+log = logging.getLogger(__name__)
 RECIPE, AGENT = "recipe", "agent"  # a results line's "solved_by"
 SHOWN_CHARS = 2000  # of a failed cell's observation, in the agent's first message
 
@@ -43,8 +45,8 @@ def try_recipe(session: Session, recipe: Loaded, path: Path) -> Tried:
     paths = [f"{DATA}/{name}" for name in session.inputs.names]
     if len(paths) != recipe.inputs:
         why = f"the recipe takes {recipe.inputs} input(s) and this job has {len(paths)}"
-        return _handover(recipe, path, {"cell": None, "error": why}, why)
-    cells = [parameters_cell(paths), *recipe.cells]
+        return _handover(recipe, path, {"cell": None, "error": why}, why, ran=False)
+    cells = [parameters_cell(paths, recipe.parameters), *recipe.cells]
     stopped = session.run_cells(cells)
     if session.loop.cancelled:  # Ctrl-C or SIGTERM: the job ends here, as interrupted
         stop = Result(None, session.loop.cancelled, "interrupted while the recipe ran")
@@ -54,7 +56,9 @@ def try_recipe(session: Session, recipe: Loaded, path: Path) -> Tried:
         said = render(execution, SHOWN_CHARS)
         error = execution.error.name if execution.error else "stopped"
         where = f"its cell {index} (of {len(recipe.cells)}) failed"
-        return _handover(recipe, path, {"cell": index, "error": error}, f"{where}:\n{said}")
+        failure = {"cell": index, "error": error}
+        kept = execution.restarted is None  # a restart emptied the kernel
+        return _handover(recipe, path, failure, f"{where}:\n{said}", ran=kept)
     feedback = session.checker(session.loop.questions)  # publishes the check run
     checks = session.checker.last.record()
     if feedback is None:
@@ -110,20 +114,25 @@ class AutoRecipe:
                 return
             try:
                 script = from_run(folder).script()
-            except RecipeError:
-                return  # nothing to learn from this job (its cells all failed?)
-            temporary = self.path.with_suffix(".tmp")
-            temporary.write_text(script, encoding="utf-8")
-            temporary.replace(self.path)
-            self.loaded = load(self.path)
+                temporary = self.path.with_suffix(".tmp")
+                temporary.write_text(script, encoding="utf-8")
+                temporary.replace(self.path)
+                self.loaded = load(self.path)
+            except (RecipeError, OSError) as error:  # nothing to learn from this job
+                log.warning("no recipe learnt from %s: %s", folder.name, error)
 
 
-def _handover(recipe: Loaded, path: Path, failure: dict, how: str) -> Tried:
+def _handover(recipe: Loaded, path: Path, failure: dict, how: str, ran: bool = True) -> Tried:
     shown = "\n\n".join(f"# %%\n{cell}" for cell in recipe.cells)
+    state = (
+        "The recipe's cells ran in your kernel up to that point, with INPUTS set to this "
+        "job's inputs; its variables are there."
+        if ran
+        else "Nothing of it is in your kernel."
+    )
     text = (
         f"A recipe ({path.name}) that cleaned another file of this family was tried on this "
-        f"job first, and {how}\n\nThe recipe's cells ran in your kernel up to that point, "
-        f"with INPUTS set to this job's inputs; its variables are there. The recipe:\n\n"
+        f"job first, and {how}\n\n{state} The recipe:\n\n"
         f"```python\n{shown}\n```\n\nFinish the task; the outputs must pass their checks."
     )
     return Tried(None, failure, text)
