@@ -255,12 +255,7 @@ function addCopyButton(code) {
 function answer(kind, data) {
   const node = el("div", { class: `step ${kind}`, testid: "answer" });
   node.append(el("div", { class: "kind", text: kind === "error" ? "error" : `answer (${data.stop_reason})` }));
-  node.append(answerBody(data));
-  for (const url of data.files || []) {
-    if (typeof url !== "string" || !url.startsWith("/api/")) continue;
-    const name = decodeURIComponent(url.split("/").pop());
-    node.append(el("div", {}, el("a", { href: url, download: name, text: `download ${name}` })));
-  }
+  node.append(answerBody(data));  // the files it made: the "Files the code made" list, once
   $("steps").append(node);
   node.scrollIntoView({ block: "end" });
 }
