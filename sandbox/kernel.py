@@ -386,10 +386,18 @@ def drain(
             msg = next_iopub(client, min(poll, remaining), collector.unread_over())
         except Empty:
             return "silent"
+        if msg["msg_type"] == UNREADABLE:  # counted as dropped; the deadline still holds
+            collector.execution.dropped_bytes += msg["wire_bytes"]
+            continue
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
         if collector.add(msg):
             return "done"
+
+
+# A message the host cannot read (model code replaced the kernel's JSON packer): its bytes are
+# counted as dropped output, never raised; the cell then ends at its deadline.
+UNREADABLE = "sandcell_unreadable"
 
 
 def next_iopub(client: BlockingKernelClient, timeout: float, unread_over: int) -> dict:
@@ -404,14 +412,17 @@ def next_iopub(client: BlockingKernelClient, timeout: float, unread_over: int) -
     _, frames = session.feed_identities(frames, copy=False)
     size = sum(len(frame) for frame in frames)
     # [signature, header, parent header, metadata, content, buffers...]
-    if size > unread_over and len(frames) >= 5 and max(map(len, frames[1:3])) < UNREAD_FLOOR:
-        header = session.unpack(frames[1].bytes)
-        if header.get("msg_type") in RICH_KINDS:
-            parent = session.unpack(frames[2].bytes)
-            return dict(
-                msg_type=header["msg_type"], parent_header=parent, content=None, wire_bytes=size
-            )
-    return session.deserialize(frames, copy=False)
+    try:
+        if size > unread_over and len(frames) >= 5 and max(map(len, frames[1:3])) < UNREAD_FLOOR:
+            header = session.unpack(frames[1].bytes)
+            if header.get("msg_type") in RICH_KINDS:
+                parent = session.unpack(frames[2].bytes)
+                return dict(
+                    msg_type=header["msg_type"], parent_header=parent, content=None, wire_bytes=size
+                )
+        return session.deserialize(frames, copy=False)
+    except ValueError:  # not JSON, or a replayed signature: model code broke the kernel's packer
+        return dict(msg_type=UNREADABLE, parent_header={}, content=None, wire_bytes=size)
 
 
 def flush_shell(client: BlockingKernelClient) -> None:
@@ -421,6 +432,8 @@ def flush_shell(client: BlockingKernelClient) -> None:
             client.get_shell_msg(timeout=0)
         except Empty:
             return
+        except ValueError:  # unreadable (see next_iopub): discarded all the same
+            continue
 
 
 def await_reply(client: BlockingKernelClient, msg_id: str, timeout: float = 2.0) -> dict | None:
@@ -431,6 +444,8 @@ def await_reply(client: BlockingKernelClient, msg_id: str, timeout: float = 2.0)
             msg = client.get_shell_msg(timeout=left)
         except Empty:
             return None
+        except ValueError:  # unreadable (see next_iopub): not the reply we can use
+            continue
         if msg["parent_header"].get("msg_id") == msg_id:
             return msg
     return None

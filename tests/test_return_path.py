@@ -285,3 +285,17 @@ def test_pool_input_staging_is_private_to_the_host_user_and_readable_inside(tmp_
             user=65534, capture_output=True, text=True, timeout=30,
         )  # fmt: skip
         assert seen.stdout.split() == ["refused", "refused"], seen.stdout + seen.stderr
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+def test_a_kernel_whose_json_packer_model_code_broke_ends_at_its_deadline_not_in_an_error(runtime):
+    """Every message the kernel sends is then unreadable (not JSON, and one signature replayed
+    over and over): the host counts them as dropped and the cell ends at its deadline with a
+    fresh kernel; no JSONDecodeError or 'Duplicate Signature' reaches the caller."""
+    with DockerSandbox(Limits(runtime=runtime)) as sb:
+        broken = sb.run("import json\njson.dumps = lambda *a, **k: '{'\nprint('x')", timeout=5)
+        assert broken.timed_out and broken.restarted and broken.dropped_bytes > 0
+        assert "bytes of output were dropped" in render(broken)
+        after = sb.run("print(6 * 7)", timeout=30)
+        assert after.ok and after.stdout == "42\n"
