@@ -50,8 +50,8 @@ class Recipe:
             "# Checks the output passed:",
             *(f"#   {out!r}  {digest}" for out, digest in sorted(self.checks.items())),
         ]  # fmt: skip
-        values = ", ".join(repr(f"{DATA}/{item['name']}") for item in self.inputs)
-        parts = ["\n".join(header), f"{PARAMETERS}\n{PARAMETER} = [{values}]"]
+        origin = parameters_cell([f"{DATA}/{item['name']}" for item in self.inputs])
+        parts = ["\n".join(header), f"{PARAMETERS}\n{origin}"]
         parts += [f"{CELL}\n{code.strip()}" for code in self.cells]
         return "\n\n".join(parts) + "\n"
 
@@ -84,11 +84,14 @@ def _sets_parameters(code: str) -> bool:
         body = ast.parse(code).body
     except SyntaxError:
         return False
-    return any(
-        isinstance(node, ast.Assign)
-        and [getattr(t, "id", None) for t in node.targets] == [PARAMETER]
-        for node in body
-    )
+    return any(_assigns_inputs(node) for node in body)
+
+
+def _assigns_inputs(node: ast.stmt) -> bool:
+    """`INPUTS = ...`: the statement a parameters cell is known by."""
+    return isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
+        PARAMETER
+    ]
 
 
 def passed_checks(events: list[Event]) -> dict[str, str] | None:
@@ -306,11 +309,7 @@ def load(path: Path) -> Loaded:
 
 def _inputs_count(cell: str, path: Path) -> int:
     for node in ast.parse(cell).body:
-        if (
-            isinstance(node, ast.Assign)
-            and [getattr(t, "id", None) for t in node.targets] == [PARAMETER]
-            and isinstance(node.value, ast.List | ast.Tuple)
-        ):
+        if _assigns_inputs(node) and isinstance(node.value, ast.List | ast.Tuple):
             return len(node.value.elts)
     raise RecipeError(f"{path}: the parameters cell must set {PARAMETER} = [...] (a list of paths)")
 
