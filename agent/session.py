@@ -10,7 +10,8 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Self
 
@@ -222,9 +223,15 @@ class Session:
     def ask(self, question: str) -> Result:
         """Answer one question. Ctrl-C (or SIGTERM) ends it with what was done kept: the trace,
         the notebook of the finished cells, the files; the result says it was interrupted."""
+        with self._busy():
+            return self._ask(question)
+
+    @contextmanager
+    def _busy(self) -> Iterator[None]:
+        """Code runs for this session (a question, a recipe's cells): stop() waits for it."""
         self._idle.clear()
         try:
-            return self._ask(question)
+            yield
         finally:
             self._idle.set()
 
@@ -240,16 +247,13 @@ class Session:
         """Run cells without the model (a recipe), each recorded as serve's /execute cells
         are; stop at the first that fails or is stopped: its index and Execution, else None.
         A cancel (Ctrl-C, SIGTERM) interrupts the running cell and ends it there."""
-        self._idle.clear()
-        try:
+        with self._busy():
             for index, code in enumerate(cells):
                 execution = self.sandbox.run(code)
                 self.executed(code, execution)
                 if not execution.ok or execution.interrupted or self.loop.cancelled:
                     return index, execution
             return None
-        finally:
-            self._idle.set()
 
     def settle(self, result: Result) -> Result:
         """A question's result made whole: the trace and the notebook named, the files the
