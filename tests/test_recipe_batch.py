@@ -73,6 +73,19 @@ def jobs_file(folder, names: list[str]) -> str:
     return str(folder / "jobs.jsonl")
 
 
+def batch(family, names: list[str], recipe: str, script: list) -> tuple[dict, ScriptedServer]:
+    """`sandcell batch` of these files' jobs with --recipe, one worker, the model scripted:
+    each job's results line by id, and the server (its requests)."""
+    jobs = jobs_file(family, names)
+    with ScriptedServer(script) as server:
+        done = sandcell(
+            "batch", jobs, "--output", "out", "--workers", "1", "--no-progress",
+            "--recipe", recipe, *model_args(server), cwd=family, timeout=450,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return results(family / "out"), server
+
+
 def results(out) -> dict[str, dict]:
     lines = (out / "results.jsonl").read_text().splitlines()
     return {r["id"]: r for r in map(json.loads, lines)}
@@ -112,14 +125,7 @@ def test_a_recipe_from_a_run_answers_most_of_a_batch_without_the_model(family):
         python("df = df.drop_duplicates('id')\ndf.to_csv('/workspace/output/clean.csv', index=False)"),
         "Final Answer: kept one row per id.",
     ]  # fmt: skip
-    jobs = jobs_file(family, ["b.csv", "c.csv", "d.csv", "e.csv"])
-    with ScriptedServer(fixes) as server:
-        batch = sandcell(
-            "batch", jobs, "--output", "out", "--workers", "1", "--no-progress",
-            "--recipe", "recipe.py", *model_args(server), cwd=family, timeout=500,
-        )  # fmt: skip
-    assert batch.returncode == 0, batch.stdout + batch.stderr
-    got = results(family / "out")
+    got, server = batch(family, ["b.csv", "c.csv", "d.csv", "e.csv"], "recipe.py", fixes)
     assert [got[j]["solved_by"] for j in "bcde"] == ["recipe", "recipe", "agent", "agent"]
     assert all(got[j]["checks"]["passed"] for j in "bcde")
     assert got["b"]["steps"] == 0 and got["c"]["tokens"] == 0
@@ -161,14 +167,7 @@ def _printed_host(folder) -> str | None:
 @pytest.mark.timeout(500)
 def test_recipe_auto_learns_from_the_first_job_that_passes(family):
     script = [python(CLEAN.format(name="a.csv")), "Final Answer: cleaned."]
-    jobs = jobs_file(family, ["a.csv", "b.csv", "c.csv"])
-    with ScriptedServer(script) as server:
-        batch = sandcell(
-            "batch", jobs, "--output", "out", "--workers", "1", "--no-progress",
-            "--recipe", "auto", *model_args(server), cwd=family, timeout=450,
-        )  # fmt: skip
-    assert batch.returncode == 0, batch.stdout + batch.stderr
-    got = results(family / "out")
+    got, server = batch(family, ["a.csv", "b.csv", "c.csv"], "auto", script)
     assert [got[j].get("solved_by") for j in "abc"] == [None, "recipe", "recipe"], got
     assert len(server.requests) == 2  # job a's two; none for b and c
     assert "INPUTS = ['/data/a.csv']" in (family / "out" / "recipe.py").read_text()
