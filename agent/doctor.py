@@ -46,7 +46,7 @@ def _engine_fix(error: BaseException) -> str:
                 "then log in again (or run as root)"
             )
         chain = chain.__cause__ or chain.__context__
-    if "Read timed out" in said or "timed out" in said:
+    if "timed out" in said:
         return (
             f"the engine accepted the connection but did not answer in {PING_TIMEOUT_S} s: it "
             "is stopped or overloaded; restart it (`sudo systemctl restart docker`)"
