@@ -303,9 +303,13 @@ class ThreadExecutor:
 
     def run(self, jobs: list[Job], batch: "Batch") -> list[dict]:
         running = Running()
+        # One more than the workers: the next job's sandbox is ready when a job ends. With a
+        # recipe, the sandbox of a job it solved is renewed for a later one meanwhile (under
+        # the engine's default runtime: a gVisor sandbox is never renewed).
+        renewed = self.settings.recipe is not None and self.settings.limits.runtime is None
+        size = min(self.workers + (not renewed), len(jobs))
         with (
-            # one more than the workers: the next job's sandbox is ready when a job ends
-            SandboxPool(size=min(self.workers + 1, len(jobs)), limits=self.settings.limits) as pool,
+            SandboxPool(size=size, limits=self.settings.limits) as pool,
             ThreadPoolExecutor(max_workers=self.workers) as threads,
         ):
             try:

@@ -18,6 +18,8 @@ from types import TracebackType
 from typing import Any
 
 POLL_S = 0.2  # how often a cancel from another thread is looked for
+# a read timeout cut to the time left may wake this much before the deadline (timer rounding)
+EARLY_S = 0.05
 
 
 class RequestDeadline:
@@ -60,6 +62,15 @@ class RequestDeadline:
             self.answered, fired = True, self.fired
         if fired:  # the deadline came while its headers were on their way
             _shut(response)
+
+    def ended(self) -> str:
+        """What ended the request: what the timer fired for, or "deadline" once the deadline
+        has passed though the timer has not run yet. On a loaded machine the read timeout, cut
+        to the time left, can trip before the timer's thread is scheduled; it is the deadline's
+        doing all the same."""
+        if self.fired or self.deadline is None:
+            return self.fired
+        return "deadline" if time.monotonic() >= self.deadline - EARLY_S else ""
 
     def _wait(self) -> None:
         while True:

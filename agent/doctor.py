@@ -20,7 +20,7 @@ import requests
 
 from agent.model_settings import API_KEY_ENV, BASE_URL_ENV, ModelSettings, endpoint_in
 from sandbox import image_build
-from sandbox.container import DEFAULT_IMAGE, PING_TIMEOUT_S, RUNSC_ARGS, check_runtime
+from sandbox.container import DEFAULT_IMAGE, PING_TIMEOUT_S, RUNSC_ARGS, runtime_is_gvisor
 from sandbox.errors import SandboxUnavailable
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
@@ -83,14 +83,14 @@ def image(client: docker.DockerClient) -> Check:
     )  # fmt: skip
 
 
-def runtimes(client: docker.DockerClient, info: dict, runtime: str | None) -> Check:
+def runtimes(info: dict, runtime: str | None) -> Check:
     """The runtime asked for (--runtime, SANDCELL_RUNTIME) must be registered as the sandbox
     needs; with none asked, say what there is (gVisor is optional)."""
     known = sorted(info.get("Runtimes") or {})
     default = info.get("DefaultRuntime", "runc")
     if runtime:
         try:
-            check_runtime(client, runtime)
+            runtime_is_gvisor(info, runtime)
         except SandboxUnavailable as error:
             return Check("runtime", FAIL, str(error), _runsc_fix())
         return Check("runtime", OK, f"{runtime} is registered as the sandbox needs")
@@ -100,7 +100,7 @@ def runtimes(client: docker.DockerClient, info: dict, runtime: str | None) -> Ch
             "(optional: a stronger sandbox, `--runtime runsc`)",
         )  # fmt: skip
     try:
-        check_runtime(client, "runsc")
+        runtime_is_gvisor(info, "runsc")
     except SandboxUnavailable as error:
         return Check("runtime", WARN, str(error), _runsc_fix())
     return Check("runtime", OK, f"{default} (default); runsc registered for `--runtime runsc`")
@@ -223,7 +223,7 @@ def checks(
             )
             return
         yield image(client)
-        yield runtimes(client, info, runtime)
+        yield runtimes(info, runtime)
         yield cgroups(info)
     yield model(settings, dict(os.environ), endpoint_given)
     yield disk(info)

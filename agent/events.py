@@ -181,6 +181,14 @@ class Step(Event):
     forced: bool | None = None  # the one answer asked for without tools at a limit
     source: str | None = None
 
+    def executions(self) -> list[Execution]:
+        """The python cells this step ran, in order, each in full."""
+        return [
+            Execution.from_dict(obs["execution"])
+            for obs in self.observations or []
+            if obs.get("tool") == "python" and obs.get("execution")
+        ]
+
 
 @dataclass(frozen=True)
 class ProtocolChanged(Event):

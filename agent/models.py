@@ -217,9 +217,10 @@ class OpenAIModel:
             except LimitReached:
                 raise  # the caller's own stop (a cancel, the wall seen in a token)
             except Exception:
-                if limit.fired == "cancelled":
+                ended = limit.ended()
+                if ended == "cancelled":
                     raise _Broken(f"the request to {self.where} was stopped from outside") from None
-                if limit.fired:  # whatever the shut-down socket raised, the deadline did it
+                if ended:  # whatever the shut-down socket or the cut read timeout raised
                     raise _Broken(self._busy_at_deadline(limit, started, request)) from None
                 raise
 
@@ -258,7 +259,7 @@ class OpenAIModel:
                     return self._whole(request, on_token, deadline, limit)
                 return self._stream(request, on_token, deadline, limit)
             except _Dropped:
-                if limit.fired:  # the deadline shut it: no second request after the wall
+                if limit.ended():  # the deadline shut it: no second request after the wall
                     raise
                 # asked again unstreamed: the server's real error, or the reply (a tool call
                 # llama-cpp-python's chatml-function-calling cannot stream); only this request,

@@ -19,7 +19,6 @@ import libcst as cst
 
 from agent.events import ChecksRun, Event, Final, Reset, Step
 from agent.trace import all_inputs, read_events
-from sandbox import Execution
 from sandbox.boundary import DATA
 
 CELL = "# %%"
@@ -66,11 +65,8 @@ def successful_cells(events: list[Event]) -> tuple[list[str], int]:
         match event:
             case Reset(reason=reason) if reason != "idle":  # idle: serve rebuilds the state
                 cells, left_out = [], 0
-            case Step(observations=observed) if observed:
-                for obs in observed:
-                    if obs.get("tool") != "python" or not obs.get("execution"):
-                        continue
-                    ex = Execution.from_dict(obs["execution"])
+            case Step():
+                for ex in event.executions():
                     if not ex.ok or ex.interrupted:
                         left_out += 1
                     elif ex.code.strip() and not _sets_parameters(ex.code):

@@ -55,11 +55,10 @@ def recorded_cells(events: list[Event]) -> list[Cell]:
         match event:
             case Reset():
                 reset = True
-            case Step(observations=observed) if observed:
-                for obs in observed:
-                    if obs.get("tool") == "python" and obs.get("execution"):
-                        cells.append(_cell(event, Execution.from_dict(obs["execution"]), reset))
-                        reset = False
+            case Step():
+                for ex in event.executions():
+                    cells.append(_cell(event, ex, reset))
+                    reset = False
     return cells
 
 

@@ -9,7 +9,9 @@ the one function that writes it and the one that parses it.
 
 import re
 import signal
+import socket
 import stat
+import struct
 
 # -- paths inside the container -------------------------------------------------------------
 WORKSPACE = "/workspace"  # tmpfs; kept across kernel restarts
@@ -22,6 +24,35 @@ SCRIPTS = "/opt/sandcell"  # this file and the image's programs
 PACKAGES_FILE = f"{SCRIPTS}/packages.txt"  # `pip freeze` of the image, written at build time
 FILES_PROGRAM = f"{SCRIPTS}/files.py"  # file operations the host asks for by `docker exec`
 CHECKS_PROGRAM = f"{SCRIPTS}/checks.py"  # a job's output checks, run as `python -I` by exec
+# The supervisor's checker: an abstract Unix socket (no file model code could replace), bound
+# by PID 1 as it starts, so no other process can take the name. Once the supervisor has
+# pandas and pandera loaded (from a sandbox's first renewal on) it listens there and forks
+# each check from itself; checks.py, run by the host, hands its request over.
+CHECKS_SOCKET = "\0sandcell-checks"
+CHECKS_SECONDS = 50  # a check run's whole time, killed at it (under the engine's 60 s a call)
+# The host's commands run as the sandbox's uid in another group (sandbox/container.py): the
+# sandbox's gid plus this. The supervisor serves its checker to that group only.
+HELPER_GID_OFFSET = 1000
+PEERCRED = struct.Struct("3i")  # SO_PEERCRED of a Unix socket: pid, uid, gid
+
+
+def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
+    """The pid, uid and gid of the process at the other end of a connected Unix socket, as
+    the kernel recorded them when it connected (the supervisor's check of the helper, and the
+    helper's that its peer is PID 1)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size)
+    return PEERCRED.unpack(creds)
+
+
+def checks_answer_bytes(request: dict) -> int:
+    """The most a checks answer takes: per output its head (base64) and 256 KiB for its
+    verdict (failure examples escaped as JSON), and 1 MiB more."""
+    per_output = (
+        int(item.get("head_bytes", 0)) * 4 // 3 + (256 << 10) for item in request["outputs"]
+    )
+    return sum(per_output) + (1 << 20)
+
+
 RELAY_PROGRAM = f"{SCRIPTS}/relay.py"
 KERNEL_EXTENSION = "sandcell_kernel"
 KERNEL_MODULE = "ipykernel_launcher"  # also how the host recognises a live kernel process

@@ -33,7 +33,7 @@ SANDBOX_USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
 # code the helper's /proc/<pid>/fd (ptrace access needs uid AND gid equal), so it cannot open
 # the helper's stdout and write into what the host reads. gVisor's runsc (2022-12) does not
 # check that: there the host's unpacking (landing.py) is what holds.
-HELPER_USER = f"{SANDBOX_UID}:{SANDBOX_UID + 1000}"
+HELPER_USER = f"{SANDBOX_UID}:{SANDBOX_UID + boundary.HELPER_GID_OFFSET}"
 
 
 ENGINE_TIMEOUT_S = 60  # one call to the engine (a container's removal can take a while)
@@ -73,26 +73,51 @@ ENGINE_HINT = (
 )
 
 
+# Under gVisor the pids cgroup holds the Sentry, not the sandbox's processes: its host threads
+# and the ptrace platform's stubs (a host process per address space, a thread in each per Sentry
+# thread that ran it) grow with use, whatever the sandbox's own count. 32 subprocesses and then
+# 4 reads at once took 806; at the 256 the sandbox asked for, the Sentry could not make a thread
+# and the whole sandbox ended. So there `pids` is held by gVisor's own kernel, which counts the
+# sandbox's processes and threads against RLIMIT_NPROC (its uids are its own), and the cgroup
+# stays as a bound on the host's share: a fork bomb held at 256 took 1404 (a margin measured,
+# not a worst case). Not under runc: there RLIMIT_NPROC counts all the host's processes of the uid.
+RUNSC_SENTRY_HOST_TASKS = 1024
+RUNSC_HOST_TASKS_PER_PID = 8
+
+
+def host_pids_limit(limits: Limits, gvisor: bool) -> int:
+    """The container's pids cgroup limit: the sandbox's own count, or under gVisor a bound on
+    the Sentry's host threads and stubs."""
+    if not gvisor:
+        return limits.pids
+    return RUNSC_SENTRY_HOST_TASKS + limits.pids * RUNSC_HOST_TASKS_PER_PID
+
+
 def check_runtime(client: docker.DockerClient, runtime: str | None) -> bool:
     """The engine knows `runtime` (None: its default), and a runsc one has the arguments the
     sandbox needs; without them the kernel's sockets never appear and a start waits 60 s.
     True when the runtime is gVisor's."""
-    if runtime is None:
-        return False
-    known = client.info().get("Runtimes") or {}
-    if runtime not in known:
+    return runtime_is_gvisor(client.info(), runtime)
+
+
+def runtime_is_gvisor(info: dict, runtime: str | None) -> bool:
+    """check_runtime's verdict from the engine's `docker info`. An engine whose default is
+    runsc runs a sandbox that asks for none under gVisor too: its limits must say so."""
+    known = info.get("Runtimes") or {}
+    if runtime is not None and runtime not in known:
         raise SandboxUnavailable(
             f"the Docker engine has no runtime {runtime!r} (it has: {', '.join(sorted(known))}). "
             f"{ENGINE_HINT}, or see the README's security model."
         )
-    entry = known[runtime] or {}
+    name = runtime or info.get("DefaultRuntime")
+    entry = known.get(name) or {}
     if os.path.basename(entry.get("path", "")) != "runsc":
         return False
     args = entry.get("runtimeArgs") or []
     uds = [a.split("=", 1)[1] for a in args if a.lstrip("-").startswith("host-uds=")]
     if not any(a.lstrip("-") == "network=none" for a in args) or "all" not in uds:
         raise SandboxUnavailable(
-            f"the runtime {runtime!r} (gVisor) is registered with {args or 'no arguments'}; the "
+            f"the runtime {name!r} (gVisor) is registered with {args or 'no arguments'}; the "
             f"sandbox needs {' '.join(RUNSC_ARGS)}. {ENGINE_HINT}."
         )
     return True
@@ -120,6 +145,7 @@ def start(
     inputs: dict[str, Path],
     session: str,
     staging_dir: Path | None = None,
+    gvisor: bool = False,
 ):
     """Start a sealed container whose PID 1 (the supervisor) starts the kernel."""
     check_image(client, image)  # and DockerSandbox has checked limits.runtime
@@ -152,8 +178,9 @@ def start(
         mem_limit=f"{limits.memory_mb}m",
         memswap_limit=f"{limits.memory_mb}m",  # equal to memory: no swap
         nano_cpus=int(limits.cpus * 1e9),
-        pids_limit=limits.pids,
-        ulimits=[Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)],
+        pids_limit=host_pids_limit(limits, gvisor),
+        ulimits=[Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)]
+        + ([Ulimit(name="nproc", soft=limits.pids, hard=limits.pids)] if gvisor else []),
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
         user=SANDBOX_USER,
@@ -298,13 +325,14 @@ def exec_in(
         check_running(container)  # it stopped (a fork bomb ends a gVisor sandbox): said so
         raise
     raw = sock._sock  # the plain socket: needed to half-close after stdin
+    stream = _upgraded(sock)
     out, err = bytearray(), bytearray()
     try:
         if stdin is not None:
             raw.sendall(stdin)
         raw.shutdown(socket.SHUT_WR)
-        for stream, payload in _frames(raw):
-            target = out if stream == 1 else err
+        for stream_id, payload in _frames(stream):
+            target = out if stream_id == 1 else err
             target += payload
             if len(out) > max_out or len(err) > EXEC_ERR_BYTES:
                 del out[max_out:]
@@ -316,24 +344,34 @@ def exec_in(
             f"the sandbox did not answer `{cmd[0]}` within {api.timeout:g} s"
         ) from None
     finally:
+        stream.close()  # it holds the socket open (makefile's reference) until then
         raw.close()
     code = api.exec_inspect(exec_id).get("ExitCode")
     return (code if code is not None else -1), bytes(out), bytes(err)
 
 
-def _frames(raw):
+def _upgraded(sock):
+    """The stream after the engine's `101 UPGRADED`, read through the buffered reader that
+    parsed its headers: frames that came in the same read as those headers wait in its
+    buffer, and the plain socket no longer has them. Read from the socket, a fast command's
+    whole output was lost under load (an export came back empty with exit code 0; the same
+    bug in docker-py: docker/docker-py#3332)."""
+    return sock._response.raw._fp.fp
+
+
+def _frames(stream):
     """Docker's multiplexed exec stream: 8-byte header (stream, size) then the payload."""
     buffer = b""
     while True:
-        chunk = raw.recv(1 << 16)
+        chunk = stream.read1(1 << 16)
         if not chunk:
             return
         buffer += chunk
         while len(buffer) >= 8:
-            stream, size = struct.unpack(">BxxxL", buffer[:8])
+            stream_id, size = struct.unpack(">BxxxL", buffer[:8])
             if len(buffer) < 8 + size:
                 break
-            yield stream, buffer[8 : 8 + size]
+            yield stream_id, buffer[8 : 8 + size]
             buffer = buffer[8 + size :]
 
 

@@ -26,8 +26,6 @@ from sandbox.inputs import Inputs
 from sandbox.limits import Limits
 
 READY_TIMEOUT_S = 60.0
-# A check run of a job's outputs: killed past this (under the engine's 60 s per call)
-CHECKS_TIMEOUT_S = 50
 
 
 def _sandbox_path(path: str) -> str:
@@ -83,6 +81,7 @@ class DockerSandbox:
             mounts,
             self.session,
             staging_dir=self.staging_dir,
+            gvisor=self.gvisor,
         )
         self._finalizer.detach()
         self._finalizer = weakref.finalize(
@@ -354,15 +353,16 @@ class DockerSandbox:
 
     def run_checks(self, request: dict) -> dict:
         """Run the image's checker (sandbox/image/checks.py) on `request` as a fresh `python -I`
-        process, never in the kernel, and return its JSON answer. A checker that fails (killed
-        at the timeout, out of memory) answers with that failure for every output."""
+        process, never in the kernel (in a renewed sandbox it hands the request to a checker
+        the supervisor forks), and return its JSON answer. A checker that fails (killed at
+        the timeout, out of memory) answers with that failure for every output."""
         self._check_open()
-        command = ["timeout", "-s", "KILL", str(CHECKS_TIMEOUT_S), "python3", "-I",
+        command = ["timeout", "-s", "KILL", str(boundary.CHECKS_SECONDS), "python3", "-I",
                    boundary.CHECKS_PROGRAM]  # fmt: skip
         try:
             code, out, err = ctr.exec_in(
                 self.container, command, stdin=json.dumps(request).encode(),
-                max_out=1 << 20, through_cat=self.gvisor,
+                max_out=boundary.checks_answer_bytes(request), through_cat=self.gvisor,
             )  # fmt: skip
         except (OSError, docker.errors.DockerException) as error:
             raise SandboxError(f"the output checks could not run: {error}") from None
@@ -373,7 +373,7 @@ class DockerSandbox:
         if isinstance(answer, dict) and isinstance(answer.get("outputs"), dict):
             return answer
         why = (
-            f"killed after {CHECKS_TIMEOUT_S} s"
+            f"killed after {boundary.CHECKS_SECONDS} s"
             if code in (137, -9)
             else (err.decode(errors="replace").strip()[-300:] or f"exit status {code}")
         )

@@ -9,7 +9,9 @@ SmolLM2's own chat format. Seed fixed and sandcell's temperature 0: runs repeat.
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Self
 
 import httpx
+import psutil
 
 from tests.cli_runner import free_port
 
@@ -117,6 +120,27 @@ class LlamaServer:
 
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def abandon(self, body: dict, generating_cpu_s: float = 3.0, within_s: float = 60) -> None:
+        """Send an unstreamed chat request and leave once the server is generating it (its
+        process has spent `generating_cpu_s` more CPU-seconds). The server drops a request whose
+        client left before the model was invoked (it checks just before); one left after goes
+        on to its end. Leaving after a fixed 3 s raced that check on a loaded machine."""
+        server = psutil.Process(self.proc.pid)
+        before = sum(server.cpu_times()[:2])
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=within_s)
+        try:
+            conn.request(
+                "POST", "/v1/chat/completions", json.dumps(body),
+                {"Content-Type": "application/json"},
+            )  # fmt: skip
+            deadline = time.monotonic() + within_s
+            while sum(server.cpu_times()[:2]) - before < generating_cpu_s:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the server did not start generating in {within_s} s")
+                time.sleep(0.2)
+        finally:
+            conn.close()  # the client gives up; the server goes on
 
     def chat_requests(self) -> int:
         """Chat-completion requests the server received so far (its access log)."""

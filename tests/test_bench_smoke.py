@@ -13,21 +13,28 @@ import pytest
 from tests.conftest import IN_CI
 
 ROOT = Path(__file__).parent.parent
+BENCH_SECONDS = 1200  # a CI smoke run takes about 600 s beside the parallel suite
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(1260)
+@pytest.mark.timeout(BENCH_SECONDS + 60)
 @pytest.mark.xdist_group("ray")  # its Ray section starts a cluster: never beside another
 def test_smoke_bench_writes_every_section(tmp_path):
-    run = subprocess.run(
-        [sys.executable, "-m", "bench", "--smoke", "--out", str(tmp_path)],
-        check=False,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "bench", "--smoke", "--out", str(tmp_path)],
+            check=False,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=BENCH_SECONDS,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+    except subprocess.TimeoutExpired as stuck:  # say which: a slow run, or one that never left
+        finished = (tmp_path / "REPORT.md").exists()
+        pytest.fail(
+            f"after {BENCH_SECONDS} s, REPORT.md written: {finished}; stderr: {stuck.stderr!r:.4000}"
+        )
     assert run.returncode == 0, run.stderr[-4000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["smoke"] is True
@@ -69,9 +76,11 @@ def test_smoke_bench_writes_every_section(tmp_path):
     assert "steps" in real or (not IN_CI and "skipped" in real), real
     for step in real.get("steps", []):  # the server's own counts, beside the characters
         assert 0 < step["prompt_tokens"] < step["chars_sent"]
-    recipe = results["recipe"]  # renewed sandboxes against agent jobs, in one run
-    assert recipe["recipe"]["jobs"] == 4 and recipe["agent"]["jobs"] == 4
-    assert 0 < recipe["recipe"]["cpu_s_per_job"] < recipe["fresh_cpu_s"]
+    recipe = results["recipe"]  # the same jobs by a recipe and by the agent, in one run
+    assert recipe["recipe"]["jobs"] == recipe["agent"]["jobs"] == 6
+    assert recipe["model_calls_per_job"] == {"agent": 2.0, "recipe": 0.0}
+    assert recipe["recipe"]["steady_jobs"] == recipe["agent"]["steady_jobs"] == 3
+    assert recipe["recipe"]["containers"] <= 3 and recipe["agent"]["containers"] == 6
     assert set(results["batch"]["runs"]) == {"1", "2"}
     assert all(r["jobs"] == 3 for r in results["batch"]["runs"].values())
     late = results["batch"]["late"]  # the same jobs, each reply a second late

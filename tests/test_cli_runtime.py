@@ -5,9 +5,13 @@ import os
 import subprocess
 from pathlib import Path
 
+import docker
 import pytest
 
+from sandbox import SandboxUnavailable
+from sandbox import container as ctr
 from tests import cli_runner
+from tests.conftest import IN_CI
 
 DEMO = Path(__file__).parent.parent / "agent" / "demo"
 
@@ -55,3 +59,20 @@ def test_unknown_runtime_exits_3_naming_the_make_target(command, tmp_path):
     assert line.startswith("sandcell: the Docker engine has no runtime 'no-such-runtime'"), line
     assert "make engine RUNTIME=runsc" in line and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()  # refused before anything was made (or served)
+
+
+@pytest.mark.timeout(30)
+def test_an_engine_whose_default_is_runsc_gives_gvisor_s_limits_without_asking():
+    """A sandbox that asks for no runtime runs under the engine's default; when that is runsc,
+    its limits must be gVisor's (at runc's pids limit the Sentry ran out of threads)."""
+    info = docker.from_env().info()
+    if "runsc" not in (info.get("Runtimes") or {}):
+        if IN_CI:
+            pytest.fail("CI=true but the engine has no runsc runtime", pytrace=False)
+        pytest.skip("the engine has no runsc runtime (run `make engine RUNTIME=runsc`)")
+    assert ctr.runtime_is_gvisor({**info, "DefaultRuntime": "runsc"}, None) is True
+    assert ctr.runtime_is_gvisor({**info, "DefaultRuntime": "runc"}, None) is False
+    assert ctr.runtime_is_gvisor(info, "runsc") is True
+    bare = {**info["Runtimes"], "runsc": {**info["Runtimes"]["runsc"], "runtimeArgs": []}}
+    with pytest.raises(SandboxUnavailable, match="'runsc' .gVisor. is registered with no arg"):
+        ctr.runtime_is_gvisor({**info, "Runtimes": bare, "DefaultRuntime": "runsc"}, None)

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from agent import Agent, OpenAIModel, Rules
+from agent.deadline import RequestDeadline
 from agent.trace import read_trace
 from tests.cli_runner import sandcell
 from tests.scripted_server import ScriptedServer
@@ -51,6 +52,14 @@ def test_a_stream_of_pings_only_ends_at_the_wall(tmp_path):
 
 
 def test_headers_then_nothing_ends_at_the_wall(tmp_path):
+    ends_at_the_wall(tmp_path, [{"headers_only": 60}], "react")
+
+
+def test_a_read_timeout_before_the_timer_runs_is_still_the_wall(tmp_path, monkeypatch):
+    """On a loaded machine the read timeout, cut to the time left, can trip before the timer's
+    thread is scheduled (CI saw "sent nothing within 120 s"): it is the wall all the same. The
+    timer is starved here outright, so only the read timeout ends the request."""
+    monkeypatch.setattr(RequestDeadline, "_wait", lambda self: None)
     ends_at_the_wall(tmp_path, [{"headers_only": 60}], "react")
 
 

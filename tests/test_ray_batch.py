@@ -16,6 +16,7 @@ import pandas as pd
 import psutil
 import pytest
 
+from agent.trace import read_trace
 from sandbox.container import owner
 from tests.cli_runner import sandcell, sandcell_process
 from tests.conftest import IN_CI
@@ -167,7 +168,7 @@ def check_answered(record, out, expected):
     assert record["status"] == "answered", record
     assert record["answer"].endswith(f"has {rows} rows."), record
     folder = out / record["id"]
-    assert (folder / "output" / "rows.txt").is_file(), record  # its warnings say why not
+    assert (folder / "output" / "rows.txt").is_file(), why_no_output(record, folder)
     assert (folder / "output" / "rows.txt").read_text() == str(rows)
     assert (folder / "output" / "sha256.txt").read_text() == sha256(csv)  # what the sandbox read
     assert (folder / "answer.md").exists() and (folder / "notebook.ipynb").exists()
@@ -175,6 +176,18 @@ def check_answered(record, out, expected):
     assert events[-1]["type"] == "final"
     (recorded,) = events[0]["inputs"]  # where the driver read it: `replay` finds it there
     assert recorded["path"] == str(csv.resolve()) and recorded["sha256"] == sha256(csv)
+
+
+def why_no_output(record: dict, folder: Path) -> str:
+    """What a job whose output is missing said: its warnings, its files, and what its cells
+    observed (a cell that failed still lets the script's final answer through)."""
+    trace = folder / "trace.jsonl"
+    steps = read_trace(trace) if trace.exists() else []
+    observed = [obs for e in steps for obs in e.get("observations") or []]
+    return json.dumps(
+        {"record": record, "files": sorted(str(p.relative_to(folder)) for p in folder.rglob("*")),
+         "observations": observed}, indent=1, default=str,
+    )[-6000:]  # fmt: skip
 
 
 @pytest.mark.timeout(240)

@@ -8,7 +8,8 @@ import json
 import pandera.pandas as pa
 import pytest
 
-from agent.trace import read_trace
+from agent.events import Step
+from agent.trace import read_events
 from tests.cli_runner import sandcell
 from tests.scripted_server import ScriptedServer
 
@@ -20,6 +21,8 @@ FAMILY = {  # vendor exports with the same habits: duplicated rows, negative amo
     "c.csv": "id,amount,region\n9,-1,N\n10,5,S\n",
     "d.csv": "id,amount,area\n11,1,N\n",  # no region column: the recipe raises (AttributeError)
     "e.csv": "id,amount,region\n12,1,N\n12,2,N\n",  # id 12 twice, not a duplicate row
+    "f.csv": "id,amount,region\n13,2,S\n13,2,S\n",
+    "g.csv": "id,amount,region\n14,3,N\n",
 }
 CLEAN = (
     "import pandas as pd\n"
@@ -125,9 +128,11 @@ def test_a_recipe_from_a_run_answers_most_of_a_batch_without_the_model(family):
         python("df = df.drop_duplicates('id')\ndf.to_csv('/workspace/output/clean.csv', index=False)"),
         "Final Answer: kept one row per id.",
     ]  # fmt: skip
-    got, server = batch(family, ["b.csv", "c.csv", "d.csv", "e.csv"], "recipe.py", fixes)
-    assert [got[j]["solved_by"] for j in "bcde"] == ["recipe", "recipe", "agent", "agent"]
-    assert all(got[j]["checks"]["passed"] for j in "bcde")
+    names = ["b.csv", "c.csv", "f.csv", "g.csv", "d.csv", "e.csv"]
+    got, server = batch(family, names, "recipe.py", fixes)
+    solved = [got[j]["solved_by"] for j in "bcfgde"]
+    assert solved == ["recipe"] * 4 + ["agent", "agent"]
+    assert all(got[j]["checks"]["passed"] for j in "bcfgde")
     assert got["b"]["steps"] == 0 and got["c"]["tokens"] == 0
     # only the two handed-over jobs asked the model: two requests each
     assert len(server.requests) == 4
@@ -147,20 +152,23 @@ def test_a_recipe_from_a_run_answers_most_of_a_batch_without_the_model(family):
         family / "out" / "b" / "output" / "clean.csv"
     ).read_text() == "id,amount,region\n7,1,S\n8,2,N\n"
 
-    hosts = {j: _printed_host(family / "out" / j) for j in "bc"}
-    assert hosts["b"] and hosts["b"] == hosts["c"], hosts  # c ran in b's renewed sandbox
+    # A recipe job's sandbox goes back to the pool, renewed while the next job runs in
+    # another: with one worker, the pool (of one) and the first job's sandbox take turns, so
+    # four recipe jobs ran in at most two containers.
+    hosts = {j: _printed_host(family / "out" / j) for j in "bcfg"}
+    assert all(hosts.values()) and len(set(hosts.values())) <= 2, hosts
     report = (family / "out" / "report.md").read_text()
     assert (
-        report.count("answered by the recipe") == 2 and report.count("answered by the agent") == 2
+        report.count("answered by the recipe") == 4 and report.count("answered by the agent") == 2
     )
 
 
 def _printed_host(folder) -> str | None:
-    for step in read_trace(folder / "trace.jsonl"):
-        for obs in step.get("observations") or []:
-            for chunk in (obs.get("execution") or {}).get("stream", []):
-                if chunk["text"].startswith("host "):
-                    return chunk["text"].split()[1]
+    for event in read_events(folder / "trace.jsonl"):
+        for ex in event.executions() if isinstance(event, Step) else []:
+            for line in ex.stdout.splitlines():
+                if line.startswith("host "):
+                    return line.split()[1]
     return None
 
 

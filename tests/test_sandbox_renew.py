@@ -206,18 +206,47 @@ def test_renew_needs_a_staging_sandbox():
 @pytest.mark.timeout(180)
 def test_pool_release_hands_the_sandbox_out_again_renewed(tmp_path):
     a, b = write_csv(tmp_path / "a.csv", 3), write_csv(tmp_path / "b.csv", 4)
-    with SandboxPool(size=1, limits=FAST) as pool:
+    with SandboxPool(size=0, limits=FAST) as pool:
         first = pool.acquire([a])
         first.run("x = 1; open('/workspace/output/clean.csv', 'w').write('a')")
-        assert pool.release(first)
+        assert pool.release(first)  # renewed in the background, and waited for
         second = pool.acquire([b])
         assert second is first
         ex = second.run("import os; 'x' in globals(), os.listdir('/data'), os.listdir('output')")
         assert ex.text == "(False, ['b.csv'], [])", render(ex)
         second.container.kill()  # a sandbox that cannot be renewed is closed, not kept
-        assert not pool.release(second) and second.closed
+        assert pool.release(second)
+        third = pool.acquire()  # waits for the renewal under way, then takes a fresh one
+        assert third is not second and second.closed
         assert isinstance(pool.renew_error, SandboxError)
-        third = pool.acquire()
-        assert third is not second
         pool.close()
         assert not pool.release(third) and third.closed
+
+
+def wait_for(condition, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert condition()
+
+
+@pytest.mark.timeout(180)
+def test_pool_renews_in_the_background_and_starts_no_sandbox_for_one_renewing():
+    # a batch worker: its next job runs while the sandbox of its last job is renewed
+    with SandboxPool(size=1, limits=FAST, warmup=None) as pool:
+        first = pool.acquire()  # started here: the pool's own start is under way
+        wait_for(lambda: pool.ready() == 1)
+        fresh = {s.session for s in pool._ready}
+        assert pool.release(first)
+        wait_for(lambda: len(pool._renewed) == 1)
+        second = pool.acquire()
+        assert second is first  # renewed: handed out before the fresh one
+        assert pool.release(second)
+        third = pool.acquire()  # the fresh one, or the first again if renewed already
+        assert third.session in fresh | {first.session}
+        wait_for(lambda: pool._renewing == 0)
+        held = {s.session for s in [*pool._ready, *pool._renewed]} | {third.session}
+        assert held == fresh | {first.session}
+        assert pool._idle == 1 and pool._wanted._value == 0  # and none is starting
+        ex = third.run("import os; os.listdir('/data'), 'x' in globals()")
+        assert ex.text == "([], False)", render(ex)

@@ -9,6 +9,10 @@ From the first RENEW on, kernels are forked from this process, which then import
 pandas, numpy and most of matplotlib once (and never runs model code): a renewed kernel costs
 its own start only, not those imports. A sandbox never renewed pays nothing for this: its
 kernels start with exec, as they do where an import fails.
+From then on it also serves a job's output checks (checks.py): it listens on
+boundary.CHECKS_SOCKET, bound as it starts so no other process can take the name, and forks a
+checker per request, with pandas and pandera loaded already, for the host's own commands only
+(the helper group; model code is not in it).
 It makes itself non-dumpable so model code, which runs as the same uid, can neither
 ptrace it nor read its memory through /proc.
 
@@ -17,11 +21,13 @@ the same signals sent by a process inside the container carry its pid and are ig
 """
 
 import ctypes
+import fcntl
 import importlib
 import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 
@@ -48,6 +54,7 @@ HANDLED = {
     boundary.SWEEP,
     boundary.STOP,
     signal.SIGINT,
+    signal.SIGIO,  # a connection to the checks socket
 }
 # What a kernel would import anyway, loaded here once. Importing opens no socket or file that
 # a fork would share; numpy's OpenBLAS starts its threads, which it stops and restarts
@@ -72,22 +79,99 @@ PRELOAD = (
     "matplotlib.backends.backend_agg",
     boundary.KERNEL_EXTENSION,
 )
+CHECKER = ("yaml", "pandera.pandas", "pandera.io.pandas_io", "pandera.errors", "checks")
+ACCEPTS_AT_ONCE = 8  # connections to the checks socket taken per SIGIO
+# The host's helpers (file reads, checks) run in this group; model code cannot join it
+HELPER_GID = os.getgid() + boundary.HELPER_GID_OFFSET
 # Every place model code can leave files for a later job: the tmpfs mounts, the shared-memory
 # and POSIX message-queue folders, the kernel's own folder, and the host's connection folder
 # (writable to the sandbox while the host has it unsealed for a restart).
 JOB_DIRS = (boundary.WORKSPACE, "/tmp", "/dev/shm", "/dev/mqueue", INTERNAL_DIR)
 
 
+def imported(name: str) -> bool:
+    """Import the module `name` into this process; False (and said) if it fails."""
+    try:
+        importlib.import_module(name)
+    except Exception as error:  # an image without pandas still runs kernels
+        print(f"supervisor: preload of {name} failed: {error!r}", file=sys.stderr)
+        return False
+    return True
+
+
 def preload() -> bool:
     """Import PRELOAD; False (kernels then start with exec) if the kernel's own modules fail."""
-    for name in PRELOAD:
+    essential = ("zmq", "relay", "ipykernel.kernelapp", boundary.KERNEL_EXTENSION)
+    return all(imported(name) or name not in essential for name in PRELOAD)  # stops at one
+
+
+def preload_checker(listener: socket.socket | None) -> None:
+    """Import CHECKER, then serve checks on listener; where an import fails, checks.py keeps
+    checking in a process of its own."""
+    if listener is None or not all(imported(name) for name in CHECKER):
+        return
+    listener.setblocking(False)
+    fcntl.fcntl(listener, fcntl.F_SETOWN, os.getpid())  # SIGIO here as a connection comes
+    fcntl.fcntl(listener, fcntl.F_SETFL, fcntl.fcntl(listener, fcntl.F_GETFL) | os.O_ASYNC)
+    listener.listen(8)
+
+
+def checks_socket() -> socket.socket | None:
+    """boundary.CHECKS_SOCKET bound (not listening yet): the name is ours from the start."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(boundary.CHECKS_SOCKET)
+    except OSError as error:
+        print(f"supervisor: no checks socket: {error!r}", file=sys.stderr)
+        listener.close()
+        return None
+    return listener
+
+
+def serve_checks(listener: socket.socket) -> None:
+    """A checker for each waiting connection of the host's checks.py; any other is closed.
+    At most ACCEPTS_AT_ONCE: model code connecting without end must not keep this process
+    from the host's signals (SIGIO, raised again for the rest, comes after all of them)."""
+    for _ in range(ACCEPTS_AT_ONCE):
         try:
-            importlib.import_module(name)
-        except Exception as error:  # an image without pandas still runs kernels
-            print(f"supervisor: preload of {name} failed: {error!r}", file=sys.stderr)
-            if name in ("zmq", "relay", "ipykernel.kernelapp", boundary.KERNEL_EXTENSION):
-                return False
-    return True
+            conn, _ = listener.accept()
+        except OSError:  # none left (or the listener is not listening: no preload)
+            return
+        with conn:
+            _, uid, gid = boundary.peer_credentials(conn)
+            if uid == os.getuid() and gid == HELPER_GID:
+                fork_checker(conn)
+    signal.raise_signal(signal.SIGIO)  # blocked: pending, taken after the host's signals
+
+
+def fork_checker(conn: socket.socket) -> None:
+    """Check one request in a fork of this process. The fork stays non-dumpable (model code,
+    the same uid, can neither ptrace it nor read its memory) and is killed by SIGALRM at
+    CHECKS_SECONDS. A fork that fails (the pids or memory limit, which model code can reach)
+    closes the connection: checks.py then checks in a process of its own."""
+    try:
+        pid = os.fork()
+    except OSError as error:
+        print(f"supervisor: no checker: {error!r}", file=sys.stderr)
+        return
+    if pid != 0:
+        return
+    try:
+        keep = conn.fileno()
+        os.closerange(3, keep)
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # never the container's stdout: that is Docker's log
+            os.dup2(null, fd)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        signal.alarm(boundary.CHECKS_SECONDS)
+        conn.setblocking(True)
+        checks = sys.modules["checks"]
+        request = checks.read_all(conn, checks.REQUEST_BYTES)
+        reply = checks.answer(json.loads(request)) | {"checker": "supervisor"}
+        conn.sendall(json.dumps(reply).encode())
+    finally:
+        os._exit(0)
 
 
 def run_relay() -> None:
@@ -184,7 +268,7 @@ def reap() -> list[tuple[int, int]]:
         ended.append((pid, status))
 
 
-def live_pids(keep: set[int]) -> list[int]:
+def live_pids(keep: set[int], spare_helpers: bool = False) -> list[int]:
     pids = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) in keep:
@@ -192,6 +276,8 @@ def live_pids(keep: set[int]) -> list[int]:
         try:
             with open(f"/proc/{name}/stat", "rb") as f:
                 state = f.read().rsplit(b")", 1)[1].split()[0]
+            if spare_helpers and real_gid(name) == HELPER_GID:
+                continue
         except (OSError, IndexError):
             continue
         if state != b"Z":
@@ -199,11 +285,19 @@ def live_pids(keep: set[int]) -> list[int]:
     return pids
 
 
-def kill_all(keep: set[int], seconds: float = 10.0) -> bool:
-    """True once no process but `keep` is left; False if some still live at the deadline."""
+def real_gid(pid: str) -> int:
+    with open(f"/proc/{pid}/status", "rb") as f:
+        line = next((line for line in f if line.startswith(b"Gid:")), b"Gid: -1")
+    return int(line.split()[1])
+
+
+def kill_all(keep: set[int], seconds: float = 10.0, spare_helpers: bool = False) -> bool:
+    """True once no process but `keep` is left (and, with spare_helpers, the host's helpers:
+    a file read or a check the host ran while the sweep went on); False if some still live
+    at the deadline."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        pids = live_pids(keep)
+        pids = live_pids(keep, spare_helpers)
         if not pids:
             reap()
             return True
@@ -216,7 +310,7 @@ def kill_all(keep: set[int], seconds: float = 10.0) -> bool:
         reap()
         time.sleep(0.005)
     reap()
-    return not live_pids(keep)
+    return not live_pids(keep, spare_helpers)
 
 
 def copy_font_cache() -> None:
@@ -298,11 +392,16 @@ def main() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)  # before any import can start a thread
     copy_font_cache()
+    listener = checks_socket()
     preloaded = forked = False
     relay, kernel = start(forked)
     while True:
         info = signal.sigwaitinfo(HANDLED)
         sig = info.si_signo
+        if sig == signal.SIGIO:  # from anyone: serve_checks judges each connection itself
+            if listener is not None:
+                serve_checks(listener)
+            continue
         if sig != signal.SIGCHLD and info.si_pid != 0:
             continue  # sent from inside the container (model code): only the host may ask
         if sig == signal.SIGCHLD:
@@ -322,9 +421,11 @@ def main() -> None:
                 sys.exit(f"supervisor: the sandbox cannot be renewed: {error}")
             if not preloaded:  # after wipe(): matplotlib reads the font cache it copied back
                 preloaded, forked = True, preload()
+                if forked:
+                    preload_checker(listener)
             relay, kernel = start(forked)
-        elif sig == boundary.SWEEP:
-            kill_all({1, kernel, relay})
+        elif sig == boundary.SWEEP:  # a timed-out cell's strays: the host's helpers are not
+            kill_all({1, kernel, relay}, spare_helpers=True)
         else:
             kill_all({1})
             sys.exit(0)
