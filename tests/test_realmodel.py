@@ -280,12 +280,12 @@ def test_a_figure_is_refused_by_a_model_without_vision_and_told_apart(llama):
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_a_run_behind_an_abandoned_request_ends_at_its_wall(tmp_path):
     """Issue 27: an unstreamed request (as this server answers tool calls) abandoned by its
     client keeps the server generating; a `run --protocol tools --wall 20` behind it waits in the
-    server's queue and still ends at its wall: exit 1 within
-    30 s, wall_time in the trace, and one line saying the endpoint was still busy."""
+    server's queue and still ends at its wall: wall_time in the trace within 3 s of it, exit 1,
+    and one line saying the endpoint was still busy."""
     problem = missing()
     if problem:
         if IN_CI:
@@ -315,10 +315,11 @@ def test_a_run_behind_an_abandoned_request_ends_at_its_wall(tmp_path):
     assert len(final) == 1 and final[0]["stop_reason"] == stops.WALL_TIME, final
     assert "still busy" in final[0]["detail"] and "Traceback" not in said
     assert final[0]["duration_s"] < 20 + 3  # the promise: the question ends at its wall
-    # the command within 30 s; its interpreter's start is left out, as on a loaded machine
-    # (the suite's parallel tests beside a generating server) importing alone can take 10 s
+    # The command's exit waits for the sandbox begun beside the question to start and be
+    # removed (nothing may outlive it): 2 s here when quiet, 50 s in the parallel suite beside
+    # this generating server and one more CPU hog. Its interpreter's start is left out too.
     ready = dt.datetime.fromisoformat(events[0]["time"]).timestamp() - began
-    assert took - ready < 30, (took, ready, said)
+    assert took - ready < 20 + 60, (took, ready, said)
     assert (out / "notebook.ipynb").exists() and (out / "answer.md").exists()
     assert still_busy >= 2  # the abandoned request and the run's own
     print(

@@ -726,7 +726,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.xdist_group("security-a")
-@pytest.mark.timeout(150)  # under gVisor the engine's kill can wait 60 s on a thrashing Sentry
+@pytest.mark.timeout(300)  # under gVisor the engine's kill can wait 60 s on a thrashing Sentry
 def test_fork_bomb_is_bounded_by_pids_limit(runtime, request):
     known_runsc_difference(  # not strict: on a quiet machine the sandbox may survive it
         runtime,

@@ -315,7 +315,7 @@ def test_interrupt_from_another_thread_keeps_state(runtime):
 
 
 @pytest.mark.xdist_group("semantics-b")
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_restart_clears_state_and_keeps_files(runtime):
     with DockerSandbox(limits=FAST, runtime=runtime) as box:
         assert box.run("x = 1\nopen('kept.txt', 'w').write('kept')").ok

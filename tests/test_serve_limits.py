@@ -22,7 +22,7 @@ from tests.serve_helpers import (
     wait_for,
 )
 
-SLOW_START_S = 8  # the rebuild of a resumed session re-runs a cell that sleeps this long
+SLOW_START_S = 12  # the rebuild of a resumed session re-runs a cell that sleeps this long
 
 
 @pytest.fixture
@@ -33,9 +33,7 @@ def model():
 
 @pytest.mark.docker
 @pytest.mark.timeout(240)
-def test_health_answers_within_1s_while_a_container_starts_and_an_upload_waits_on_it(
-    model, tmp_path
-):
+def test_health_answers_at_once_while_a_container_starts_and_an_upload_waits_on_it(model, tmp_path):
     """A resumed session's start re-runs its recorded cells: one that sleeps makes a start
     that takes SLOW_START_S. An upload to that session waits for the start holding the
     sandbox's lock; a message sent then waits for the same lock in `renew`. Only the message's
@@ -72,7 +70,8 @@ def test_health_answers_within_1s_while_a_container_starts_and_an_upload_waits_o
             asked = time.monotonic()
             assert anon.get("/api/health", timeout=30).status_code == 200
             took = time.monotonic() - asked
-        assert took < 1.0, f"/api/health took {took:.2f} s while a container started"
+        # blocked, it would wait out the start (about 10 s more); a loaded machine may take 1 s
+        assert took < 4.0, f"/api/health took {took:.2f} s while a container started"
         assert not waiting and time.monotonic() - began < SLOW_START_S, "the start was over"
         for thread in threads:
             thread.join(120)
@@ -83,21 +82,21 @@ def test_health_answers_within_1s_while_a_container_starts_and_an_upload_waits_o
 @pytest.mark.timeout(240)
 def test_execute_may_ask_for_less_than_the_servers_cell_timeout_never_more(model, tmp_path):
     with (
-        serving(config(model, tmp_path / "d", limits=Limits(timeout_s=5))) as base,
+        serving(config(model, tmp_path / "d", limits=Limits(timeout_s=10))) as base,
         client(base) as api,
     ):
         field = api.get("/openapi.json").json()["components"]["schemas"]["Code"]
         assert "--timeout" in field["properties"]["timeout"]["description"]
         sid = new_session(api)
-        for asked in (5.5, 24 * 3600):
+        for asked in (10.5, 24 * 3600):
             r = execute(api, sid, "1", timeout=asked)
             assert r.status_code == 422, r.text
-            assert "cell timeout of 5 s (sandcell serve --timeout)" in r.json()["error"]
+            assert "cell timeout of 10 s (sandcell serve --timeout)" in r.json()["error"]
         r = execute(api, sid, "while True: pass", timeout=1)
         assert r.status_code == 200 and r.json()["timed_out"], r.text
-        assert r.json()["duration_s"] < 4, r.text
-        r = execute(api, sid, "import time\ntime.sleep(30)")  # none asked: the server's 5 s
-        assert r.json()["timed_out"] and r.json()["duration_s"] < 15, r.text
+        assert r.json()["duration_s"] < 6, r.text  # its own 1 s, not the server's 10
+        r = execute(api, sid, "import time\ntime.sleep(30)")  # none asked: the server's 10 s
+        assert r.json()["timed_out"] and r.json()["duration_s"] < 25, r.text
 
 
 @pytest.mark.docker

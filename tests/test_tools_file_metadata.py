@@ -33,9 +33,19 @@ def _registry(tree: Path) -> Registry:
 
 
 def _call(reg: Registry, path: str):
+    """The observation and the seconds it took. The bounds on those seconds are loose (a loaded
+    machine may pause a thread for a second): what they catch is an open that blocks for ever."""
     start = time.perf_counter()
     obs = reg.call("file_metadata", {"path": path})
     return obs, time.perf_counter() - start
+
+
+def _cpu_call(reg: Registry, path: str):
+    """The observation and this thread's CPU seconds for it (the tool runs in the caller's
+    thread): reading a whole 2 GiB file costs seconds of it, however loaded the machine."""
+    start = time.thread_time()
+    obs = reg.call("file_metadata", {"path": path})
+    return obs, time.thread_time() - start
 
 
 def test_confined_paths_answer(tree):
@@ -79,7 +89,7 @@ TRAVERSALS = [
 def test_traversal_refused(tree, path, words):
     obs, elapsed = _call(_registry(tree), path)
     assert not obs.ok and words in obs.text, obs.text
-    assert "TOP-SECRET" not in obs.text and elapsed < 1
+    assert "TOP-SECRET" not in obs.text and elapsed < 5
 
 
 def test_symlinks_out_are_refused(tree):
@@ -160,7 +170,7 @@ def test_fifo_refused_without_blocking(tree):
     for path in ["/data/inputs/pipe.csv", "/data/p.csv", "/workspace/pipe.csv"]:
         obs, elapsed = _call(reg, path)
         assert not obs.ok and "FIFO" in obs.text, obs.text
-        assert elapsed < 1
+        assert elapsed < 5
 
 
 @pytest.mark.timeout(10)
@@ -168,7 +178,7 @@ def test_devices_refused(tree):
     reg = Registry([file_metadata_tool({"zero.csv": "/dev/zero", "null": "/dev/null"})])
     for path in ["/data/zero.csv", "/data/null"]:
         obs, elapsed = _call(reg, path)
-        assert not obs.ok and "character device" in obs.text and elapsed < 1
+        assert not obs.ok and "character device" in obs.text and elapsed < 5
 
 
 @pytest.mark.timeout(30)
@@ -180,16 +190,16 @@ def test_huge_sparse_files_are_answered_fast_and_bounded(tree):
     padded.write_text("id,name\n" + "".join(f"{i},n{i}\n" for i in range(1000)))
     os.truncate(padded, 2 << 30)
     reg = _registry(tree)
-    obs, elapsed = _call(reg, "/data/inputs/huge.csv")
+    obs, cpu_s = _cpu_call(reg, "/data/inputs/huge.csv")
     assert (
         obs.ok
         and "binary, 2.0 GiB" in obs.text
         and "named .csv but the content is binary" in obs.text
     )
-    assert "sha256 not computed" in obs.text and elapsed < 1.0, elapsed
-    obs, elapsed = _call(reg, "/data/inputs/padded.csv")
+    assert "sha256 not computed" in obs.text and cpu_s < 1.0, cpu_s
+    obs, cpu_s = _cpu_call(reg, "/data/inputs/padded.csv")
     assert obs.ok and "at least 1,000 rows" in obs.text and "zero bytes from byte" in obs.text
-    assert elapsed < 1.0 and len(obs.text) < 3000
+    assert cpu_s < 1.0 and len(obs.text) < 3000, cpu_s
 
 
 def test_workspace_without_a_sandbox_says_so(tree):
