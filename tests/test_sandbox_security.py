@@ -778,7 +778,7 @@ def test_memory_bomb_restarts_kernel_reported_as_out_of_memory(runtime, request)
         ok(sb, "x = 1\nopen('kept.txt', 'w').write('kept')")
         ex = sb.run("b = []\nwhile True:\n    b.append(bytearray(16 << 20))\n")
         assert ex.restarted == "out of memory", render(ex)
-        assert not ex.timed_out and ex.duration_s < 15
+        assert not ex.timed_out and ex.duration_s < 20, ex.duration_s  # within its limit
         assert "out of memory" in render(ex)
         after = sb.run("print(open('kept.txt').read()); x")
         assert after.stdout.strip() == "kept" and after.error.name == "NameError", render(after)

@@ -310,7 +310,7 @@ def test_interrupt_from_another_thread_keeps_state(runtime):
         ex = box.run("import time\nwhile True:\n    time.sleep(0.01)")
         timer.join()
         assert ex.interrupted and not ex.timed_out and ex.restarted is None
-        assert ex.error.name == "KeyboardInterrupt" and ex.duration_s < 10
+        assert ex.error.name == "KeyboardInterrupt" and ex.duration_s < 20  # not its 30 s limit
         assert box.run("x + 1").text == "42"
 
 
