@@ -27,7 +27,8 @@ from sandbox.limits import Limits
 
 # A gVisor kernel starts in about 2 s alone; on a 2-core machine under load (four test workers
 # starting sandboxes beside a generating model server) whole starts of 60 s were measured.
-# A kernel that never answers is rare, and a dead container ends the wait at once.
+# A kernel that never answers at a first start is rare; after a restart a stopped container
+# ends the wait at once.
 READY_TIMEOUT_S = 120.0
 
 

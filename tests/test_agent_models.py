@@ -346,7 +346,14 @@ def test_a_stall_after_the_first_tokens_is_one_clear_error_and_no_retry(callback
     would only queue behind the first. One error, one request."""
     tokens: list[str] = []
     with ScriptedServer(
-        [{"content": "Thought: I will now think for ever and ever", "stall_after": 3}, "never"]
+        [
+            {
+                "content": "Thought: I will now think for ever and ever",
+                "stall_after": 3,
+                "stall_s": 30,
+            },
+            "never",
+        ]
     ) as s:
         started = time.monotonic()
         with pytest.raises(ModelError) as err:

@@ -215,8 +215,8 @@ def test_an_endpoint_refusing_required_is_asked_without_it_for_the_rest_of_the_s
 def test_a_reply_still_streaming_at_the_wall_time_ends_the_question(tmp_path):
     """A slow model writing a long reply: the question ends at its wall time, not when the
     reply does, and the reply is not asked for again."""
-    # the whole reply would take 60 s: the bound below tells the wall from the reply's end
-    slow = {"content": "Thought: " + "and then " * 200, "chunk_delay": 0.1, "chunk_size": 3}
+    # the whole reply would take 30 s: the bound below tells the wall from the reply's end
+    slow = {"content": "Thought: " + "and then " * 100, "chunk_delay": 0.1, "chunk_size": 3}
     with ScriptedServer([slow, "never"]) as server:
         result = agent(server.url, Rules(wall_s=1.0), protocol="react").run("x", [], tmp_path)
     assert result.stop_reason == "wall_time" and result.duration_s < 10, result.duration_s
@@ -226,7 +226,7 @@ def test_a_reply_still_streaming_at_the_wall_time_ends_the_question(tmp_path):
 
 
 def test_a_forced_answer_still_streaming_at_the_wall_time_ends_the_question(tmp_path):
-    slow = {"content": "The answer is " + "very " * 300, "chunk_delay": 0.1, "chunk_size": 3}
+    slow = {"content": "The answer is " + "very " * 150, "chunk_delay": 0.1, "chunk_size": 3}
     with ScriptedServer([CALC, slow, "never"]) as server:
         rules = Rules(max_steps=1, wall_s=1.0)
         result = agent(server.url, rules, protocol="tools").run("x", [], tmp_path)

@@ -763,7 +763,7 @@ def test_fork_bomb_is_bounded_by_pids_limit(runtime, request):
 
 
 @pytest.mark.xdist_group("security-b")
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 def test_memory_bomb_restarts_kernel_reported_as_out_of_memory(runtime, request):
     known_runsc_difference(
         runtime,
@@ -773,12 +773,12 @@ def test_memory_bomb_restarts_kernel_reported_as_out_of_memory(runtime, request)
         "the container, reported as 'stopped ... out of memory', workspace lost",
         raises=SandboxError,
     )
-    limits = Limits(timeout_s=20, interrupt_grace_s=2, memory_mb=300)
+    limits = Limits(timeout_s=60, interrupt_grace_s=2, memory_mb=300)
     with DockerSandbox(limits=limits, runtime=runtime) as sb:
         ok(sb, "x = 1\nopen('kept.txt', 'w').write('kept')")
         ex = sb.run("b = []\nwhile True:\n    b.append(bytearray(16 << 20))\n")
         assert ex.restarted == "out of memory", render(ex)
-        assert not ex.timed_out and ex.duration_s < 20, ex.duration_s  # within its limit
+        assert not ex.timed_out and ex.duration_s < 40, ex.duration_s  # the restart included
         assert "out of memory" in render(ex)
         after = sb.run("print(open('kept.txt').read()); x")
         assert after.stdout.strip() == "kept" and after.error.name == "NameError", render(after)
