@@ -27,8 +27,7 @@ from sandbox.limits import Limits
 
 # A gVisor kernel starts in about 2 s alone; on a 2-core machine under load (four test workers
 # starting sandboxes beside a generating model server) whole starts of 60 s were measured.
-# A kernel that never answers at a first start is rare; after a restart a stopped container
-# ends the wait at once.
+# A kernel that never answers is rare: a container that stops ends the wait within a second.
 READY_TIMEOUT_S = 120.0
 
 
@@ -100,26 +99,31 @@ class DockerSandbox:
     # -- lifecycle -------------------------------------------------------------------
     def _connect(self, replacing: list | None = None):
         """Connect once the kernel answers; after a restart, only to the new relay."""
+        check = self._stopped_while_waiting
         try:
             if replacing is not None and not kernel.await_new_sockets(
-                self.conn_dir,
-                self._info,
-                replacing,
-                READY_TIMEOUT_S,
-                check=lambda: ctr.check_running(self.container),
+                self.conn_dir, self._info, replacing, READY_TIMEOUT_S, check=check
             ):
                 raise RuntimeError("no new relay")
-            client = kernel.connect(self.conn_dir, self._info, READY_TIMEOUT_S)
-        except RuntimeError:
-            log = self._kernel_log()
-            self.close()
-            raise SandboxError(f"the kernel did not start within {READY_TIMEOUT_S:.0f} s.\n{log}")
+            client = kernel.connect(self.conn_dir, self._info, READY_TIMEOUT_S, check=check)
         except SandboxError as error:  # the container stopped while the kernel started
             log = self._container_log()
             self.close()
             raise SandboxError(f"{error}{log}") from None
+        except RuntimeError:  # after SandboxError, which is one
+            log = self._kernel_log()
+            self.close()
+            raise SandboxError(f"the kernel did not start within {READY_TIMEOUT_S:.0f} s.\n{log}")
         kernel.seal(self.conn_dir)
         return client
+
+    def _stopped_while_waiting(self) -> None:
+        """Raise SandboxError if the container has stopped or is gone. An engine too busy to
+        answer says nothing about the container: the wait for the kernel goes on."""
+        try:
+            ctr.check_running(self.container)
+        except (docker.errors.APIError, requests.exceptions.RequestException):
+            pass
 
     def _kernel_log(self) -> str:
         try:

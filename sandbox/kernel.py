@@ -111,7 +111,9 @@ def rotate_key(path: str, info: dict) -> dict:
     return fresh
 
 
-def connect(path: str, info: dict, ready_timeout: float) -> BlockingKernelClient:
+def connect(
+    path: str, info: dict, ready_timeout: float, check: Callable[[], None] | None = None
+) -> BlockingKernelClient:
     context = zmq.Context()
     context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
     context.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
@@ -119,7 +121,7 @@ def connect(path: str, info: dict, ready_timeout: float) -> BlockingKernelClient
     client.load_connection_info(dict(info, ip=os.path.join(path, boundary.SOCKET_BASE)))
     try:
         client.start_channels(hb=False)  # liveness: see beating()
-        wait_until_ready(client, ready_timeout)
+        wait_until_ready(client, ready_timeout, check)
     except BaseException:  # re-raised; the ZMQ context must not leak
         disconnect(client)
         raise
@@ -140,14 +142,21 @@ def beating(client: BlockingKernelClient, path: str, info: dict, timeout: float 
         sock.close(linger=0)
 
 
-def wait_until_ready(client: BlockingKernelClient, timeout: float) -> None:
+def wait_until_ready(
+    client: BlockingKernelClient, timeout: float, check: Callable[[], None] | None = None
+) -> None:
     """Ask kernel_info until the shell answers and iopub delivers (ZMQ subscriptions join
     late, so one iopub message proves the first cell's output will not be missed).
     Not jupyter_client's wait_for_ready: it takes a missing heartbeat during a slow start
-    under load for a dead kernel."""
+    under load for a dead kernel. `check`, called about once a second, raises to end the
+    wait early (the container stopped)."""
     deadline = time.monotonic() + timeout
+    next_check = time.monotonic() + 0.5
     wait = 0.02  # a request sent before the kernel binds is dropped by the relay: ask again
     while time.monotonic() < deadline:
+        if check is not None and time.monotonic() >= next_check:
+            check()
+            next_check = time.monotonic() + 1.0
         msg_id = client.kernel_info()
         answered = False
         while (left := deadline - time.monotonic()) > 0:

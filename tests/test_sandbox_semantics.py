@@ -234,6 +234,30 @@ def test_a_helper_s_connection_is_closed_when_it_ends(sb):
 
 
 @pytest.mark.timeout(150)
+def test_a_container_that_stops_before_its_kernel_answers_is_said_at_once(runtime, tmp_path):
+    """An image whose PID 1 ends at once (a broken build, a bad base): the start says the
+    container stopped within seconds, not after the kernel's whole ready wait (120 s), and
+    leaves no container behind."""
+    client = docker.from_env()
+    tag = f"sandcell-broken-test:{uuid.uuid4().hex[:8]}"
+    (tmp_path / "Dockerfile").write_text(
+        f'FROM {ctr.DEFAULT_IMAGE}\nENTRYPOINT ["sh", "-c", "exit 3"]\nCMD []\n'
+    )
+    client.images.build(path=str(tmp_path), tag=tag, rm=True)
+    try:
+        started = time.monotonic()
+        with pytest.raises(SandboxError) as err:
+            DockerSandbox(image=tag, runtime=runtime)
+        took = time.monotonic() - started
+        left = client.containers.list(all=True, filters={"ancestor": tag})
+    finally:
+        client.images.remove(tag, force=True)
+    assert "stopped" in str(err.value) and "Traceback" not in str(err.value), err.value
+    assert took < 60, took  # a loaded machine's slow start, but not the ready wait's 120 s
+    assert left == []
+
+
+@pytest.mark.timeout(150)
 def test_subprocesses_and_reads_at_once_leave_the_sandbox_running(runtime):
     """Under gVisor the container's pids cgroup counts the Sentry's host threads and stubs,
     which grow with use. At the sandbox's own limit (256), a cell of 32 subprocesses (16 at
