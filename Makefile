@@ -20,14 +20,21 @@ engine:  # RUNTIME=runsc: install gVisor's runsc too and register it with the en
 image: install engine  # EXTRA=path/to/requirements.txt: more packages, downloaded here as wheels
 	@$(VENV)/bin/sandcell image build $(if $(BASE),--base $(BASE)) $(if $(EXTRA),--extra $(EXTRA))
 
-# the sandbox suites run under runc and under gVisor (`make test RUNTIME=` leaves gVisor out)
+# the sandbox suites run under runc and under gVisor (`make test RUNTIME=` leaves gVisor out).
+# scripts/testrun.py runs each failed test of the parallel suite once more, alone: one that then
+# passes is reported flaky (and listed in tests/FLAKY.md), one that fails again fails the run.
+# The summary, last, reads the JUnit reports (JUNIT=path names the first; .test-report.xml).
 test: RUNTIME ?= runsc
+test: REPORT = $(or $(JUNIT),.test-report.xml)
 test: install engine image
 	@scripts/ensure-chromium.sh  # the page's browser tests: Debian's chromium, never a download
 	@scripts/ensure-llama.sh $(PY)  # the realmodel tests' server: built once per machine, cached
-	$(PY) -m pytest -n 4 --dist loadgroup -m 'not engine_outage' $(PYTEST_ARGS) $(if $(JUNIT),--junitxml=$(JUNIT))
-	@# these stop the Docker engine for a few seconds: alone, after everything else
-	$(PY) -m pytest -m engine_outage $(PYTEST_ARGS) $(if $(JUNIT),--junitxml=$(basename $(JUNIT))-outage.xml)
+	@status=0; \
+	$(PY) scripts/testrun.py run $(REPORT) --rerun -- -n 4 --dist loadgroup -m 'not engine_outage' $(PYTEST_ARGS) || status=1; \
+	echo "# the engine-outage tests stop the Docker engine for a few seconds: alone, after the rest"; \
+	$(PY) scripts/testrun.py run $(basename $(REPORT))-outage.xml -- -m engine_outage $(PYTEST_ARGS) || status=1; \
+	$(PY) scripts/testrun.py summary $(REPORT) $(basename $(REPORT))-outage.xml || status=1; \
+	exit $$status
 
 unit: install
 	$(PY) -m pytest -m 'not docker' $(PYTEST_ARGS)
@@ -40,8 +47,8 @@ demo: install engine image
 	$(PY) -m agent.demo $(DEMO_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check sandbox agent tools tests bench
-	$(VENV)/bin/ruff format --check sandbox agent tools tests bench
+	$(VENV)/bin/ruff check sandbox agent tools tests bench scripts
+	$(VENV)/bin/ruff format --check sandbox agent tools tests bench scripts
 
 clean:
 	rm -rf $(VENV)  # the image's wheels stay cached in ~/.cache/sandcell/image-wheels
