@@ -2,7 +2,9 @@
 Ctrl-C interrupting a running cell without ending the session, slash commands, and a second
 Ctrl-C ending the session cleanly."""
 
+import io
 import json
+import re
 import signal
 import time
 
@@ -140,3 +142,59 @@ def test_chat_two_questions_share_state_and_ctrl_c_interrupts_the_cell(tmp_path)
     trace = (folder / "trace.jsonl").read_text()
     assert trace.count('"type": "final"') >= 4  # the fifth question was cut short
     assert (folder / "notebook.ipynb").exists()
+
+
+WIDE = [
+    {
+        "content": "Thought: show the table.",
+        "tool_calls": [
+            {
+                "name": "python",
+                "arguments": {
+                    "code": "import numpy as np, pandas as pd\n"
+                    "pd.DataFrame(np.arange(60).reshape(5, 12) * 1000.5,\n"
+                    "             columns=[f'column_{i}' for i in range(12)])"
+                },
+            }
+        ],
+    },
+    {"content": "Final Answer: the table is shown."},
+]
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
+@pytest.mark.xdist_group("chat")
+def test_chat_shows_a_wide_table_at_the_terminal_s_width_and_the_model_its_own(tmp_path):
+    """120 columns: the observation panel lays the DataFrame out 116 wide (11 of its 12
+    columns in the first block), where pandas' text, which the model reads, wraps at 80."""
+    (tmp_path / "script.json").write_text(json.dumps(WIDE))
+    folder = tmp_path / "session"
+    args = ["chat", "--output", str(folder), "--replay", str(tmp_path / "script.json")]
+    child = sandcell_terminal(
+        *args,
+        # not TERM=dumb: rich takes a dumb terminal to be 80 columns wide, whatever its size
+        env={"PATH": "/usr/bin:/bin", "TERM": "xterm-256color", "HOME": str(tmp_path)},
+        encoding="utf-8",
+        timeout=120,
+        cwd=str(tmp_path),
+        dimensions=(40, 120),  # a terminal 120 columns wide
+    )
+    child.str_last_chars = 4000
+    child.logfile_read = transcript = io.StringIO()
+    try:
+        child.expect("you> ")
+        child.sendline("Show me a table.")
+        child.expect("table is shown")  # streamed: colour codes may split it elsewhere
+        child.expect("you> ")
+        child.sendline("/quit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    lines = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", transcript.getvalue()).splitlines()
+    header = [line for line in lines if "column_0" in line]
+    assert len(header) == 1 and "column_10" in header[0], transcript.getvalue()
+    assert all(len(line.rstrip()) <= 120 for line in lines)
+    trace = [json.loads(line) for line in (folder / "trace.jsonl").open()]
+    (seen,) = [o["text"] for r in trace for o in r.get("observations", [])]
+    assert "column_6  \\" in seen and "column_10" not in seen.splitlines()[0]  # pandas' 80

@@ -4,6 +4,7 @@ that need one run the real command in a subprocess (test_cli_exec.py, test_jobs.
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,30 @@ def test_help_of_each_command_lists_its_options(name):
     assert result.stdout.startswith(f"Usage: sandcell {name} [OPTIONS]")
     for text in HELP[name]:
         assert text in result.stdout, f"{name} --help lacks {text}"
+
+
+def every_help(command=main, path=()):
+    """(command path, its --help text) for the group and every command under it."""
+    import click
+
+    yield path, sandcell(*path, "--help").output
+    if isinstance(command, click.Group):
+        for name in command.list_commands(None):
+            yield from every_help(command.get_command(None, name), (*path, name))
+
+
+# words by which a help text promises what the command does not do yet
+PROMISES = re.compile(r"\b(later|future|soon|not yet|coming|planned|todo|will be)\b", re.I)
+
+
+def test_no_help_text_promises_a_later_feature():
+    helps = dict(every_help())
+    assert {("serve",), ("image", "build"), ("tool",)} <= set(helps)  # every level is read
+    for path, text in helps.items():
+        assert text.startswith("Usage: "), path
+        promise = PROMISES.search(" ".join(text.split()))  # help wraps lines
+        assert promise is None, f"sandcell {' '.join(path)} --help promises: {promise.group(0)!r}"
+    assert "a page for people" in " ".join(helps[("serve",)].split())
 
 
 def test_help_and_version_load_no_model_client():

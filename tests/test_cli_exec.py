@@ -44,8 +44,11 @@ def test_exec_statuses(tmp_path):
         "import pandas as pd; print(pd.read_csv('/data/numbers.csv').n.sum())",
     )
     assert (ok.returncode, ok.stdout.strip()) == (0, "6")
-    raised = sandcell("exec", "-c", "1/0")
+    raised = sandcell("exec", "-c", "print('hi'); 1/0")
     assert raised.returncode == 1 and "ZeroDivisionError" in raised.stdout
+    # what the cell printed, once: live as it ran, not again with the traceback
+    assert raised.stdout.splitlines().count("hi") == 1, raised.stdout
+    assert raised.stdout.startswith("hi\n"), raised.stdout
     timed = sandcell("exec", "--timeout", "2", "-c", "while True: pass")
     assert timed.returncode == 124 and "Timed out" in timed.stdout
     died = sandcell("exec", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")

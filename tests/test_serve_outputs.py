@@ -58,6 +58,8 @@ def test_observation_outputs_once_files_listed_zipped_profiles_titles_and_owners
         assert r.status_code == 201, r.text
         assert "12 rows x 5 columns" in r.json()["profiles"]["sales.csv"]
         assert api.get(f"/api/sessions/{sid}/profiles").json() == r.json()["profiles"]
+        assert r.json()["summaries"] == {"sales.csv": "12 rows × 5 columns, 0 missing"}
+        assert api.get(f"/api/sessions/{sid}/summaries").json() == r.json()["summaries"]
         assert api.get(f"/api/sessions/{sid}/outputs").json()["zip"] is None
         assert api.get(f"/api/sessions/{sid}/outputs.zip").status_code == 404  # none made yet
 
@@ -118,6 +120,7 @@ def test_observation_outputs_once_files_listed_zipped_profiles_titles_and_owners
             ("GET", "/outputs"),
             ("GET", "/outputs.zip"),
             ("GET", "/profiles"),
+            ("GET", "/summaries"),
         ]:
             body = {"title": "mine"} if method == "PATCH" else None
             r = bob.request(method, f"/api/sessions/{sid}{path}", json=body)

@@ -41,7 +41,11 @@ def test_outputs_once_files_to_download_and_the_inputs_profile(page, model, tmp_
     profile = page.get_by_test_id("input-profile")
     expect(profile).to_have_count(1)
     expect(page.locator("#status")).to_have_class("success")
+    # the shape at a glance, the profile itself folded below it
+    expect(profile.locator("summary")).to_have_text("profile: 12 rows × 5 columns, 0 missing")
+    expect(profile.locator("pre")).to_be_hidden()
     profile.locator("summary").click()
+    expect(profile.locator("pre")).to_be_visible()
     expect(profile).to_contain_text("12 rows x 5 columns")  # the file_metadata tool's words
     expect(profile).to_contain_text("units: int, 0 nulls")
     ask(page, "Which region sold the most units? Save the data.")
@@ -87,6 +91,9 @@ def test_outputs_once_files_to_download_and_the_inputs_profile(page, model, tmp_
     page.get_by_test_id("open-session").click()
     expect(page.get_by_test_id("output-file")).to_have_count(3)
     expect(page.get_by_test_id("input-profile")).to_contain_text("12 rows x 5 columns")
+    expect(page.get_by_test_id("input-profile").locator("summary")).to_have_text(
+        "profile: 12 rows × 5 columns, 0 missing"
+    )
     assert page.dialogs == [] and page.errors == []
 
 

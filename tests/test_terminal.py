@@ -60,11 +60,11 @@ def test_for_terminal_leaves_piped_text_as_it_is():
     assert for_terminal(text, False) == text and for_terminal(text, True) == visible(text)
 
 
-def printed(terminal: bool, events: list[Event]) -> str:
+def printed(terminal: bool, events: list[Event], width: int = 100) -> str:
     out = io.StringIO()
     colours = "standard" if terminal else None
     console = Console(
-        file=out, force_terminal=terminal, color_system=colours, width=100, highlight=False
+        file=out, force_terminal=terminal, color_system=colours, width=width, highlight=False
     )
     printer = EventPrinter(console)
     for event in events:
@@ -189,3 +189,40 @@ def test_chat_shows_a_cells_printed_line_once_and_the_rest_in_the_observation_pa
         Observation(tool="python", ok=True, text=render(quiet), execution=quiet),
     ])  # fmt: skip
     assert shown.count("only-output") == 1 and "observation" not in shown
+
+
+def wide_frame_result():
+    """A 12-column DataFrame's result as the kernel sends it: pandas' text (80 wide, as the
+    model reads it) and pandas' HTML table."""
+    import numpy as np
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        np.arange(60).reshape(5, 12) * 1000.5, columns=[f"column_{i}" for i in range(12)]
+    )
+    frame = frame.astype({"column_11": object})
+    frame.iloc[0, 11] = f"[bold]x{CSI}"  # markup and a control sequence, from the data
+    with pd.option_context("display.width", 80, "display.max_columns", 20):  # the kernel's
+        text = repr(frame)
+    return Result({"text/plain": text, "text/html": frame._repr_html_()}, is_main=True)
+
+
+def test_chat_lays_a_table_out_at_its_panel_s_width_the_model_keeps_its_text():
+    result = wide_frame_result()
+    assert "column_6  \\\n" in result.data["text/plain"]  # pandas wrapped it at 80
+    ex = Execution(results=[result])
+    event = Observation(tool="python", ok=True, text=render(ex), execution=ex)
+    shown = printed(True, [event], width=120)
+    lines = SGR.sub("", shown).splitlines()
+    header = [line for line in lines if "column_" in line]
+    # one block holds column_0 to column_10 (116 cells inside the panel), the rest below it
+    assert len(header) == 2 and "column_10" in header[0] and "column_11" in header[1], shown
+    below = lines.index(header[1])
+    cell = lines[below + 1].rstrip(" │")
+    assert cell.endswith("0  [bold]x\\x1b[2J\\x1b[5;5H")  # the cell's text as text, escaped
+    assert len(cell) == len(header[1].rstrip(" │"))  # and measured so: right-aligned
+    assert all(len(line) <= 120 for line in lines)
+    assert "column_6  \\" in event.text  # what the model reads is pandas' own 80 columns
+    narrow = SGR.sub("", printed(True, [event], width=60)).splitlines()
+    blocks = [line for line in narrow if "column_" in line]  # 0-4, 5-9, 10 and 11
+    assert len(blocks) == 3 and all(len(line) <= 60 for line in narrow), narrow

@@ -16,7 +16,7 @@ import tools.file_metadata
 import tools.profile
 from agent.cli import main
 from tools import Caps, file_metadata_tool, profile_inputs
-from tools.profile import build_profile, render
+from tools.profile import build_profile, glance, render
 from tools.tables import sniff_delimiter
 
 PENGUINS = Path(palmerpenguins.__file__).parent / "data"
@@ -381,3 +381,24 @@ def test_long_fields_are_read_and_a_quote_left_open_is_named(tmp_path):
 def test_a_column_of_numbers_then_text_shows_examples_not_a_range(tmp_path):
     p, text = _profile_file(_write(tmp_path, "s.csv", b"a,b\n1,2\n3,x\n"))
     assert p.columns[1].type == "string" and "b: string, 0 nulls; e.g. 2 | x" in text
+
+
+def test_a_glance_says_the_shape_in_one_line(tmp_path):
+    """What the page's folded profile says before it is opened."""
+    table = tmp_path / "t.csv"
+    table.write_text("a,b,c\n1,2,\n3,,x\n4,5,y\n")
+    assert glance(_profile_file(table)[0]) == "3 rows × 3 columns, 2 missing"
+    one = tmp_path / "one.csv"
+    one.write_text("a\n1\n")
+    assert glance(_profile_file(one)[0]) == "1 row × 1 column, 0 missing"
+    notes = tmp_path / "notes.txt"
+    notes.write_text("just words\nno table\n")
+    assert glance(_profile_file(notes)[0]).startswith("text, 2 lines")
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(bytes(range(256)) * 8)
+    assert glance(_profile_file(blob)[0]) == "binary, 2.0 KiB"
+    # a big table counted in part: estimated rows, missing values as a floor
+    big = tmp_path / "big.csv"
+    big.write_text("n,m\n" + "1,\n" * 200_000)
+    seen = glance(_profile_file(big, Caps(head_bytes=4096, full_bytes=8192))[0])
+    assert seen.startswith("~") and "(estimated) × 2 columns, at least " in seen, seen

@@ -216,3 +216,20 @@ def test_cli_runs_one_tool(tmp_path):
     assert "2 rows x 2 columns" in meta.stdout and "amount: int, 1 null" in meta.stdout
     out = _cli("file_metadata", '{"path": "/etc/passwd"}', "--input", str(data))
     assert out.exit_code == 1 and "outside the sandbox" in out.stderr
+
+
+def test_cli_parses_a_person_s_json_strictly():
+    """The repair that suits a model's output would read `{bad` as ["bad"]: on the command
+    line a broken object is a usage error saying where it broke (the registry still repairs)."""
+    broken = _cli("calculator", "{bad")
+    assert broken.exit_code == 2 and broken.stdout == ""
+    assert (
+        "'{bad' is not valid JSON: Expecting property name enclosed in double quotes at "
+        "line 1 column 2" in broken.stderr
+    )
+    assert "array" not in broken.stderr and '{"expression": "<string>"}' in broken.stderr
+    unclosed = _cli("calculator", '{"expression": "2+2"')
+    assert unclosed.exit_code == 2 and "is not valid JSON" in unclosed.stderr
+    listed = _cli("calculator", "[1]")
+    assert listed.exit_code == 2 and "'[1]' is JSON but not an object" in listed.stderr
+    assert Registry([calculator_tool]).call("calculator", '{"expression": "2+2"').text == "4"

@@ -475,6 +475,33 @@ def human_size(n: int) -> str:
     return str(n)
 
 
+def _rows_text(p: Profile) -> str:
+    """How many rows (lines, records), and how sure: "12 rows", "~3,400 rows (estimated)"."""
+    unit = {"text": "lines", "jsonl": "records", "json": "records"}.get(p.kind, "rows")
+    if p.rows == 1:
+        unit = unit[:-1]
+    if p.rows_exact:
+        return f"{p.rows:,} {unit}"
+    if p.rows_at_least:
+        return f"at least {p.rows:,} {unit}"
+    return f"~{p.rows:,} {unit} (estimated)"
+
+
+def glance(p: Profile) -> str:
+    """The profile's shape in one line, for a person: "60 rows × 3 columns, 0 missing"."""
+    if p.rows is None or p.error:
+        return f"{p.kind}, {human_size(p.size)}"
+    if not p.columns:
+        return f"{p.kind}, {_rows_text(p)}"
+    width = p.column_count or len(p.columns)
+    line = f"{_rows_text(p)} × {width:,} column" + ("" if width == 1 else "s")
+    nulls = [c.nulls for c in p.columns]
+    if None in nulls:
+        return line + ", missing values not counted"
+    counted_in_part = width > len(p.columns) or any(c.nulls_note for c in p.columns)
+    return line + f", {'at least ' if counted_in_part else ''}{sum(nulls):,} missing"
+
+
 def render(p: Profile, caps: Caps = DEFAULT_CAPS) -> str:
     when = (
         dt.datetime.fromtimestamp(p.mtime, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -496,17 +523,7 @@ def render(p: Profile, caps: Caps = DEFAULT_CAPS) -> str:
     if p.header is not None and p.kind in ("csv", "tsv"):
         shape.append("header row: yes" if p.header else "header row: none found (use header=None)")
     if p.rows is not None:
-        unit = {"text": "lines", "jsonl": "records", "json": "records"}.get(p.kind, "rows")
-        if p.rows == 1:
-            unit = unit[:-1]
-        rows = (
-            f"{p.rows:,}"
-            if p.rows_exact
-            else f"at least {p.rows:,}"
-            if p.rows_at_least
-            else f"~{p.rows:,} (estimated)"
-        )
-        shape.append(f"{rows} {unit}" + (f" x {width} columns" if p.columns else ""))
+        shape.append(_rows_text(p) + (f" x {width} columns" if p.columns else ""))
     if shape:
         lines.append(", ".join(shape))
     lines += p.extra

@@ -204,7 +204,7 @@ def _parse_args(tool: Tool, args: dict | str | None) -> dict | Observation:
                 False,
                 f"{tool.name}: arguments are not valid JSON ({exc.msg} at line {exc.lineno} "
                 f"column {exc.colno}) and could not be repaired; send one JSON object, "
-                f"e.g. {_example(tool)}",
+                f"e.g. {example_args(tool)}",
             )
     if isinstance(value, dict):
         return value
@@ -213,7 +213,7 @@ def _parse_args(tool: Tool, args: dict | str | None) -> dict | Observation:
         return {only: text}  # a bare value for a one-argument tool, e.g. "2+2" or 7
     return Observation(
         False,
-        f"{tool.name}: arguments must be a JSON object, got {_json_type(value)}; e.g. {_example(tool)}",
+        f"{tool.name}: arguments must be a JSON object, got {_json_type(value)}; e.g. {example_args(tool)}",
     )
 
 
@@ -235,7 +235,8 @@ def single_string_arg(tool: Tool) -> str | None:
     return None
 
 
-def _example(tool: Tool) -> str:
+def example_args(tool: Tool) -> str:
+    """A JSON object of the tool's required arguments, each a placeholder of its type."""
     props = tool.parameters.get("properties", {})
     required = tool.parameters.get("required", []) or list(props)[:1]
     example = {arg: f"<{_describe_type(props.get(arg, {}))}>" for arg in required}

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.syntax import Syntax
 
+from agent.cli.table_layout import table_text
 from agent.cli.terminal import for_terminal
 from agent.events import (
     ActionStarted,
@@ -23,6 +24,7 @@ from agent.events import (
     Token,
     VisionOff,
 )
+from sandbox.execution import Execution
 from sandbox.render import joined, parts
 
 
@@ -109,12 +111,16 @@ class EventPrinter:
         printed, self._printed = self._printed, ""
         if printed and not printed.endswith("\n"):
             self.console.print()
-        text = event.text
-        if printed.strip() and event.execution is not None:
-            # the output was shown as the cell ran: the panel has the rest (results, error,
-            # notes), or is left out when there is none
-            p = parts(event.execution)
-            text = joined([*p.results, p.error or "", *p.notes])
+        text = event.text  # what the model reads
+        ex = event.execution
+        tables = self._tables(ex) if ex is not None else []
+        if ex is not None and (printed.strip() or any(tables)):
+            # the same parts, for this terminal: output shown as the cell ran is not shown
+            # again (no panel when nothing else is left), a table is laid out at its width
+            p = parts(ex)
+            results = [table or text for table, text in zip(tables, p.results, strict=True)]
+            stream = "" if printed.strip() else p.stream
+            text = joined([stream, *results, p.error or "", *p.notes])
             if not text.strip():
                 return
         style = "green" if event.ok else "red"
@@ -126,6 +132,16 @@ class EventPrinter:
                 border_style=style,
             )
         )
+
+    def _tables(self, execution: Execution) -> list[str | None]:
+        """Each result's table (a DataFrame's HTML) laid out at the panel's width (its border
+        and padding take 4 cells), or None for a result that is not a table."""
+        width = max(20, self.console.width - 4)
+        tables = []
+        for result in execution.results:
+            html = result.data.get("text/html")
+            tables.append(table_text(html, width) if isinstance(html, str) else None)
+        return tables
 
     def _warning(self, event: Notice | ProtocolChanged | VisionOff) -> None:
         self.console.print(f"[yellow]note to the model: {self._safe(event.text)}[/yellow]")

@@ -11,7 +11,7 @@ from agent.cli import exits, terminal
 from agent.cli.options import MEMORY_MB, TIMEOUT_S, input_option, rich_options, runtime_option
 from sandbox import DockerSandbox, Limits
 from sandbox.execution import StreamChunk
-from sandbox.render import render
+from sandbox.render import joined, parts
 
 
 def print_live(chunk: StreamChunk) -> None:
@@ -53,11 +53,11 @@ def exec_cmd(inputs, timeout, memory, output, rich_outputs, rich_mb, runtime, as
         saved = [output / name for name in sandbox.export(output)] if output else []
     if as_json:
         click.echo(json.dumps(ex.to_dict(), indent=1))
-    else:  # the observation, unless it is just what the stream showed already
-        observation = render(ex, limits.observation_chars, limits.memory_mb)
-        printed = "".join(chunk.text for chunk in ex.stream)
-        if observation.strip() != printed.strip():
-            terminal.echo(observation)
+    else:  # the stream was shown as it came: the rest of the observation, once
+        p = parts(ex, limits.observation_chars, limits.memory_mb)
+        rest = joined([*p.results, p.error or "", *p.notes])
+        if rest or not ex.stream:
+            terminal.echo(rest or "[ran without output]")
     for path in saved:
         terminal.echo(f"saved {path}", err=True)  # names the code chose
     if ex.images and not output:

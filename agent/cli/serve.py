@@ -208,7 +208,8 @@ def serve_cmd(
     allowed_hosts,
     opts,
 ):
-    """Serve sessions over HTTP: an API for programs (and, later, a page for people)."""
+    """Serve sessions over HTTP: a page for people (upload files, ask, see the code, outputs
+    and answer as they come) and a JSON API with a live event stream for programs."""
     # Ctrl-C stops the server even when it was started with SIGINT ignored (any `cmd &` from a
     # script is): uvicorn raises it again, with this handler, once it has stopped.
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -26,6 +26,7 @@ from agent.serve.signin import click_page, own_navigation
 from agent.serve.stream import MessageStream, answer_html
 from agent.trace import read_events
 from tools.file_metadata import FileMetadata
+from tools.profile import Profile, glance
 from tools.registry import ToolError
 
 router = APIRouter()
@@ -83,6 +84,10 @@ class Uploaded(BaseModel):
     profiles: dict[str, str] = Field(
         description="each uploaded file's profile (rows, columns, types, missing counts, first "
         "rows), by name: the file_metadata tool's, as the model reads it"
+    )
+    summaries: dict[str, str] = Field(
+        description="each uploaded file's shape in one line, by name, for a person: "
+        '"60 rows × 3 columns, 0 missing" (a table), "text, 54 lines", "binary, 3.0 KiB"'
     )
 
 
@@ -190,18 +195,24 @@ def upload(served: Owned, file: Annotated[list[UploadFile], File()], request: Re
             for path in saved:
                 path.unlink(missing_ok=True)
             raise
+    described = {name: _described(served, name) for name in names}
     return {
         "names": names,
         "inputs": served.session.inputs.names,
-        "profiles": {name: _profile(served, name) for name in names},
+        "profiles": {name: text for name, (text, _) in described.items()},
+        "summaries": {name: summary for name, (_, summary) in described.items()},
     }
 
 
-def _profile(served: ServedSession, name: str) -> str:
-    try:  # the tool's own profile, cached with the session's inputs as the prompt's is
-        return FileMetadata(served.session.inputs).describe(f"/data/{name}").text
-    except ToolError as error:  # a file it cannot read: the reason is what the model reads too
-        return str(error)
+def _described(served: ServedSession, name: str) -> tuple[str, str]:
+    """The input's profile (the file_metadata tool's, cached with the session's inputs as the
+    prompt's is) and its shape in one line; a file it cannot read: the reason, twice."""
+    try:
+        observation = FileMetadata(served.session.inputs).describe(f"/data/{name}")
+    except ToolError as error:  # the reason is what the model reads too
+        return str(error), "not readable"
+    profile = observation.data
+    return observation.text, glance(profile) if isinstance(profile, Profile) else ""
 
 
 @router.get("/api/sessions/{id}/files")
@@ -215,7 +226,14 @@ def list_files(served: Owned) -> dict:
 @router.get("/api/sessions/{id}/profiles")
 def profiles(served: Owned) -> dict[str, str]:
     """Each input's profile by name, as the upload answered it (for a page reopening it)."""
-    return {name: _profile(served, name) for name in served.session.inputs.names}
+    return {name: _described(served, name)[0] for name in served.session.inputs.names}
+
+
+@router.get("/api/sessions/{id}/summaries")
+def summaries(served: Owned) -> dict[str, str]:
+    """Each input's shape in one line by name ("60 rows × 3 columns, 0 missing"), as the
+    upload answered it."""
+    return {name: _described(served, name)[1] for name in served.session.inputs.names}
 
 
 @router.get("/api/sessions/{id}/outputs")

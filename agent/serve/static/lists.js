@@ -76,15 +76,27 @@ async function deleteSession(info) {
   loadSessions();
 }
 
-function inputItem(name, profile) {
-  // the input's profile (the file_metadata tool's, as the model reads it), folded
+function inputItem(name, described) {
+  // the input's shape at a glance; below it, folded, its profile (the file_metadata tool's,
+  // as the model reads it)
   const li = el("li", { text: `/data/${name}` });
-  if (typeof profile === "string") {
+  if (described && typeof described.profile === "string") {
+    const glance = typeof described.summary === "string" && described.summary;
     const box = el("details", { class: "input-profile", testid: "input-profile" },
-      el("summary", { text: "profile" }), el("pre", { text: profile }));
+      el("summary", { text: glance ? `profile: ${glance}` : "profile" }),
+      el("pre", { text: described.profile }));
     li.append(box);
   }
   return li;
+}
+
+function describedInputs(profiles, summaries) {
+  // {name: {profile, summary}} from the API's two maps by name
+  const out = {};
+  for (const [name, profile] of Object.entries(profiles || {})) {
+    out[name] = { profile, summary: (summaries || {})[name] };
+  }
+  return out;
 }
 
 // -- the files the code made ---------------------------------------------------------------
@@ -116,6 +128,10 @@ function showOutputs(got) {
 }
 
 async function profilesOf(id) {
-  try { return await (await api("GET", `${sessionPath(id)}/profiles`)).json(); } catch (e) { return {}; }
+  const get = async (what) => (await api("GET", `${sessionPath(id)}/${what}`)).json();
+  try {
+    const [profiles, summaries] = await Promise.all([get("profiles"), get("summaries")]);
+    return describedInputs(profiles, summaries);
+  } catch (e) { return {}; }
 }
 

@@ -133,7 +133,8 @@ async function upload(fileList) {
   say(`uploading ${[...fileList].map((f) => f.name).join(", ")}…`, "working");
   try {
     const got = await (await api("POST", `${sessionPath(id)}/files`, form)).json();
-    state.profiles = { ...(state.session === id ? state.profiles : {}), ...got.profiles };
+    const added = describedInputs(got.profiles, got.summaries);
+    state.profiles = { ...(state.session === id ? state.profiles : {}), ...added };
     showSession(id, got.inputs, state.profiles);
     say(`uploaded ${got.names.join(", ")}`, "success");
   } catch (e) { return; }
