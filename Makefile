@@ -47,8 +47,8 @@ demo: install engine image
 	$(PY) -m agent.demo $(DEMO_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check sandbox agent tools tests bench scripts
-	$(VENV)/bin/ruff format --check sandbox agent tools tests bench scripts
+	$(VENV)/bin/ruff check sandbox agent tools images tests bench scripts
+	$(VENV)/bin/ruff format --check sandbox agent tools images tests bench scripts
 
 clean:
 	rm -rf $(VENV)  # the image's wheels stay cached in ~/.cache/sandcell/image-wheels

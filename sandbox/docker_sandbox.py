@@ -36,7 +36,7 @@ def _sandbox_path(path: str) -> str:
     return path if path.startswith("/") else f"{boundary.WORKSPACE}/{path}"
 
 
-# The in-image file helper (sandbox/image/files.py) raises these by name (exit status 2).
+# The in-image file helper (images/files.py) raises these by name (exit status 2).
 _FILE_ERRORS = {
     "FileNotFoundError": FileNotFoundError,
     "IsADirectoryError": IsADirectoryError,
@@ -360,7 +360,7 @@ class DockerSandbox:
         return listed
 
     def run_checks(self, request: dict) -> dict:
-        """Run the image's checker (sandbox/image/checks.py) on `request` as a fresh `python -I`
+        """Run the image's checker (images/checks.py) on `request` as a fresh `python -I`
         process, never in the kernel (in a renewed sandbox it hands the request to a checker
         the supervisor forks), and return its JSON answer. A checker that fails (killed at
         the timeout, out of memory) answers with that failure for every output."""

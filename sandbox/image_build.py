@@ -1,5 +1,5 @@
-"""The sandbox image: its sources (package data in sandbox/image/), their hash, and the
-offline build `sandcell image build` runs.
+"""The sandbox image: its sources (images/ in a clone, installed as the package data
+sandbox.image), their hash, and the offline build `sandcell image build` runs.
 
 No registry and no network inside the build: the base comes from debootstrap (made once,
 kept as an image) or from `--base`, and the Python wheels are downloaded on the host into a
@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from importlib.resources import files
 from pathlib import Path
 
 import docker
@@ -29,7 +30,7 @@ import requests
 
 from sandbox.errors import SandboxUnavailable
 
-SOURCES_DIR = Path(__file__).parent / "image"
+SOURCES_DIR = Path(str(files("sandbox.image")))  # a wheel's copy, or images/ when editable
 CONTRACT = Path(__file__).parent / "boundary.py"  # the host-container contract, copied in
 PROGRAMS = ("supervisor.py", "sandcell_kernel.py", "relay.py", "files.py", "checks.py")
 # Every file of the build context but the wheels, in the order the hash reads them.

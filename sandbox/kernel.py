@@ -24,7 +24,7 @@ MAX_MESSAGE_BYTES = 32 << 20  # a single ZMQ message larger than this is refused
 # Whole messages the host queues per socket before ZMQ stops reading; the kernel side
 # queues the rest in the container's memory. Not a hard bound on its own (one message may
 # carry many frames of up to MAX_MESSAGE_BYTES each): the relay in the container drops any
-# message over 16 MiB before it reaches the host (see sandbox/image/relay.py).
+# message over 16 MiB before it reaches the host (see images/relay.py).
 RECEIVE_HWM = 2
 RICH_KINDS = ("execute_result", "display_data")
 # A display whose message passes what is left of the rich byte cap by this much can never be

@@ -71,7 +71,7 @@ def sources(tmp_path, monkeypatch):
     """A copy of the image's sources and the contract, so the real files are never touched."""
     from sandbox import image_build
 
-    folder = tmp_path / "image"
+    folder = tmp_path / "images"
     shutil.copytree(image_build.SOURCES_DIR, folder)
     contract = shutil.copy(image_build.CONTRACT, tmp_path / "boundary.py")
     monkeypatch.setattr(image_build, "SOURCES_DIR", folder)
@@ -84,7 +84,7 @@ def test_the_image_hash_covers_the_contract_and_every_source(sources):
 
     before = image_build.sources_hash()
     assert image_build.sources_hash() == before  # nothing changed: the same hash
-    for path in [sources / "boundary.py", *(sources / "image" / n for n in image_build.SOURCES)]:
+    for path in [sources / "boundary.py", *(sources / "images" / n for n in image_build.SOURCES)]:
         kept = path.read_bytes()
         path.write_bytes(kept + b"\n# changed\n")
         assert image_build.sources_hash() != before, path
@@ -137,14 +137,14 @@ def test_the_build_context_holds_every_file_the_dockerfile_copies(tmp_path):
 def test_the_offline_note_names_packages_the_image_really_has():
     from sandbox.render import MAIN_PACKAGES
 
-    wanted = (ROOT / "sandbox" / "image" / "requirements.in").read_text().split()
+    wanted = (ROOT / "images" / "requirements.in").read_text().split()
     assert MAIN_PACKAGES and set(MAIN_PACKAGES) <= set(wanted)
 
 
 def test_image_programs_use_the_contract_not_their_own_literals():
     """The strings the contract names appear in no image program or host module but it."""
     literals = ["sandcell-dropped", "/run/sandcell", "sandcell/path", "sandcell/error", "SIGUSR"]
-    sources = [*(ROOT / "sandbox" / "image").glob("*.py"), *(ROOT / "sandbox").glob("*.py")]
+    sources = [*(ROOT / "images").glob("*.py"), *(ROOT / "sandbox").glob("*.py")]
     for path in sources:
         if path.name == "boundary.py":
             continue
@@ -207,3 +207,13 @@ def test_export_takes_only_a_plain_tar_within_its_cap(tmp_path):
         extract_tar(_tar({"big.bin": b"x" * 101}), tmp_path / "big", cap=100)
     with pytest.raises(SandboxError):
         extract_tar(b"not a tar at all" * 100, tmp_path / "junk", cap=100)
+
+
+def test_an_editable_install_builds_from_the_clone_s_images_folder():
+    """`make install` installs sandcell in place (pip install -e): the image's sources are the
+    clone's images/, read as the package data sandbox.image (the wheel: tests/test_install.py)."""
+    from sandbox import image_build
+
+    assert image_build.SOURCES_DIR.resolve() == (ROOT / "images").resolve()
+    assert (image_build.SOURCES_DIR / "Dockerfile").is_file()
+    assert not (ROOT / "sandbox" / "image").exists()

@@ -20,12 +20,14 @@ import pytest
 from sandbox import image_build
 
 ROOT = Path(__file__).resolve().parent.parent
+# where the wheel installs images/ (package-dir: sandbox.image), and where the sdist keeps it
 IMAGE_FILES = [f"sandbox/image/{name}" for name in image_build.SOURCES] + ["sandbox/boundary.py"]
+SDIST_FILES = [f"images/{name}" for name in image_build.SOURCES] + ["sandbox/boundary.py"]
 
 
 # One worker builds once for both tests, from a copy: a build writes into its source tree.
 pytestmark = pytest.mark.xdist_group("install")
-PROJECT = ["pyproject.toml", "README.md", "LICENSE", "agent", "sandbox", "tools"]
+PROJECT = ["pyproject.toml", "README.md", "LICENSE", "agent", "sandbox", "tools", "images"]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,7 @@ def test_the_wheel_and_the_sdist_hold_every_file_the_image_build_needs(dist):
         metadata = zipped.read(next(n for n in in_wheel if n.endswith(".dist-info/METADATA")))
         top = sdist.name.removesuffix(".tar.gz")
         in_sdist = {n.removeprefix(top + "/") for n in tarred.getnames()}
-    dockerfile = (ROOT / "sandbox" / "image" / "Dockerfile").read_text()
+    dockerfile = (ROOT / "images" / "Dockerfile").read_text()
     copied = {
         word
         for line in dockerfile.splitlines()
@@ -64,9 +66,12 @@ def test_the_wheel_and_the_sdist_hold_every_file_the_image_build_needs(dist):
         if not word.startswith(".")  # .wheels: downloaded at build time
     }
     assert copied >= {"boundary.py", "supervisor.py", "relay.py", "files.py"}
-    wanted = set(IMAGE_FILES) | {f"sandbox/image/{n}" for n in copied - {"boundary.py"}}
-    wanted |= {"sandbox/image_build.py", "agent/serve/static/page.js"}
+    programs = copied - {"boundary.py"}
+    common = {"sandbox/image_build.py", "agent/serve/static/page.js"}
+    wanted = set(IMAGE_FILES) | {f"sandbox/image/{n}" for n in programs} | common
     assert wanted <= in_wheel, wanted - in_wheel
+    assert not any(n.startswith("images/") for n in in_wheel)  # no top-level `images` package
+    wanted = set(SDIST_FILES) | {f"images/{n}" for n in programs} | common
     assert wanted <= in_sdist, wanted - in_sdist
     metadata = metadata.decode()
     assert "License-Expression: MIT" in metadata and "Classifier: " in metadata

@@ -4,7 +4,7 @@ A schema is a pandera DataFrameSchema in pandera's own YAML or JSON form (what
 `DataFrameSchema.to_yaml()` writes). It is loaded on the host when the job is read (a schema
 pandera cannot load is a usage error), shown to the model in its first request, and run when
 the model gives its final answer: in the sandbox, as a fresh `python -I` process over the
-bytes then copied back (sandbox/image/checks.py), never in the model's kernel. A failure goes back
+bytes then copied back (images/checks.py), never in the model's kernel. A failure goes back
 to the model as an observation; the host checks each copied file's sha256 against the one
 checked."""
 
