@@ -44,7 +44,7 @@ bench: install engine image
 	$(PY) -m bench $(BENCH_ARGS)
 
 demo: install engine image
-	$(PY) -m agent.demo $(DEMO_ARGS)
+	$(PY) -m agent.cli.demo $(DEMO_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check sandbox agent tools images tests bench scripts

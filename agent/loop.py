@@ -65,7 +65,7 @@ class Loop:
         vision: str = "auto",  # show the model the figures its code made (agent.vision)
     ):
         self.model, self.registry, self.publish = model, registry, publish
-        # a final answer's declared output checks (agent.jobs.checks): None when they pass,
+        # a final answer's declared output checks (agent.output_checks): None when they pass,
         # else what the model is told; the question number is its argument
         self.verify = verify
         self.rules = rules or Rules()

@@ -28,7 +28,9 @@ from agent.events import (
     executed_cell,
     fan_out,
 )
-from agent.jobs.checks import (
+from agent.loop import Loop
+from agent.notebook import export_notebook
+from agent.output_checks import (
     Checker,
     Expect,
     Schema,
@@ -37,8 +39,6 @@ from agent.jobs.checks import (
     not_checked,
     verify_copied,
 )
-from agent.loop import Loop
-from agent.notebook import export_notebook
 from agent.prompts import inputs_profile
 from agent.seams import Model, Result
 from agent.stops import Rules

@@ -1,5 +1,5 @@
 """Batch figures: jobs per minute with 1, 2 and 4 workers on the scripted task set, through
-agent.batch.Batch itself (warm sandbox pool, one Docker sandbox per job, a ScriptedModel per
+agent.jobs.batch.Batch itself (warm sandbox pool, one Docker sandbox per job, a ScriptedModel per
 job). Every job must answer, and its trace must show the sandbox computed the right value.
 
 Twice: with replies that come at once (the jobs are then all sandbox work, bounded by how fast
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from agent import ScriptedModel
-from agent.batch import Batch, Job, JobSettings, ThreadExecutor
+from agent.jobs.batch import Batch, Job, JobSettings, ThreadExecutor
 from bench.tasks import TASKS, Task, answer_text, batch_script, result_in
 
 MODEL_WAIT_S = 1.0  # the late replies' wait, before each one

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandera.pandas as pa
 
-from agent.jobs.checks import load_schema, run_checks
+from agent.output_checks import load_schema, run_checks
 from bench.sandbox_bench import summary
 from sandbox import DockerSandbox
 

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from agent import ScriptedModel
-from agent.batch import Batch, Job, JobSettings, ThreadExecutor
+from agent.jobs.batch import Batch, Job, JobSettings, ThreadExecutor
+from agent.jobs.ray_batch import RayExecutor, Settings
 from agent.model_settings import ModelSettings
-from agent.ray_batch import RayExecutor, Settings
 from bench.batch_bench import check, jobs_for
 from bench.tasks import TASKS, batch_script
 

@@ -1,5 +1,5 @@
 """Recipe figures (issue 25's cost): the same cleaning jobs, each with its declared checks,
-run through agent.batch.Batch with one worker, twice in one run: by the agent (a scripted
+run through agent.jobs.batch.Batch with one worker, twice in one run: by the agent (a scripted
 model whose replies come at once: a fresh sandbox per job from the warm pool) and by a recipe
 (`--recipe FILE`: no model; each job's sandbox renewed in the background and reused).
 
@@ -23,10 +23,10 @@ from pathlib import Path
 import pandera.pandas as pa
 
 from agent import ScriptedModel
-from agent.batch import Batch, Job, JobSettings, ThreadExecutor
 from agent.events import Step
-from agent.jobs.checks import load_expect
-from agent.recipe import load
+from agent.jobs.batch import Batch, Job, JobSettings, ThreadExecutor
+from agent.jobs.recipe_maker import load
+from agent.output_checks import load_expect
 from agent.trace import read_events
 
 CPU_TARGET_S = 0.7

@@ -10,7 +10,7 @@ import pandas as pd
 import pandera.pandas as pa
 import pytest
 
-from agent.jobs.checks import guessed_hints, hints, load_expect, run_checks
+from agent.output_checks import guessed_hints, hints, load_expect, run_checks
 from sandbox import DockerSandbox, Limits, render
 from tests.test_checks import PATCH
 

@@ -257,7 +257,7 @@ def test_run_without_a_usable_model_exits_4(tmp_path):
 
 
 def test_demo_exits_4_for_a_model_error_as_the_readme_says(monkeypatch, capsys, tmp_path):
-    from agent import demo
+    from agent.cli import demo
 
     monkeypatch.setenv("OPENAI_BASE_URL", "https://api.openai.com/v1")
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)

@@ -160,8 +160,8 @@ def test_a_server_resumes_the_old_session(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_the_ray_driver_rewrites_only_the_input_paths_of_the_session_record(tmp_path):
-    ray_batch = pytest.importorskip("agent.ray_batch")
-    from agent.batch import Job
+    ray_batch = pytest.importorskip("agent.jobs.ray_batch")
+    from agent.jobs.batch import Job
     from sandbox import Inputs
 
     here = tmp_path / "sales.csv"

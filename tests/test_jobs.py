@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from agent import ScriptedModel, stops
-from agent.batch import Batch, Job, JobSettings, ThreadExecutor, load_jobs
 from agent.cli import main
+from agent.jobs.batch import Batch, Job, JobSettings, ThreadExecutor, load_jobs
 from agent.trace import read_trace
 from sandbox import Limits
 from tests.cli_runner import sandcell, sandcell_process
@@ -187,7 +187,7 @@ def test_a_failed_job_is_retried_on_rerun_and_results_keep_one_line_per_job(tmp_
 
 
 class ListedExecutor:
-    """An executor of its own (agent.batch.Executor): answers each job at once, but stops
+    """An executor of its own (agent.jobs.batch.Executor): answers each job at once, but stops
     `failing` ones with a model error (a rerun retries those); notes what it was given."""
 
     def __init__(self, failing: set[str] = frozenset()):

@@ -28,7 +28,7 @@ from tests.scripted_server import ScriptedServer
 try:
     from ray import cluster_utils as ray_cluster_utils
 
-    from agent.ray_batch import (
+    from agent.jobs.ray_batch import (
         SCRATCH_LOCK,
         SCRATCH_PREFIX,
         dead_scratch,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.events import ChecksRun, Final, Reset, SessionStarted, executed_cell
-from agent.recipe import (
+from agent.jobs.recipe_maker import (
     PARAMETERS,
     Recipe,
     RecipeError,

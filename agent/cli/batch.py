@@ -7,15 +7,6 @@ from pathlib import Path
 import click
 
 from agent import stops
-from agent.batch import (
-    RESULTS,
-    Batch,
-    JobsError,
-    JobSettings,
-    ThreadExecutor,
-    load_jobs,
-    settled,
-)
 from agent.cli import exits, terminal
 from agent.cli.options import (
     agent_options,
@@ -24,6 +15,15 @@ from agent.cli.options import (
     build_rules,
     check_options,
     expect_option_value,
+)
+from agent.jobs.batch import (
+    RESULTS,
+    Batch,
+    JobsError,
+    JobSettings,
+    ThreadExecutor,
+    load_jobs,
+    settled,
 )
 from agent.scripted import ScriptedModel
 from sandbox.container import preflight
@@ -171,8 +171,8 @@ def batch_cmd(
 def recipe_settings(recipe: str, jobs, settings: JobSettings, output: Path, ray_address):
     """--recipe FILE|auto: every job needs checks (nothing else would tell a wrong output);
     a FILE must be a recipe. Usage errors (exit 2) before any job starts."""
-    from agent.jobs.recipes import AutoRecipe
-    from agent.recipe import RecipeError, load
+    from agent.jobs.recipe_maker import RecipeError, load
+    from agent.jobs.recipe_runner import AutoRecipe
 
     unchecked = [job.id for job in jobs if not job.expect]
     if unchecked:
@@ -197,7 +197,7 @@ def recipe_settings(recipe: str, jobs, settings: JobSettings, output: Path, ray_
 def ray_executor(settings: JobSettings, address, shared_paths, max_input_mb, opts):
     """The jobs on a Ray cluster: the nodes check Docker and the image themselves."""
     try:
-        from agent.ray_batch import RayExecutor, Settings
+        from agent.jobs.ray_batch import RayExecutor, Settings
     except ImportError as error:
         if error.name != "ray" and not (error.name or "").startswith("ray."):
             raise

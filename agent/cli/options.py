@@ -335,7 +335,7 @@ def check_options(command):
 
 def expect_option_value(pairs: tuple[str, ...]) -> dict:
     """--expect values loaded (schema paths relative to here); a bad one exits 2."""
-    from agent.jobs.checks import ExpectError, parse_pairs
+    from agent.output_checks import ExpectError, parse_pairs
 
     try:
         return parse_pairs(pairs, Path.cwd())

@@ -25,7 +25,7 @@ def recipe_cmd(source: Path, output: Path | None, check: bool) -> None:
     """Make a recipe from the run or batch-job folder SOURCE (its outputs must have passed
     their checks), or with --check, say whether the recipe SOURCE parses and what it expects.
     Exit 0, or 2 with what is wrong."""
-    from agent.recipe import RecipeError, from_run, load
+    from agent.jobs.recipe_maker import RecipeError, from_run, load
 
     try:
         if check:

@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 
 from agent.cli import exits
-from agent.jobs.report import ReportError, rebuild
+from agent.jobs.batch_report import ReportError, rebuild
 
 
 @click.command("report")

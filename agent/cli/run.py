@@ -20,8 +20,7 @@ from agent.cli.options import (
     overwrite_option,
     task_text,
 )
-from agent.jobfiles import write_answer
-from agent.jobs.audit import write_audit
+from agent.jobs.job_files import write_job_files
 from sandbox.inputs import Inputs
 
 
@@ -60,8 +59,7 @@ def run_cmd(task, inputs, output, overwrite, quiet, expect, check_retries, opts)
     output_folder(output, overwrite)
     exits.keep_details_in(output)
     result = agent.run(task, inputs=checked, output_dir=output, expect=checks)
-    write_answer(result, output)
-    write_audit(checked, result.files, output)
+    write_job_files(result, checked, output)
     for warning in result.warnings:
         terminal.echo(f"sandcell: warning: {warning}", err=True)
     for path in result.files:

@@ -1,4 +1,4 @@
-"""A batch job tried first with a recipe (agent.recipe): its cells run in the job's sandbox
+"""A batch job tried first with a recipe (agent.jobs.recipe_maker): its cells run in the job's sandbox
 with the job's own inputs and no model, then the job's checks. Passed: the job is answered
 by the recipe. A cell failed or a check did: the agent takes over in the same session (the
 kernel as the recipe left it), its first message holding the recipe and how it failed."""
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from agent import stops
 from agent.events import Final
-from agent.jobs.checks import outcome_lines
-from agent.recipe import Loaded, RecipeError, from_run, load, parameters_cell
+from agent.jobs.recipe_maker import Loaded, RecipeError, from_run, load, parameters_cell
+from agent.output_checks import outcome_lines
 from agent.seams import Result
 from agent.session import Session
 from sandbox.boundary import DATA

@@ -4,7 +4,7 @@ Each job runs in its own sandbox from a warm pool; results land in DIR/<id>/ and
 DIR/results.jsonl per job, appended and flushed as each job ends. A rerun skips the ids
 already in results.jsonl and redoes the rest, so a batch killed half-way loses nothing.
 `run_job` is the one job body; an `Executor` runs the jobs: `ThreadExecutor` here, or
-`RayExecutor` (agent/ray_batch.py) on a Ray cluster, both calling `run_job`."""
+`RayExecutor` (agent/jobs/ray_batch.py) on a Ray cluster, both calling `run_job`."""
 
 import functools
 import json
@@ -23,19 +23,18 @@ from typing import Protocol
 from tqdm import tqdm
 
 from agent import stops
-from agent.jobfiles import write_answer
-from agent.jobs import report
-from agent.jobs.audit import write_audit
-from agent.jobs.checks import Expect, ExpectError, load_expect
-from agent.jobs.recipes import AGENT, RECIPE, AutoRecipe, try_recipe
-from agent.recipe import Loaded
+from agent.jobs import batch_report
+from agent.jobs.job_files import write_job_files
+from agent.jobs.recipe_maker import Loaded
+from agent.jobs.recipe_runner import AGENT, RECIPE, AutoRecipe, try_recipe
+from agent.output_checks import Expect, ExpectError, load_expect
 from agent.scripted import ScriptedModel, ScriptError
 from agent.seams import Model, Terminated
 from agent.session import Agent
 from agent.stops import Rules
 from sandbox import InputError, Inputs, Limits, SandboxPool
 
-RESULTS = report.RESULTS  # "results.jsonl"
+RESULTS = batch_report.RESULTS  # "results.jsonl"
 STOP_WAIT_S = 60.0  # after Ctrl-C or SIGTERM, how long running jobs get to end
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -172,7 +171,7 @@ class JobSettings:
     rules: Rules = field(default_factory=Rules)
     protocol: str = "auto"
     vision: str = "auto"
-    recipe: Loaded | None = None  # tried on each job before the agent (agent.jobs.recipes)
+    recipe: Loaded | None = None  # tried on each job before the agent (agent.jobs.recipe_runner)
     recipe_path: str = ""  # where the recipe is, for the answer and the results line
 
 
@@ -216,8 +215,7 @@ def run_job(
                 result = session.ask(
                     job.task if tried is None else f"{job.task}\n\n{tried.handover}"
                 )
-        write_answer(result, folder)
-        write_audit(job.inputs, result.files, folder)
+        write_job_files(result, job.inputs, folder)
         record.update(
             status=_status(result),
             stop_reason=result.stop_reason,
@@ -266,7 +264,7 @@ def fresh_folder(folder: Path) -> None:
 
 class Executor(Protocol):
     """Where a batch's jobs run: threads on this host (`ThreadExecutor`) or a Ray cluster
-    (`agent.ray_batch.RayExecutor`). Entered before the progress bar shows, so a backend that
+    (`agent.jobs.ray_batch.RayExecutor`). Entered before the progress bar shows, so a backend that
     cannot run (no cluster) says so first; left at the end, whatever happened."""
 
     def __enter__(self) -> "Executor": ...
@@ -390,7 +388,7 @@ class Batch:
                         self._reporting = False
                         return
                     self._report_due = False
-                report.write(self.output, expected=len(self.jobs))
+                batch_report.write(self.output, expected=len(self.jobs))
         except BaseException:
             with self._report_lock:
                 self._reporting = False

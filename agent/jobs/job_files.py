@@ -1,10 +1,13 @@
-"""What a finished job leaves beside its trace and notebook."""
+"""What a finished job leaves beside its trace and notebook: answer.md (the answer, or why
+there is none, and how its checks went), then audit.json with its section of answer.md."""
 
 from pathlib import Path
 
 from agent import stops
-from agent.jobs.checks import markdown
+from agent.jobs.audit import write_audit
+from agent.output_checks import markdown
 from agent.seams import Result
+from tools.file_metadata import InputsLike
 
 
 def write_answer(result: Result, folder: Path) -> Path:
@@ -23,3 +26,10 @@ def write_answer(result: Result, folder: Path) -> Path:
         text += "\n" + markdown(result.checks)
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def write_job_files(result: Result, inputs: InputsLike, folder: Path) -> None:
+    """answer.md, then the audit of what the job's cleaning changed (`sandcell run`, and each
+    job of a batch)."""
+    write_answer(result, folder)
+    write_audit(inputs, result.files, folder)

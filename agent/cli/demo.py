@@ -10,13 +10,13 @@ from pathlib import Path
 from agent.cli import exits
 from agent.cli.console import EventPrinter
 from agent.cli.options import output_folder
-from agent.jobfiles import write_answer
+from agent.jobs.job_files import write_answer
 from agent.model_settings import endpoint_in
 from agent.models import OpenAIModel
 from agent.scripted import ScriptedModel
 from agent.session import Agent
 
-DEMO = Path(__file__).parent / "demo"
+DEMO = Path(__file__).parents[1] / "demo"  # agent/demo/: the data, package data of agent
 TASK = (
     "Clean /data/messy_sales.csv: it is not UTF-8, has mixed date formats, duplicate rows, "
     "amounts with thousands separators and missing values. Write the cleaned table as UTF-8 "

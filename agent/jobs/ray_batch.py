@@ -1,12 +1,12 @@
 """`sandcell batch JOBS --output DIR --ray [ADDRESS]`: the same batch on a Ray cluster.
 
 What a batch means does not change (the jobs file, DIR/<id>/, results.jsonl, resume, exit
-statuses): `RayExecutor` is the executor `agent.batch.Batch` runs its jobs with, in place
+statuses): `RayExecutor` is the executor `agent.jobs.batch.Batch` runs its jobs with, in place
 of the threads of `ThreadExecutor`. Ray does the rest:
 - placement: each job is a task asking one unit of the custom resource `sandcell`, which a node
   declares as it joins (`ray start ... --resources '{"sandcell": N}'`: N sandboxes at once);
 - the job body: on its node the task hands the job to that node's `NodeRunner` actor, which
-  keeps a warm SandboxPool and runs `agent.batch.run_job`, the code a local job runs;
+  keeps a warm SandboxPool and runs `agent.jobs.batch.run_job`, the code a local job runs;
 - retries: a task whose worker or node dies runs again elsewhere, NODE_RETRIES times at most;
 - bytes: inputs go out through the object store, each file read once by the driver (or are read
   in place by the node with --shared-paths); the job's folder comes back as bytes and only the
@@ -40,7 +40,8 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from agent import stops
-from agent.batch import (
+from agent.events import Event, SessionStarted
+from agent.jobs.batch import (
     STOP_WAIT_S,
     Batch,
     Job,
@@ -50,7 +51,6 @@ from agent.batch import (
     fresh_folder,
     run_job,
 )
-from agent.events import Event, SessionStarted
 from agent.model_settings import ModelSettings
 from agent.scripted import ScriptedModel, load_script
 from agent.seams import Model, Terminated
@@ -82,7 +82,7 @@ class RemoteJob:
     inputs: dict[str, str]  # name under /data -> the driver's path
     replies: list | None = None  # the job's script of replies, read by the driver
     replay_name: str | None = None
-    expect: dict | None = None  # the job's declared checks (agent.jobs.checks.Expect)
+    expect: dict | None = None  # the job's declared checks (agent.output_checks.Expect)
 
 
 def runner_name(node_id: str) -> str:
@@ -239,7 +239,7 @@ def job_task(job: RemoteJob, blobs: dict, settings: Settings, key_box: list | No
 
 
 class RayExecutor:
-    """A batch's jobs on a Ray cluster (`agent.batch.Executor`): they go out as tasks, at most
+    """A batch's jobs on a Ray cluster (`agent.jobs.batch.Executor`): they go out as tasks, at most
     twice the slots at a time (so the object store holds the inputs of those only), and each
     result is written as it comes back."""
 
