@@ -13,8 +13,8 @@ import importlib
 
 _HOMES = {
     "Loop": "agent.loop",
-    "OpenAIModel": "agent.models",
-    "ScriptedModel": "agent.scripted",
+    "OpenAIModel": "agent.model.openai_model",
+    "ScriptedModel": "agent.model.scripted",
     "Action": "agent.seams",
     "Model": "agent.seams",
     "ModelError": "agent.seams",

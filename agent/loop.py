@@ -242,7 +242,7 @@ class Loop:
     def _first_choice(self, watch: Watch) -> dict:
         """With input files, the first request of a question must call a tool: the data is
         looked at before anything is claimed about it (an endpoint that refuses
-        tool_choice "required" is asked without it, see agent.models)."""
+        tool_choice "required" is asked without it, see agent.model.openai_model)."""
         if watch.steps == 1 and self.inputs_profile and self.protocol.name == "tools":
             return {"tool_choice": "required"}
         return {}

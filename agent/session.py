@@ -29,7 +29,6 @@ from agent.events import (
     fan_out,
 )
 from agent.loop import Loop
-from agent.notebook import export_notebook
 from agent.output_checks import (
     Checker,
     Expect,
@@ -40,9 +39,10 @@ from agent.output_checks import (
     verify_copied,
 )
 from agent.prompts import inputs_profile
+from agent.records.notebook import export_notebook
+from agent.records.trace import TraceWriter
 from agent.seams import Model, Result
 from agent.stops import Rules
-from agent.trace import TraceWriter
 from sandbox import (
     BackgroundSandbox,
     DockerSandbox,

@@ -3,7 +3,7 @@ as image parts (OpenAI `image_url` data URLs, PNG, downscaled), in a user messag
 the observation (a tool message cannot hold images in the OpenAI chat API; text ReAct the same).
 
 `--vision auto|on|off` [env SANDCELL_VISION]: `on` always sends them, `off` never, `auto` sends
-them until the endpoint refuses a request for its images (agent.models raises ImagesUnsupported);
+them until the endpoint refuses a request for its images (agent.model.openai_model raises ImagesUnsupported);
 the loop then sends it again without them, once, and sends none for the rest of the session.
 
 The figures are decoded on the host with Pillow, from bytes model code chose: only PNG and JPEG,

@@ -22,7 +22,7 @@ from pathlib import Path
 from agent import Agent, OpenAIModel, Rules, ScriptedModel
 from agent.events import Event
 from agent.loop import Loop
-from agent.trace import TraceWriter
+from agent.records.trace import TraceWriter
 from agent.vision import IMAGE_TOKENS
 from bench.tasks import TASKS, Task, sandcell_script, sent_chars, smolagents_script
 from tests.scripted_server import ScriptedServer, image_parts

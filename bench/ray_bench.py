@@ -20,7 +20,7 @@ from pathlib import Path
 from agent import ScriptedModel
 from agent.jobs.batch import Batch, Job, JobSettings, ThreadExecutor
 from agent.jobs.ray_batch import RayExecutor, Settings
-from agent.model_settings import ModelSettings
+from agent.model.settings import ModelSettings
 from bench.batch_bench import check, jobs_for
 from bench.tasks import TASKS, batch_script
 

@@ -27,7 +27,7 @@ from agent.events import Step
 from agent.jobs.batch import Batch, Job, JobSettings, ThreadExecutor
 from agent.jobs.recipe_maker import load
 from agent.output_checks import load_expect
-from agent.trace import read_events
+from agent.records.trace import read_events
 
 CPU_TARGET_S = 0.7
 RATIO_TARGET = 3.0

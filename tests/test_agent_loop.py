@@ -18,7 +18,7 @@ import pytest
 
 from agent import Agent, OpenAIModel, Rules, prompts
 from agent.events import Final, Observation, Token
-from agent.trace import read_trace
+from agent.records.trace import read_trace
 from tests.cli_runner import sandcell
 from tests.scripted_server import ScriptedServer
 

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 
 from agent.cli import exits, main
 from agent.cli.options import agent_options, build_model
-from agent.model_settings import DEFAULT_MAX_TOKENS, ModelSettings
-from agent.models import OpenAIModel
-from agent.scripted import ScriptedModel, ScriptError
+from agent.model.openai_model import OpenAIModel
+from agent.model.scripted import ScriptedModel, ScriptError
+from agent.model.settings import DEFAULT_MAX_TOKENS, ModelSettings
 from agent.seams import ModelError, ToolsUnsupported
 from tests.scripted_server import ScriptedServer, dead_url
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent import Agent, OpenAIModel, Rules, prompts
-from agent.trace import read_trace
+from agent.records.trace import read_trace
 from tests.scripted_server import ScriptedServer, dead_url
 from tools import profile as profile_module
 

@@ -10,12 +10,12 @@ import pytest
 
 from agent import context
 from agent.events import Event
-from agent.notebook import export_notebook, trace_to_notebook
 from agent.prompts import system_prompt
-from agent.replay import recorded_cells
+from agent.records.notebook import export_notebook, trace_to_notebook
+from agent.records.replay import recorded_cells
+from agent.records.trace import TraceWriter, read_trace
 from agent.seams import Action, LimitReached
 from agent.stops import FAILURES, MAX_STEPS, REPEATED, TOKENS, WALL_TIME, Rules, Watch
-from agent.trace import TraceWriter, read_trace
 from sandbox import Execution
 from sandbox.execution import Error, Result, StreamChunk
 

@@ -9,7 +9,7 @@ import pytest
 
 from agent import stops
 from agent.events import ChecksRun, Event
-from agent.trace import read_trace
+from agent.records.trace import read_trace
 from tests.cli_runner import sandcell
 from tests.scripted_server import ScriptedServer
 

@@ -16,10 +16,10 @@ import nbformat
 import pytest
 
 from agent.events import REGISTRY, Event, Final, SessionStarted, Step, UnknownEvent
-from agent.notebook import export_notebook
-from agent.replay import replay
-from agent.scripted import ScriptedModel
-from agent.trace import read_trace
+from agent.model.scripted import ScriptedModel
+from agent.records.notebook import export_notebook
+from agent.records.replay import replay
+from agent.records.trace import read_trace
 from sandbox import Execution, Limits
 from sandbox.execution import Error, Result, StreamChunk
 

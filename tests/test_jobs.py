@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from agent import ScriptedModel, stops
 from agent.cli import main
 from agent.jobs.batch import Batch, Job, JobSettings, ThreadExecutor, load_jobs
-from agent.trace import read_trace
+from agent.records.trace import read_trace
 from sandbox import Limits
 from tests.cli_runner import sandcell, sandcell_process
 from tests.containers import container_labels, owner_label

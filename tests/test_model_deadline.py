@@ -10,8 +10,8 @@ import time
 import pytest
 
 from agent import Agent, OpenAIModel, Rules
-from agent.deadline import RequestDeadline
-from agent.trace import read_trace
+from agent.model.deadline import RequestDeadline
+from agent.records.trace import read_trace
 from tests.cli_runner import sandcell
 from tests.scripted_server import ScriptedServer
 

@@ -16,7 +16,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from agent.trace import read_trace
+from agent.records.trace import read_trace
 from sandbox.container import owner
 from tests.cli_runner import sandcell, sandcell_process
 from tests.conftest import IN_CI

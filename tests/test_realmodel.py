@@ -21,8 +21,8 @@ import pexpect
 import pytest
 
 from agent import OpenAIModel, stops
+from agent.records.trace import read_trace
 from agent.seams import ModelError
-from agent.trace import read_trace
 from tests.cli_runner import sandcell, sandcell_terminal
 from tests.conftest import IN_CI
 from tests.llama_server import MODEL, LlamaServer, missing

@@ -18,7 +18,7 @@ from agent.jobs.recipe_maker import (
     parameters_cell,
     plain_python,
 )
-from agent.trace import TraceWriter
+from agent.records.trace import TraceWriter
 from sandbox import Execution
 from sandbox.execution import Error
 

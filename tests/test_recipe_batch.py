@@ -9,7 +9,7 @@ import pandera.pandas as pa
 import pytest
 
 from agent.events import Step
-from agent.trace import read_events
+from agent.records.trace import read_events
 from tests.cli_runner import sandcell
 from tests.scripted_server import ScriptedServer
 

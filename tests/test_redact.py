@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from agent import Agent, OpenAIModel, Rules
-from agent.redact import redact_url, scrub
+from agent.model.redact import redact_url, scrub
 from tests.scripted_server import dead_url
 
 pytestmark = pytest.mark.timeout(60)

@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 from agent import Agent, OpenAIModel, context
+from agent.records.trace import read_trace
 from agent.seams import ImagesUnsupported, ModelError
-from agent.trace import read_trace
 from agent.vision import IMAGE_CHARS, MAX_IMAGES, MAX_SIDE, figures_message
 from sandbox.boundary import PATH_KEY
 from sandbox.execution import Execution, Result

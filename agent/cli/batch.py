@@ -25,7 +25,7 @@ from agent.jobs.batch import (
     load_jobs,
     settled,
 )
-from agent.scripted import ScriptedModel
+from agent.model.scripted import ScriptedModel
 from sandbox.container import preflight
 
 

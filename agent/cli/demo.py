@@ -11,9 +11,9 @@ from agent.cli import exits
 from agent.cli.console import EventPrinter
 from agent.cli.options import output_folder
 from agent.jobs.job_files import write_answer
-from agent.model_settings import endpoint_in
-from agent.models import OpenAIModel
-from agent.scripted import ScriptedModel
+from agent.model.openai_model import OpenAIModel
+from agent.model.scripted import ScriptedModel
+from agent.model.settings import endpoint_in
 from agent.session import Agent
 
 DEMO = Path(__file__).parents[1] / "demo"  # agent/demo/: the data, package data of agent

@@ -8,7 +8,7 @@ import click
 
 from agent.cli import exits, terminal
 from agent.cli.options import runtime_option
-from agent.model_settings import ModelSettings
+from agent.model.settings import ModelSettings
 
 
 @click.command("doctor")

@@ -18,7 +18,7 @@ import docker
 import docker.errors
 import requests
 
-from agent.model_settings import API_KEY_ENV, BASE_URL_ENV, ModelSettings, endpoint_in
+from agent.model.settings import API_KEY_ENV, BASE_URL_ENV, ModelSettings, endpoint_in
 from sandbox import image_build
 from sandbox.container import DEFAULT_IMAGE, PING_TIMEOUT_S, RUNSC_ARGS, runtime_is_gvisor
 from sandbox.errors import SandboxUnavailable

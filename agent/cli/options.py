@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 from click.core import ParameterSource
 
-from agent.model_settings import (
+from agent.model.settings import (
     API_KEY_ENV,
     BASE_URL_ENV,
     DEFAULT_MAX_TOKENS,
@@ -268,8 +268,8 @@ def limit_options(command):
 
 
 def build_model(opts: dict) -> Model:
-    from agent.models import OpenAIModel
-    from agent.scripted import ScriptedModel
+    from agent.model.openai_model import OpenAIModel
+    from agent.model.scripted import ScriptedModel
 
     if opts["replay"]:
         return ScriptedModel(opts["replay"])

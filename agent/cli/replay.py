@@ -1,5 +1,5 @@
 """`sandcell replay TRACE`: re-run a session's recorded code in a fresh sandbox, without any
-model, and report the cells whose output differs from the recording (agent.replay does it)."""
+model, and report the cells whose output differs from the recording (agent.records.replay does it)."""
 
 import difflib
 import sys
@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from agent.cli import exits, terminal
-from agent.replay import ReplayError, replay
+from agent.records.replay import ReplayError, replay
 
 SHOWN_DIFF_LINES = 40
 

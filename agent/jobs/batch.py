@@ -27,8 +27,8 @@ from agent.jobs import batch_report
 from agent.jobs.job_files import write_job_files
 from agent.jobs.recipe_maker import Loaded
 from agent.jobs.recipe_runner import AGENT, RECIPE, AutoRecipe, try_recipe
+from agent.model.scripted import ScriptedModel, ScriptError
 from agent.output_checks import Expect, ExpectError, load_expect
-from agent.scripted import ScriptedModel, ScriptError
 from agent.seams import Model, Terminated
 from agent.session import Agent
 from agent.stops import Rules

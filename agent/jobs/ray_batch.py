@@ -51,8 +51,8 @@ from agent.jobs.batch import (
     fresh_folder,
     run_job,
 )
-from agent.model_settings import ModelSettings
-from agent.scripted import ScriptedModel, load_script
+from agent.model.scripted import ScriptedModel, load_script
+from agent.model.settings import ModelSettings
 from agent.seams import Model, Terminated
 from sandbox import InputError, Inputs, SandboxPool
 from sandbox.errors import SandboxUnavailable
@@ -158,7 +158,7 @@ def scratch_folder() -> Iterator[Path]:
 
 
 def endpoint_model(settings: Settings, key_box: list | None):
-    from agent.models import OpenAIModel  # loads openai: on the nodes only
+    from agent.model.openai_model import OpenAIModel  # loads openai: on the nodes only
 
     key = ray.get(key_box[0]) if key_box else None  # else OPENAI_API_KEY of the node
     return OpenAIModel.from_settings(replace(settings.model, api_key=key).filled())

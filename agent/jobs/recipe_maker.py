@@ -18,7 +18,7 @@ from pathlib import Path
 import libcst as cst
 
 from agent.events import ChecksRun, Event, Final, Reset, Step
-from agent.trace import all_inputs, read_events
+from agent.records.trace import all_inputs, read_events
 from sandbox.boundary import DATA
 
 CELL = "# %%"

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.events import Question
-from agent.replay import Cell, recorded_cells
+from agent.records.replay import Cell, recorded_cells
+from agent.records.trace import all_inputs, read_events
 from agent.serve import files, titles
 from agent.serve.listing import SessionInfo
-from agent.trace import all_inputs, read_events
 from sandbox import Inputs
 
 log = logging.getLogger(__name__)

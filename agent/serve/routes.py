@@ -16,7 +16,8 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 
 from agent.events import Final, Question
-from agent.notebook import trace_to_notebook
+from agent.records.notebook import trace_to_notebook
+from agent.records.trace import read_events
 from agent.serve import files, outputs, titles
 from agent.serve.auth import COOKIE, current_user, owned, user_of
 from agent.serve.listing import SessionInfo
@@ -24,7 +25,6 @@ from agent.serve.served import ServedSession
 from agent.serve.sessions import Sessions
 from agent.serve.signin import click_page, own_navigation
 from agent.serve.stream import MessageStream, answer_html
-from agent.trace import read_events
 from tools.file_metadata import FileMetadata
 from tools.profile import Profile, glance
 from tools.registry import ToolError

@@ -13,7 +13,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from agent.events import Event, OnEvent, Rebuilt, Reset, SandboxReleased
-from agent.replay import rerun
+from agent.records.replay import rerun
 from agent.seams import Result
 from agent.serve import files, resume, titles
 from agent.serve.config import ServeConfig

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from agent.scripted import ScriptedModel
+from agent.model.scripted import ScriptedModel
 from agent.serve import ServeConfig
 from sandbox import Limits
 from tests.serve_helpers import USERS, ask, client, execute, new_session, serving, upload

@@ -1,5 +1,5 @@
 """One reply put together from what an OpenAI-compatible endpoint sent: streamed chunks, or
-an unstreamed message taken as one chunk (agent.models sends the requests)."""
+an unstreamed message taken as one chunk (agent.model.openai_model sends the requests)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from agent.events import (
     SessionStarted,
     Step,
 )
-from agent.trace import read_events
+from agent.records.trace import read_events
 
 
 def trace_to_notebook(events: list[Event]) -> nbformat.NotebookNode:

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from agent.redact import HIDDEN, redact_url
+from agent.model.redact import HIDDEN, redact_url
 from agent.seams import ModelError
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"

@@ -5,12 +5,12 @@ Every reply is streamed, with or without an on_token callback (unstreamed only w
 cannot stream it, below): the read timeout then holds between chunks, not for the whole reply,
 so a slow server that keeps sending never trips it. The caller's deadline (the question's
 wall time) and its cancel hold for the whole request instead: a timer shuts the response down
-then, whatever the server sends or withholds (agent.deadline), and a retry that would start
+then, whatever the server sends or withholds (agent.model.deadline), and a retry that would start
 after the deadline is not waited for. Messages name the endpoint without the credentials its
-URL may carry (agent.redact).
+URL may carry (agent.model.redact).
 Each reply is capped (max_tokens, 4096 unless --max-tokens or SANDCELL_MAX_TOKENS say, resolved
-once with the other settings by agent.model_settings), so a local model that never stops still
-ends. 429, 5xx and connection errors are retried until the first token arrives; a timeout is
+once with the other settings by agent.model.settings), so a local model that never stops still
+ends. 429, 5xx and connection errors are retried (agent.model.retry) until the first token arrives; a timeout is
 not (the server may still be working on the request), and a reply that stops mid-way is one
 clear error, not a retry queued behind a server still busy with the first request.
 
@@ -35,20 +35,19 @@ tests/test_agent_models.py, and tests/test_realmodel.py runs llama-cpp-python's 
 
 from __future__ import annotations
 
-import email.utils
 import json
 import logging
-import random
 import time
 from collections.abc import Callable
 
 import openai
 
-from agent.assembly import Assembly
-from agent.deadline import RequestDeadline
-from agent.endpoint_errors import closed, invalid, no_response, refuses_choice, short
-from agent.model_settings import API_KEY_ENV, BASE_URL_ENV, DEFAULT_BASE_URL, ModelSettings
-from agent.redact import scrub
+from agent.model import retry
+from agent.model.assembly import Assembly
+from agent.model.deadline import RequestDeadline
+from agent.model.endpoint_errors import closed, invalid, no_response, refuses_choice, short
+from agent.model.redact import scrub
+from agent.model.settings import API_KEY_ENV, BASE_URL_ENV, DEFAULT_BASE_URL, ModelSettings
 from agent.seams import (
     ImagesUnsupported,
     LimitReached,
@@ -63,7 +62,6 @@ from agent.vision import refused as refuses_images
 
 log = logging.getLogger(__name__)
 
-_TRANSIENT = (openai.RateLimitError, openai.InternalServerError, openai.APIConnectionError)
 _TOOL_WORDS = ("tool", "function")  # in a 400 body: the endpoint refused the tool definitions
 
 
@@ -147,18 +145,7 @@ class OpenAIModel:
         deadline: float | None = None,
         cancelled: Callable[[], bool] | None = None,
     ) -> Reply:
-        request: dict = {"model": self.name, "messages": [_wire(m) for m in messages]}
-        if tools:
-            request["tools"] = tools
-            choice = tool_choice if tool_choice not in self._refused_choices else None
-            choice = choice or ("auto" if "auto" not in self._refused_choices else None)
-            if choice:
-                request["tool_choice"] = choice
-        if stop:
-            request["stop"] = stop[:4]  # the API takes at most four
-        if self.temperature is not None:
-            request["temperature"] = self.temperature
-        request[self._cap] = self.max_tokens
+        request = self._request(messages, tools, tool_choice, stop)
         images = sum(image_count(m) for m in messages)
         started = time.monotonic()
         for attempt in range(self.max_retries + 1):
@@ -166,14 +153,14 @@ class OpenAIModel:
                 reply = self._send(request, on_token, deadline, cancelled)
             except _Broken as exc:
                 raise ModelError(str(exc)) from None
-            except (*_TRANSIENT, _BadBody) as exc:
+            except (*retry.TRANSIENT, _BadBody) as exc:
                 # sent again, it would be refused again (Ollama and llama-server refuse images
                 # with a 500)
                 if invalid(exc) or _images_refused(exc, images):
                     raise self._refused(exc, bool(tools), images) from None
-                if attempt >= self._retries_for(exc):
+                if attempt >= retry.retries_for(exc, self.max_retries):
                     raise ModelError(self._explain(exc, attempt + 1)) from None
-                delay = self._delay(exc, attempt)
+                delay = retry.delay_s(exc, attempt, self.retry_base_s)
                 if deadline is not None and time.monotonic() + delay >= deadline:
                     raise ModelError(
                         f"{self._explain(exc, attempt + 1)} No retry: the question's wall time "
@@ -198,6 +185,28 @@ class OpenAIModel:
             return reply
         raise AssertionError("unreachable: the retry loop returns or raises")
 
+    def _request(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None,
+        tool_choice: str | None,
+        stop: list[str] | None,
+    ) -> dict:
+        """The request's body, minus what this endpoint was seen to refuse."""
+        request: dict = {"model": self.name, "messages": [_wire(m) for m in messages]}
+        if tools:
+            request["tools"] = tools
+            choice = tool_choice if tool_choice not in self._refused_choices else None
+            choice = choice or ("auto" if "auto" not in self._refused_choices else None)
+            if choice:
+                request["tool_choice"] = choice
+        if stop:
+            request["stop"] = stop[:4]  # the API takes at most four
+        if self.temperature is not None:
+            request["temperature"] = self.temperature
+        request[self._cap] = self.max_tokens
+        return request
+
     # -- one request -----------------------------------------------------------------------
 
     def _send(
@@ -209,7 +218,7 @@ class OpenAIModel:
     ) -> Reply:
         """One request (and its fallbacks), given up at the deadline, or once the caller
         cancels, whatever the server sends or withholds: its response is shut down from a
-        timer (agent.deadline)."""
+        timer (agent.model.deadline)."""
         started = time.monotonic()
         with RequestDeadline(deadline, cancelled) as limit:
             try:
@@ -404,26 +413,6 @@ class OpenAIModel:
         """What an error says, in short, without the URL's credentials (an HTTP client's
         message may quote the URL)."""
         return scrub(short(exc), self.base_url)
-
-    def _retries_for(self, exc: Exception) -> int:
-        if isinstance(exc, openai.APITimeoutError):
-            # the server may still be working on it (a local one reading a long prompt): a
-            # second request would only queue behind the first
-            return 0
-        if isinstance(exc, openai.APIConnectionError):
-            return min(self.max_retries, 2)  # a server that is down stays down: fail soon
-        return self.max_retries
-
-    def _delay(self, exc: Exception, attempt: int) -> float:
-        response = getattr(exc, "response", None)
-        after = response.headers.get("retry-after") if response is not None else None
-        if after:
-            try:
-                return min(float(after), 60.0)
-            except ValueError:
-                when = email.utils.parsedate_to_datetime(after)
-                return max(0.0, min(when.timestamp() - time.time(), 60.0))
-        return self.retry_base_s * (2**attempt) * (1 + random.random() / 2)
 
     def _explain(self, exc: Exception, tries: int) -> str:
         where = f"the model endpoint {self.where}"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.events import Event, Reset, SessionStarted, Step
-from agent.trace import all_inputs, read_events
+from agent.records.trace import all_inputs, read_events
 from sandbox import DockerSandbox, Execution, InputError, Inputs, Limits, Sandbox
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")

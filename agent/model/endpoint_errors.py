@@ -1,4 +1,4 @@
-"""How an OpenAI-compatible endpoint's errors are told apart (agent.models acts on them): a
+"""How an OpenAI-compatible endpoint's errors are told apart (agent.model.openai_model acts on them): a
 connection that closed, a request the server calls invalid, a tool_choice it refuses, and the
 short form of any error for a message."""
 
