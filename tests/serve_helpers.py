@@ -16,7 +16,7 @@ import httpx
 import uvicorn
 
 from agent import OpenAIModel
-from agent.cli.serve import listening_socket
+from agent.hosting.listening import listening_socket
 from agent.serve import ServeConfig, create_app
 from sandbox import Limits
 from tests.cli_runner import free_port, sandcell_process

@@ -16,7 +16,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from agent.serve.config import UsersError, load_users
+from agent.hosting.users import UsersError, load_users
 from agent.serve.files import BadName, clean_name, parts_of
 from agent.serve.stream import table_html
 from sandbox import Execution

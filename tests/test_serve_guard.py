@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from agent.cli import main
-from agent.serve.guard import Hosts
+from agent.hosting.guard import Hosts
 from tests.scripted_server import ScriptedServer
 from tests.serve_helpers import ALICE, client, config, serving
 

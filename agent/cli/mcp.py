@@ -26,7 +26,7 @@ from agent.cli.options import (
     limit_options,
     overwrite_option,
 )
-from agent.cli.serve import ALLOWED_HOST_HELP, allowed_hosts_option
+from agent.hosting.options import server_options, users_of
 from agent.seams import Terminated
 
 
@@ -38,40 +38,11 @@ from agent.seams import Terminated
     help="Folder export_outputs copies /workspace/output to (with --http: DIR/<session>/).",
 )
 @click.option("--http", is_flag=True, help="Serve streamable HTTP at /mcp instead of stdio.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="--http: address.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8766, show_default=True)
-@click.option(
-    "--users",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="--http: file of users, one name:token a line [default: one token, printed].",
-)
-@click.option(
-    "--pool",
-    type=click.IntRange(0, 64),
-    default=2,
-    show_default=True,
-    help="--http: warm sandboxes kept ready for new sessions.",
-)
-@click.option(
-    "--max-sessions",
-    type=click.IntRange(1, 10_000),
-    default=8,
-    show_default=True,
-    help="--http: sessions at once; more answer 503.",
-)
-@click.option(
-    "--idle-minutes",
-    type=click.FloatRange(0, 7 * 24 * 60, min_open=True),
-    default=30.0,
-    show_default=True,
-    help="--http: a session idle this long ends and its sandbox is removed.",
-)
-@click.option(
-    "--allowed-host",
-    "allowed_hosts",
-    multiple=True,
-    callback=allowed_hosts_option,
-    help="--http: " + ALLOWED_HOST_HELP,
+@server_options(
+    8766,
+    sessions_help="Sessions at once; more answer 503.",
+    idle_help="A session idle this long ends and its sandbox is removed.",
+    http_only=True,
 )
 @overwrite_option
 @limit_options
@@ -114,8 +85,6 @@ def mcp_cmd(
     if not http:
         _serve_stdio(limits, checked, output)
         return
-    from agent.cli.serve import users_of
-
     users_known = users_of(users)
     settings = HttpSettings(
         users_known, bool(users), host, port, pool, idle_minutes * 60, max_sessions, allowed_hosts
@@ -209,9 +178,9 @@ def _serve_http(limits, inputs, output, settings: HttpSettings) -> None:
 
 
 def _serve_on_socket(server, settings: HttpSettings) -> None:
-    from agent.cli.serve import listening_socket, run_until_stopped, warn_beyond_loopback
+    from agent.hosting.guard import Hosts
+    from agent.hosting.listening import listening_socket, run_until_stopped, warn_beyond_loopback
     from agent.mcp.http import PATH, http_app
-    from agent.serve.guard import Hosts
 
     host, known = settings.host, settings.users
     hosts = Hosts(host, settings.allowed_hosts)

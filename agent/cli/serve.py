@@ -6,84 +6,16 @@ its open requests, then every session ends and every container is removed."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import signal
-import socket
 from pathlib import Path
 
 import click
 
 from agent.cli import exits
 from agent.cli.options import agent_options, build_limits, build_model, build_rules
-
-ALLOWED_HOST_HELP = (
-    "A name (Host header) this server answers to besides loopback names and the --host "
-    "address, e.g. the name of a proxy in front (repeatable; '*' for any)."
-)
-
-
-def allowed_hosts_option(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
-    from agent.serve.guard import allowed_host_problem
-
-    for value in values:
-        problem = allowed_host_problem(value)
-        if problem:
-            raise click.BadParameter(problem)
-    return values
-
-
-GRACE_S = 5  # open streams get this long after Ctrl-C before they are cut
-
-
-def loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
-def listening_socket(host: str, port: int) -> socket.socket:
-    """Bound here so the URL printed names the real port (--port 0 picks one). The protocol
-    is named: asyncio sets TCP_NODELAY only on sockets whose proto is TCP, and without it
-    every keep-alive response waits out a 40 ms delayed ACK between its headers and body."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-    except OSError as error:
-        sock.close()
-        raise click.UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
-    return sock
-
-
-def warn_beyond_loopback(command: str, host: str) -> None:
-    if not loopback(host):
-        click.echo(
-            f"sandcell {command}: warning: listening on {host}, beyond this machine; tokens "
-            "travel in clear text unless a TLS proxy stands in front; a name other than the "
-            "address (the proxy's) is answered only with --allowed-host NAME",
-            err=True,
-        )
-
-
-def run_until_stopped(app, sock: socket.socket) -> None:
-    """uvicorn on the bound socket until Ctrl-C or SIGTERM, which it re-raises once it has
-    stopped gracefully (open requests get GRACE_S)."""
-    import uvicorn
-
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            log_level="warning",
-            access_log=False,  # a URL may carry a token (the page's does)
-            timeout_graceful_shutdown=GRACE_S,
-            lifespan="on",
-        )
-    )
-    server.run(sockets=[sock])
+from agent.hosting.listening import listening_socket, run_until_stopped, warn_beyond_loopback
+from agent.hosting.options import server_options, users_of
 
 
 def claim_data(data: Path):
@@ -119,37 +51,19 @@ def claim_data(data: Path):
     return lock
 
 
-def users_of(path: Path | None) -> dict[str, str]:
-    """--users FILE read (a usage error names the bad line), or one user with a new token."""
-    from agent.serve.config import UsersError, load_users, one_user
-
-    try:
-        return load_users(path) if path else one_user()
-    except (UsersError, UnicodeDecodeError) as error:
-        raise click.UsageError(f"--users: {error}") from None
-
-
 @click.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
+@server_options(
+    8765,
+    sessions_help="Sessions holding a sandbox at once; more answer 503 with Retry-After.",
+    idle_help="An idle session's sandbox is released after this long (its next message "
+    "starts one).",
+)
 @click.option(
     "--data",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("sandcell-data"),
     show_default=True,
     help="Folder for the sessions: DIR/<user>/<id>/ (uploads, trace, notebook, files).",
-)
-@click.option(
-    "--users",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="File of users, one name:token a line [default: one user, a token printed].",
-)
-@click.option(
-    "--max-sessions",
-    type=click.IntRange(1, 10_000),
-    default=8,
-    show_default=True,
-    help="Sessions holding a sandbox at once; more answer 503 with Retry-After.",
 )
 @click.option(
     "--max-sessions-per-user",
@@ -165,32 +79,11 @@ def users_of(path: Path | None) -> dict[str, str]:
     help="Disk for one user: uploads and session folders under DATA/<user> (507 past it).",
 )
 @click.option(
-    "--pool",
-    type=click.IntRange(0, 64),
-    default=2,
-    show_default=True,
-    help="Warm sandboxes kept ready for new sessions.",
-)
-@click.option(
-    "--idle-minutes",
-    type=click.FloatRange(0, 7 * 24 * 60, min_open=True),
-    default=30.0,
-    show_default=True,
-    help="An idle session's sandbox is released after this long (its next message starts one).",
-)
-@click.option(
     "--max-upload-mb",
     type=click.FloatRange(0, 1 << 20, min_open=True),
     default=100.0,
     show_default=True,
     help="Cap on one upload request (413 above it).",
-)
-@click.option(
-    "--allowed-host",
-    "allowed_hosts",
-    multiple=True,
-    callback=allowed_hosts_option,
-    help=ALLOWED_HOST_HELP,
 )
 @agent_options
 @exits.reported()
@@ -213,8 +106,8 @@ def serve_cmd(
     # Ctrl-C stops the server even when it was started with SIGINT ignored (any `cmd &` from a
     # script is): uvicorn raises it again, with this handler, once it has stopped.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    from agent.hosting.users import DEFAULT_USER
     from agent.serve import ServeConfig, create_app
-    from agent.serve.config import DEFAULT_USER
     from sandbox.container import preflight
 
     known = users_of(users)

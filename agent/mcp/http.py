@@ -1,7 +1,7 @@
 """Streamable HTTP at /mcp: the SDK's session manager behind the SDK's bearer middleware,
 with the users of `sandcell serve` (--users FILE, or one printed token).
 
-Host and Origin are checked as `sandcell serve` checks them (agent.serve.guard), before the
+Host and Origin are checked as `sandcell serve` checks them (agent.hosting.guard), before the
 token. The session manager remembers which credential opened each session and answers any other
 one as it answers an unknown session id (404); a request without a known token is 401. Each
 MCP session gets its sandbox from the warm pool in the server's lifespan (agent.mcp.server),
@@ -22,8 +22,8 @@ from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 
-from agent.serve.config import token_owner
-from agent.serve.guard import Guard, Hosts
+from agent.hosting.guard import Guard, Hosts
+from agent.hosting.users import token_owner
 
 PATH = "/mcp"
 

@@ -16,10 +16,10 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
+from agent.hosting.guard import Guard, Hosts
 from agent.serve.bodylimit import BodyLimit
 from agent.serve.config import ServeConfig
 from agent.serve.files import BadName, OverBudget
-from agent.serve.guard import Guard, Hosts
 from agent.serve.routes import STATIC, router
 from agent.serve.served import Busy
 from agent.serve.sessions import Full, NotFound, Sessions

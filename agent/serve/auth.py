@@ -10,8 +10,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
-from agent.serve.config import token_owner
-from agent.serve.guard import COOKIE, unauthorized
+from agent.hosting.guard import COOKIE, unauthorized
+from agent.hosting.users import token_owner
 from agent.serve.served import ServedSession
 
 bearer = HTTPBearer(auto_error=False, description="a token from --users, or the one printed")

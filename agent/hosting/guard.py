@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agent.serve.config import token_owner
+from agent.hosting.users import token_owner
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 OPEN_API = frozenset({"/api/health"})  # answered without a token
@@ -32,7 +32,7 @@ COOKIE = "sandcell_token"  # HttpOnly, SameSite=Strict: set by the page route fr
 
 
 def loopback(host: str) -> bool:
-    """As agent.cli.serve's (which does not import the app, to start fast)."""
+    """An address of this machine only (127.0.0.0/8, ::1, or the name localhost)."""
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:

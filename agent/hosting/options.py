@@ -1,0 +1,88 @@
+"""The command-line options both servers take: where to listen, who may connect, how many
+sessions at once, how long an idle one lives. `sandcell mcp` takes them for --http only, and
+its help says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+ALLOWED_HOST_HELP = (
+    "A name (Host header) this server answers to besides loopback names and the --host "
+    "address, e.g. the name of a proxy in front (repeatable; '*' for any)."
+)
+
+
+def allowed_hosts_option(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    from agent.hosting.guard import allowed_host_problem
+
+    for value in values:
+        problem = allowed_host_problem(value)
+        if problem:
+            raise click.BadParameter(problem)
+    return values
+
+
+def server_options(port: int, *, sessions_help: str, idle_help: str, http_only: bool = False):
+    """--host, --port, --users, --max-sessions, --pool, --idle-minutes, --allowed-host."""
+
+    def said(text: str) -> str:
+        return f"--http: {text[0].lower()}{text[1:]}" if http_only else text
+
+    options = [
+        click.option(
+            "--host", default="127.0.0.1", show_default=True, help=said("Address to listen on.")
+        ),
+        click.option("--port", type=click.IntRange(0, 65535), default=port, show_default=True),
+        click.option(
+            "--users",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            help=said("File of users, one name:token a line [default: one user, a token printed]."),
+        ),
+        click.option(
+            "--max-sessions",
+            type=click.IntRange(1, 10_000),
+            default=8,
+            show_default=True,
+            help=said(sessions_help),
+        ),
+        click.option(
+            "--pool",
+            type=click.IntRange(0, 64),
+            default=2,
+            show_default=True,
+            help=said("Warm sandboxes kept ready for new sessions."),
+        ),
+        click.option(
+            "--idle-minutes",
+            type=click.FloatRange(0, 7 * 24 * 60, min_open=True),
+            default=30.0,
+            show_default=True,
+            help=said(idle_help),
+        ),
+        click.option(
+            "--allowed-host",
+            "allowed_hosts",
+            multiple=True,
+            callback=allowed_hosts_option,
+            help=said(ALLOWED_HOST_HELP),
+        ),
+    ]
+
+    def apply(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return apply
+
+
+def users_of(path: Path | None) -> dict[str, str]:
+    """--users FILE read (a usage error names the bad line), or one user with a new token."""
+    from agent.hosting.users import UsersError, load_users, one_user
+
+    try:
+        return load_users(path) if path else one_user()
+    except (UsersError, UnicodeDecodeError) as error:
+        raise click.UsageError(f"--users: {error}") from None
