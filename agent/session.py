@@ -50,7 +50,6 @@ from sandbox import (
     Inputs,
     Limits,
     Sandbox,
-    SandboxError,
 )
 from sandbox.boundary import WORKSPACE
 from sandbox.container import DEFAULT_IMAGE
@@ -374,13 +373,7 @@ class Session:
         Needs a sandbox that takes new inputs, as a pool's does; returns the inputs added."""
         more = Inputs.from_paths(paths)
         combined = self.inputs.extended(more)  # InputError: that name is there already
-        target = (
-            self.sandbox.ready() if isinstance(self.sandbox, BackgroundSandbox) else self.sandbox
-        )
-        add = getattr(target, "add_inputs", None)
-        if add is None:
-            raise SandboxError("this session's sandbox takes no new inputs; start a new session")
-        add(more)  # first: a sandbox that refuses them leaves the session as it was
+        self.sandbox.add_inputs(more)  # first: one that refuses leaves the session as it was
         self.inputs = combined
         tool = self.registry.get("file_metadata")
         if tool is not None:

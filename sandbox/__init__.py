@@ -18,6 +18,7 @@ _HOMES = {
     "InputError": "sandbox.inputs",
     "Inputs": "sandbox.inputs",
     "Limits": "sandbox.limits",
+    "RenewableSandbox": "sandbox.renewable",
     "Result": "sandbox.execution",
     "Sandbox": "sandbox.seams",
     "SandboxError": "sandbox.errors",

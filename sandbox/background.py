@@ -21,7 +21,48 @@ from sandbox.seams import Sandbox
 OnReady = Callable[[dict], None]
 
 
-class BackgroundSandbox:
+class Forwarder:
+    """The Sandbox seam forwarded to the sandbox `_target()` gives (a wrapper's inner one,
+    started or woken as the wrapper sees fit); interrupt and close are the wrapper's own."""
+
+    def _target(self) -> Sandbox:
+        raise NotImplementedError
+
+    def run(
+        self,
+        code: str,
+        timeout: float | None = None,
+        *,
+        on_output: Callable[[StreamChunk], None] | None = None,
+    ) -> Execution:
+        return self._target().run(code, timeout, on_output=on_output)
+
+    def restart(self) -> None:
+        self._target().restart()
+
+    def stat(self, path: str) -> dict:
+        return self._target().stat(path)
+
+    def read(self, path: str, max_bytes: int | None = None) -> bytes:
+        return self._target().read(path, max_bytes)
+
+    def write(self, path: str, data: bytes) -> None:
+        self._target().write(path, data)
+
+    def files(self) -> list[dict]:
+        return self._target().files()
+
+    def export(self, host_dir: str | Path, subdir: str = "") -> list[str]:
+        return self._target().export(host_dir, subdir)
+
+    def add_inputs(self, more: Inputs) -> None:
+        self._target().add_inputs(more)
+
+    def run_checks(self, request: dict) -> dict:
+        return self._target().run_checks(request)
+
+
+class BackgroundSandbox(Forwarder):
     """The Sandbox made by `start()`, begun at once (`background=True`) or on first use."""
 
     def __init__(
@@ -112,40 +153,12 @@ class BackgroundSandbox:
             "waited_s": None if self.waited_s is None else round(self.waited_s, 3),
         }
 
-    # -- the Sandbox seam: each call waits for the start ------------------------------------
-    def run(
-        self,
-        code: str,
-        timeout: float | None = None,
-        *,
-        on_output: Callable[[StreamChunk], None] | None = None,
-    ) -> Execution:
-        return self.ready().run(code, timeout, on_output=on_output)
+    # -- the Sandbox seam: each call waits for the start (Forwarder) ---------------------------
+    _target = ready
 
     def interrupt(self) -> None:
         if self._sandbox is not None:  # nothing runs before the start finished
             self._sandbox.interrupt()
-
-    def restart(self) -> None:
-        self.ready().restart()
-
-    def stat(self, path: str) -> dict:
-        return self.ready().stat(path)
-
-    def read(self, path: str, max_bytes: int | None = None) -> bytes:
-        return self.ready().read(path, max_bytes)
-
-    def write(self, path: str, data: bytes) -> None:
-        self.ready().write(path, data)
-
-    def files(self) -> list[dict]:
-        return self.ready().files()
-
-    def export(self, host_dir: str | Path, subdir: str = "") -> list[str]:
-        return self.ready().export(host_dir, subdir)
-
-    def run_checks(self, request: dict) -> dict:
-        return self.ready().run_checks(request)
 
     def close(self) -> None:
         """Close the sandbox; one still starting is waited for, then closed, so nothing

@@ -410,7 +410,10 @@ class DockerSandbox:
     def add_inputs(self, paths: Inputs | list[str | Path]) -> None:
         """Give a pool sandbox its input files (read-only under /data)."""
         if self.staging_dir is None:
-            raise SandboxError("inputs of a started sandbox are fixed; pass them to DockerSandbox")
+            raise SandboxError(
+                "this sandbox takes no new inputs (they were fixed when it started); start "
+                "a new session, or a DockerSandbox with every input"
+            )
         more = Inputs.from_paths(paths)
         combined = self.inputs.extended(more)  # a name taken already is refused here
         placed: list[Path] = []

@@ -1,6 +1,7 @@
 """The Sandbox seam: what `tools.python`, `Session`, the pool and the front ends use to run
 code and move files. `DockerSandbox` is the sandbox; `BackgroundSandbox` is one that is still
-starting. Nothing here imports Docker."""
+starting; `RenewableSandbox` one a server may release while its session idles. Nothing here
+imports Docker."""
 
 from __future__ import annotations
 
@@ -39,5 +40,13 @@ class Sandbox(Protocol):
     def files(self) -> list[dict]: ...  # the workspace's files: path, size, mtime
 
     def export(self, host_dir: str | Path, subdir: str = "") -> list[str]: ...
+
+    # more files under /data, read-only (a pool's sandbox takes them; one started with its
+    # inputs fixed refuses them with a SandboxError)
+    def add_inputs(self, more: Inputs) -> None: ...
+
+    # declared checks on /workspace files, in a fresh `python -I` of the image's checker
+    # (images/checks.py): the request and answer are agent.output_checks'
+    def run_checks(self, request: dict) -> dict: ...
 
     def close(self) -> None: ...

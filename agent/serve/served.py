@@ -19,10 +19,10 @@ from agent.serve import files, resume, titles
 from agent.serve.config import ServeConfig
 from agent.serve.listing import SessionInfo
 from agent.serve.resume import Past
-from agent.serve.sandboxes import RenewableSandbox
 from agent.session import FIGURES_DIR, Agent
 from sandbox import Execution, Inputs, SandboxError, SandboxPool
 from sandbox.boundary import FIGURES
+from sandbox.renewable import RenewableSandbox
 from sandbox.seams import Sandbox
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""The sandbox a served session keeps for its whole life.
+"""A sandbox a session keeps for its whole life, though a server releases its container
+while the session idles.
 
 A `Session` holds one sandbox from its start to its end, but a server must give an idle
 session's container back and start another when the session is used again. This wraps the
@@ -12,9 +13,11 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from sandbox import BackgroundSandbox, Inputs, Limits, Sandbox, SandboxError
-from sandbox.background import OnReady
-from sandbox.execution import Execution
+from sandbox.background import BackgroundSandbox, Forwarder, OnReady
+from sandbox.errors import SandboxError
+from sandbox.inputs import Inputs
+from sandbox.limits import Limits
+from sandbox.seams import Sandbox
 
 Acquire = Callable[[Inputs], Sandbox]  # e.g. a pool's acquire
 Prepare = Callable[[Sandbox], None]  # run on a renewed sandbox before anything uses it
@@ -23,7 +26,7 @@ Prepare = Callable[[Sandbox], None]  # run on a renewed sandbox before anything 
 CheckExport = Callable[[Path, list[str]], None]
 
 
-class RenewableSandbox:
+class RenewableSandbox(Forwarder):
     def __init__(
         self,
         acquire: Acquire,
@@ -111,30 +114,16 @@ class RenewableSandbox:
         """Files for /data: into the running sandbox now, or into the next one started."""
         with self._lock:
             if self._current is not None:
-                self._current.ready().add_inputs(more)  # waits for a start under way
+                self._current.add_inputs(more)  # waits for a start under way
             self.inputs = self.inputs.extended(more)
 
-    # -- the Sandbox seam ------------------------------------------------------------------
-    def run(self, code: str, timeout: float | None = None, *, on_output=None) -> Execution:
-        extra = {"on_output": on_output} if on_output is not None else {}
-        return self._live().run(code, timeout, **extra)
+    # -- the Sandbox seam: each call wakes a released sandbox (Forwarder) ---------------------
+    _target = _live
 
     def interrupt(self) -> None:
         current = self._current
         if current is not None:
             current.interrupt()
-
-    def restart(self) -> None:
-        self._live().restart()
-
-    def stat(self, path: str) -> dict:
-        return self._live().stat(path)
-
-    def read(self, path: str, max_bytes: int | None = None) -> bytes:
-        return self._live().read(path, max_bytes)
-
-    def write(self, path: str, data: bytes) -> None:
-        self._live().write(path, data)
 
     def files(self) -> list[dict]:
         return self._live().files() if self.used else []  # nothing ran: nothing there
