@@ -20,17 +20,21 @@ _HOMES = {
     "ModelError": "agent.seams",
     "Parsed": "agent.seams",
     "Reply": "agent.seams",
-    "Result": "agent.seams",
+    "RunResult": "agent.seams",
     "ToolCall": "agent.seams",
     "Usage": "agent.seams",
     "Agent": "agent.session",
     "Session": "agent.session",
     "Rules": "agent.stops",
 }
+# Deprecated, kept for one version: `agent.Result` is `agent.RunResult` (a run's result;
+# `sandbox.Result` is one MIME output of a cell, as in E2B's SDK).
+_RENAMED = {"Result": "RunResult"}
 __all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str):
+    name = _RENAMED.get(name, name)
     if name not in _HOMES:
         raise AttributeError(f"module 'agent' has no attribute {name!r}")
     return getattr(importlib.import_module(_HOMES[name]), name)

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from agent.seams import Action
 from sandbox.execution import Execution
-from tools import Observation as Observed
+from tools import ToolOutcome
 
 REGISTRY: dict[str, type[Event]] = {}  # type tag -> class, filled as each class is defined
 _BASE = ("time", "extra")  # fields every event has; not the event's own
@@ -359,5 +359,5 @@ def executed_cell(question: int, code: str, ex: Execution) -> Step:
     """A cell run without the model (serve's /execute), recorded as a step so the notebook
     and replay hold it."""
     action = Action("python", {"code": code}, call_id=None, how="execute")
-    record = observation_record(action, Observed(ex.ok, "", ex))
+    record = observation_record(action, ToolOutcome(ex.ok, "", ex))
     return Step(question=question, step=0, source="execute", observations=[record])

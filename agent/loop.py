@@ -33,7 +33,7 @@ from agent.seams import (
     Model,
     ModelError,
     Reply,
-    Result,
+    RunResult,
     Submitted,
     Terminated,
     ToolsUnsupported,
@@ -43,8 +43,7 @@ from agent.stops import Rules, Watch
 from agent.vision import MODES as VISION_MODES
 from agent.vision import figures_message, without_images
 from sandbox import Execution, SandboxError
-from tools import Observation as Observed
-from tools import Registry
+from tools import Registry, ToolOutcome
 
 __all__ = ["Loop", "OnEvent"]
 
@@ -107,7 +106,7 @@ class Loop:
         self.messages[1:] = messages
         self.questions = questions
 
-    def ask(self, question: str) -> Result:
+    def ask(self, question: str) -> RunResult:
         self.questions += 1
         started, watch = time.monotonic(), Watch(self.rules)
         self.messages.append({"role": "user", "content": question})
@@ -147,7 +146,7 @@ class Loop:
             Final(question=self.questions, tokens=watch.tokens, duration_s=elapsed, **final)
         )
         # usage: the conversation's total so far (a one-question run: the question's)
-        return Result(usage=self.usage, duration_s=elapsed, warnings=warnings, **final)
+        return RunResult(usage=self.usage, duration_s=elapsed, warnings=warnings, **final)
 
     def _step(self, watch: Watch, question: str) -> list[str]:
         if self.cancelled:
@@ -189,10 +188,10 @@ class Loop:
             try:
                 repeat = watch.action(action.key())
             except LimitReached as exc:  # answer every call id anyway: the history stays valid
-                stop, obs, repeat = stop or exc, Observed(False, f"not run: {exc.detail}"), None
+                stop, obs, repeat = stop or exc, ToolOutcome(False, f"not run: {exc.detail}"), None
             else:
                 obs = (
-                    Observed(False, "not run")
+                    ToolOutcome(False, "not run")
                     if stop or self.cancelled  # stopped from outside: start nothing more
                     else self.registry.call(action.tool, action.args)
                 )

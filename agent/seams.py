@@ -173,7 +173,10 @@ class ImagesUnsupported(ModelError):
 
 
 @dataclass
-class Result:
+class RunResult:
+    """What `Agent.run` and `Session.ask` return. (Named `Result` before 0.3, and still
+    importable as `agent.Result` for this version: deprecated.)"""
+
     answer: str | None  # None when the run stopped without one
     stop_reason: str  # agent.stops: answered, max_steps, repeated_action, model_error, ...
     detail: str = ""  # what fired, in words

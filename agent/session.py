@@ -1,4 +1,4 @@
-"""The Python API: `Agent(model=..., limits=...).run(task, inputs=[...]) -> Result`, and
+"""The Python API: `Agent(model=..., limits=...).run(task, inputs=[...]) -> RunResult`, and
 `agent.session(inputs=[...])` for several questions sharing one sandbox (kernel state, files,
 history). Each question leaves trace.jsonl and notebook.ipynb up to date in the session folder,
 and the files the code wrote under /workspace/output copied to <folder>/output. A session's
@@ -41,7 +41,7 @@ from agent.output_checks import (
 from agent.prompts import inputs_profile
 from agent.records.notebook import export_notebook
 from agent.records.trace import TraceWriter
-from agent.seams import Model, Result
+from agent.seams import Model, RunResult
 from agent.stops import Rules
 from sandbox import (
     BackgroundSandbox,
@@ -104,10 +104,10 @@ class Agent:
         inputs: InputPaths = (),
         output_dir: str | Path | None = None,
         expect: Mapping[str, str | Path | Schema] | None = None,
-    ) -> Result:
+    ) -> RunResult:
         """Answer one task in a fresh sandbox, then close it. `expect` maps output paths
         under /workspace to pandera schema files ({"output/clean.csv": "sales.yaml"}): the
-        answer is accepted only once those files pass (Result.checks says how they did)."""
+        answer is accepted only once those files pass (RunResult.checks says how they did)."""
         with self.session(inputs, output_dir, expect=expect) as session:
             return session.ask(task)
 
@@ -219,7 +219,7 @@ class Session:
         """A sandbox started for the session: when, and how long it took (the trace's)."""
         self.publish(SandboxReady(**timing))
 
-    def ask(self, question: str) -> Result:
+    def ask(self, question: str) -> RunResult:
         """Answer one question. Ctrl-C (or SIGTERM) ends it with what was done kept: the trace,
         the notebook of the finished cells, the files; the result says it was interrupted."""
         with self._busy():
@@ -234,7 +234,7 @@ class Session:
         finally:
             self._idle.set()
 
-    def _ask(self, question: str) -> Result:
+    def _ask(self, question: str) -> RunResult:
         result = self.loop.ask(question)
         if result.stop_reason in (stops.INTERRUPTED, stops.TERMINATED):
             self.sandbox.interrupt()  # the cell it cut short
@@ -254,7 +254,7 @@ class Session:
                     return index, execution
             return None
 
-    def settle(self, result: Result) -> Result:
+    def settle(self, result: RunResult) -> RunResult:
         """A question's result made whole: the trace and the notebook named, the files the
         code made copied back, and those the checks read compared with what was copied."""
         result.trace_path = self.trace_path
@@ -267,7 +267,7 @@ class Session:
             self._verify_copied(result)
         return result
 
-    def _checks(self, result: Result) -> dict:
+    def _checks(self, result: RunResult) -> dict:
         """The results' `checks`: the last run's, when the question ended at a check."""
         last = self.checker.last
         if (
@@ -279,7 +279,7 @@ class Session:
         why = f"the question stopped ({result.stop_reason}) before its outputs were checked"
         return not_checked(self.expect, why)
 
-    def _verify_copied(self, result: Result) -> None:
+    def _verify_copied(self, result: RunResult) -> None:
         """The files copied back must be the bytes checked: else the checks failed."""
 
         def place(path: str) -> Path:

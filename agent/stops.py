@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from agent.seams import LimitReached
 
-# Stop reasons, as Result.stop_reason reports them.
+# Stop reasons, as RunResult.stop_reason reports them.
 ANSWERED = "answered"
 MAX_STEPS = "max_steps"
 FAILURES = "consecutive_failures"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import docker
 
-from bench import report, sandbox_bench
+from bench import ratio_table, sandbox_bench
 
 HERE = Path(__file__).parent
 
@@ -38,12 +38,12 @@ def main() -> None:
     args = parser.parse_args()
     started = time.time()
     results = {"machine": machine(), "smoke": args.smoke, "sandbox": sandbox_bench.run(args.smoke)}
-    for name, module in report.sections():
+    for name, module in ratio_table.sections():
         results[name] = module.run(args.smoke)
     results["seconds"] = round(time.time() - started, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    text = report.markdown(results)
+    text = ratio_table.markdown(results)
     (args.out / "REPORT.md").write_text(text)
     print(text)
 

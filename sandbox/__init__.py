@@ -20,7 +20,7 @@ _HOMES = {
     "Limits": "sandbox.limits",
     "RenewableSandbox": "sandbox.renewable",
     "Result": "sandbox.execution",
-    "Sandbox": "sandbox.seams",
+    "Sandbox": "sandbox.protocol",
     "SandboxError": "sandbox.errors",
     "SandboxPool": "sandbox.pool",
     "SandboxUnavailable": "sandbox.errors",

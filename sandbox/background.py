@@ -16,7 +16,7 @@ from sandbox.errors import SandboxError
 from sandbox.execution import Execution, StreamChunk
 from sandbox.inputs import Inputs
 from sandbox.limits import Limits
-from sandbox.seams import Sandbox
+from sandbox.protocol import Sandbox
 
 OnReady = Callable[[dict], None]
 

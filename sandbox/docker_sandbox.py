@@ -205,12 +205,22 @@ class DockerSandbox:
         return ex
 
     def _interrupt_within_grace(self, msg_id: str, collector: kernel.Collector) -> bool:
+        """Interrupt the cell and wait the grace for the kernel to say it is idle. A kernel
+        that has sent the cell's KeyboardInterrupt has stopped it and is finishing up (its
+        post-run hooks; slow on a loaded machine): it gets twice the grace more before it is
+        taken for stuck and restarted, which would lose every variable."""
         kernel.interrupt(self._client)
-        grace_end = time.monotonic() + self.limits.interrupt_grace_s
-        while time.monotonic() < grace_end:
+        grace = self.limits.interrupt_grace_s
+        grace_end, extended = time.monotonic() + grace, False
+        while True:
             if kernel.drain(self._client, msg_id, collector, grace_end) == "done":
                 return True
-        return False
+            if time.monotonic() < grace_end:
+                continue
+            error = collector.execution.error
+            if extended or error is None or error.name != "KeyboardInterrupt":
+                return False
+            grace_end, extended = grace_end + 2 * grace, True
 
     def _check_open(self) -> None:
         if self.closed:

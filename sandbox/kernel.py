@@ -15,10 +15,10 @@ from queue import Empty
 import zmq
 from jupyter_client import BlockingKernelClient
 
-from sandbox import boundary, loops
+from sandbox import boundary, event_loops
 from sandbox.execution import CUT_NOTE, Error, Execution, Result, StreamChunk
 
-loops.install()  # the blocking client's per-thread loops, closed at exit
+event_loops.install()  # the blocking client's per-thread loops, closed at exit
 
 MAX_MESSAGE_BYTES = 32 << 20  # a single ZMQ message larger than this is refused
 # Whole messages the host queues per socket before ZMQ stops reading; the kernel side

@@ -17,7 +17,7 @@ from sandbox.background import BackgroundSandbox, Forwarder, OnReady
 from sandbox.errors import SandboxError
 from sandbox.inputs import Inputs
 from sandbox.limits import Limits
-from sandbox.seams import Sandbox
+from sandbox.protocol import Sandbox
 
 Acquire = Callable[[Inputs], Sandbox]  # e.g. a pool's acquire
 Prepare = Callable[[Sandbox], None]  # run on a renewed sandbox before anything uses it

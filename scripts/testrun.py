@@ -38,12 +38,17 @@ def node_id(nodeid: str) -> str:
     return head if sep and not any(c in group for c in "[]:/") else nodeid
 
 
-def crash_line(report) -> str:
+def crash_line(report, limit: int = 300) -> str:
+    """pytest's crash line (its short summary's: the message's first line), on one line and
+    capped: an assertion's message may quote a whole output."""
     crash = getattr(report.longrepr, "reprcrash", None)
     if crash is not None:
-        return crash.message.splitlines()[0] if crash.message else ""
-    lines = str(report.longrepr or "").strip().splitlines()
-    return lines[-1] if lines else ""
+        text = (crash.message or "").partition("\n")[0]
+    else:
+        lines = str(report.longrepr or "").strip().splitlines()
+        text = lines[-1] if lines else ""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 _worker = False  # an xdist worker: its reports reach the controlling process, which writes
@@ -61,7 +66,7 @@ def pytest_runtest_logreport(report) -> None:
     record = {
         "nodeid": node_id(report.nodeid),
         "when": report.when,
-        "crash": crash_line(report)[:500],
+        "crash": crash_line(report),
         "load1": round(os.getloadavg()[0], 2),
     }
     with open(path, "a", encoding="utf-8") as out:

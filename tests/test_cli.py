@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from agent.cli import COMMANDS, exits, main
-from agent.seams import ModelError, Result, Terminated, ToolsUnsupported
+from agent.seams import ModelError, RunResult, Terminated, ToolsUnsupported
 from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.execution import Error, Execution
 
@@ -296,12 +296,12 @@ def test_for_error(error, status):
 @pytest.mark.parametrize(
     ("result", "status"),
     [
-        (Result("42 rows", "answered"), 0),
-        (Result(None, "model_error", error="endpoint down"), 4),
-        (Result(None, "sandbox_error", error="container died"), 3),
-        (Result(None, "max_steps"), 1),
-        (Result(None, "repeated_action"), 1),
-        (Result("a forced answer", "wall_time"), 1),  # an answer, but the run was stopped
+        (RunResult("42 rows", "answered"), 0),
+        (RunResult(None, "model_error", error="endpoint down"), 4),
+        (RunResult(None, "sandbox_error", error="container died"), 3),
+        (RunResult(None, "max_steps"), 1),
+        (RunResult(None, "repeated_action"), 1),
+        (RunResult("a forced answer", "wall_time"), 1),  # an answer, but the run was stopped
     ],
 )
 def test_for_result(result, status):

@@ -50,7 +50,9 @@ def test_run_stopped_midway_keeps_trace_notebook_answer_and_files(tmp_path, sig,
     script = write_script(tmp_path / "s.json", [python(first), python(SLOW), "Final Answer: x"])
     out = tmp_path / "out"
     args = ["run", "--task", "x", "--input", str(SALES), "--output", str(out), "--replay", str(script)]  # fmt: skip
-    proc = sandcell_process(*args)
+    # started as a script's `cmd &` (or a CI job) starts it: SIGINT ignored, inherited. Ctrl-C
+    # must still stop it: before the fix the signal was lost and the cell ran to its timeout
+    proc = sandcell_process(*args, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         wait_for(lambda: steps_in(out / "trace.jsonl") >= 1, 120)
         time.sleep(1.5)  # the second cell is sleeping now

@@ -323,6 +323,28 @@ def test_render_caps_with_head_tail_and_names_saved_output(sb):
     assert render(sb.run("print('short')"), 2000) == "short"
 
 
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+def test_a_kernel_slow_to_finish_an_interrupted_cell_keeps_its_state(runtime):
+    """The interrupt lands (the cell's KeyboardInterrupt is sent) but the kernel is slow to say
+    it is idle, as on a loaded machine (here a post-run hook sleeps 2.5 s, past the 2 s grace):
+    the cell ends interrupted, its variables kept, not restarted (before: state lost)."""
+    with DockerSandbox(limits=Limits(timeout_s=30, interrupt_grace_s=2), runtime=runtime) as box:
+        slow = (
+            "import time\nkept = 5\n"
+            "def slow_finish(result):\n"
+            "    get_ipython().events.unregister('post_run_cell', slow_finish)\n"
+            "    time.sleep(2.5)\n"
+        )
+        assert box.run(slow).ok
+        stuck = box.run(
+            "get_ipython().events.register('post_run_cell', slow_finish)\nwhile True:\n    pass",
+            timeout=2,
+        )
+        assert stuck.timed_out and stuck.interrupted and stuck.restarted is None, render(stuck)
+        assert box.run("kept + 1").text == "6"
+
+
 # -- fresh sandboxes ----------------------------------------------------------------------
 @pytest.mark.xdist_group("semantics-b")
 @pytest.mark.timeout(60)

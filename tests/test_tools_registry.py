@@ -11,10 +11,10 @@ from click.testing import CliRunner
 from agent.cli import main
 from sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
 from tools import (
-    Observation,
     Registry,
     Tool,
     ToolError,
+    ToolOutcome,
     calculator,
     calculator_tool,
     file_metadata,
@@ -45,7 +45,7 @@ def _echo_tool(**kw) -> Tool:
 
 def test_dict_and_json_string_args():
     reg = Registry([_echo_tool()])
-    assert reg.call("echo", {"text": "ab", "times": 2}) == Observation(True, "abab")
+    assert reg.call("echo", {"text": "ab", "times": 2}) == ToolOutcome(True, "abab")
     assert reg.call("echo", '{"text": "ab", "times": 3}').text == "ababab"
 
 
@@ -195,7 +195,7 @@ def test_registry_rejects_bad_definitions():
 
 def test_a_tool_returning_the_wrong_type_is_a_bug_not_an_observation():
     reg = Registry([Tool("x", "d", {"type": "object"}, lambda: 42)])
-    with pytest.raises(TypeError, match="must return str or Observation"):
+    with pytest.raises(TypeError, match="must return str or ToolOutcome"):
         reg.call("x", {})
 
 

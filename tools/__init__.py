@@ -5,13 +5,13 @@ from tools.file_metadata import file_metadata_tool, profile_inputs
 from tools.paths import DirSource, FileSource
 from tools.profile import Caps
 from tools.python import python_tool
-from tools.registry import Observation, Registry, Tool, ToolError
+from tools.registry import Registry, Tool, ToolError, ToolOutcome
 
 __all__ = [
     "Caps",
     "DirSource",
     "FileSource",
-    "Observation",
+    "ToolOutcome",
     "Registry",
     "Tool",
     "ToolError",

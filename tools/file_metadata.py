@@ -37,7 +37,7 @@ from tools.profile import (
     human_size,
     render,
 )
-from tools.registry import LRU, Observation, Spec, Tool, ToolError
+from tools.registry import LRU, Spec, Tool, ToolError, ToolOutcome
 
 _CACHE_SIZE = 128
 
@@ -78,15 +78,15 @@ class FileMetadata:
         self.caps = caps
         self._cache = LRU(_CACHE_SIZE)  # profiles of unchanged files inside folder inputs
 
-    def describe(self, path: str) -> Observation:
+    def describe(self, path: str) -> ToolOutcome:
         target = parse_request(path, self.inputs.names)
         if target.area == INPUT_ROOT:
             profile = self._input(target)
         else:
             profile = self._workspace(target)
         if isinstance(profile, str):
-            return Observation(True, profile)
-        return Observation(True, render(profile, self.caps), data=profile)
+            return ToolOutcome(True, profile)
+        return ToolOutcome(True, render(profile, self.caps), data=profile)
 
     # -- host inputs ---------------------------------------------------------------------
     def _input(self, target: Target) -> Profile | str:

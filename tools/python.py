@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 from sandbox.errors import SandboxError
 from sandbox.execution import StreamChunk
+from sandbox.protocol import Sandbox
 from sandbox.render import render
-from sandbox.seams import Sandbox
-from tools.registry import Observation, Spec, Tool
+from tools.registry import Spec, Tool, ToolOutcome
 
 SPEC = Spec(
     name="python",
@@ -38,9 +38,9 @@ def python_tool(
     limits = sandbox.limits
     chars = budget or limits.observation_chars
 
-    def run_python(code: str) -> Observation:
+    def run_python(code: str) -> ToolOutcome:
         execution = sandbox.run(code, on_output=on_output)
-        return Observation(
+        return ToolOutcome(
             ok=execution.ok, text=render(execution, chars, limits.memory_mb), data=execution
         )
 

@@ -45,7 +45,10 @@ class LRU:
 
 
 @dataclass
-class Observation:
+class ToolOutcome:
+    """What one tool call gave: whether it worked, the text the model reads, and its data
+    (the python tool's Execution). agent.events.Observation publishes it."""
+
     ok: bool  # False when the call failed (bad args, unknown tool, tool error, timeout)
     text: str  # what the model sees
     data: object = None  # e.g. the sandbox Execution for the python tool
@@ -67,14 +70,14 @@ class Tool:
     name: str
     description: str  # says when to use it and when NOT to
     parameters: dict  # JSON schema of the arguments (type object)
-    function: Callable[..., str | Observation]  # called with **args
+    function: Callable[..., str | ToolOutcome]  # called with **args
     timeout_s: float = 30.0
     cacheable: bool = False  # deterministic: cache results by (name, args)
     # errors that end the question instead of becoming an observation (no sandbox at all)
     raises: tuple[type[Exception], ...] = ()
 
     @classmethod
-    def of(cls, spec: Spec, function: Callable[..., str | Observation], **options) -> Tool:
+    def of(cls, spec: Spec, function: Callable[..., str | ToolOutcome], **options) -> Tool:
         """The tool `spec` defines, run by `function` (options: timeout_s, cacheable, raises)."""
         return cls(spec.name, spec.description, spec.parameters, function, **options)
 
@@ -143,18 +146,18 @@ class Registry:
             blocks.append("\n".join(lines))
         return "\n\n".join(blocks)
 
-    def call(self, name: str, args: dict | str | None) -> Observation:
+    def call(self, name: str, args: dict | str | None) -> ToolOutcome:
         tool = self._tools.get(name)
         if tool is None:
-            return Observation(
+            return ToolOutcome(
                 False, f"unknown tool `{name}`; available tools: {', '.join(self.names)}"
             )
         parsed = _parse_args(tool, args)
-        if isinstance(parsed, Observation):
+        if isinstance(parsed, ToolOutcome):
             return parsed
         problem = self._check(tool, parsed)
         if problem:
-            return Observation(False, f"{tool.name}: {problem}")
+            return ToolOutcome(False, f"{tool.name}: {problem}")
         key = None  # built only for cacheable tools: python calls carry whole cells
         if tool.cacheable:
             key = (name, json.dumps(parsed, sort_keys=True, ensure_ascii=False, default=str))
@@ -179,14 +182,14 @@ def schema_problem(validator: Draft202012Validator, args: object) -> str | None:
     return "; ".join(_explain(e, validator.schema) for e in errors[:3])
 
 
-def _parse_args(tool: Tool, args: dict | str | None) -> dict | Observation:
+def _parse_args(tool: Tool, args: dict | str | None) -> dict | ToolOutcome:
     """Arguments arrive as a dict (native tool calls) or a JSON string (text protocols)."""
     if args is None:
         return {}
     if isinstance(args, dict):
         return args
     if not isinstance(args, str):
-        return Observation(
+        return ToolOutcome(
             False, f"{tool.name}: arguments must be a JSON object, got {_json_type(args)}"
         )
     text = args.strip()
@@ -200,7 +203,7 @@ def _parse_args(tool: Tool, args: dict | str | None) -> dict | Observation:
             only = single_string_arg(tool)
             if only and not text.startswith(("{", "[")):
                 return {only: text}  # a ReAct model wrote `2+2` instead of {"expression": "2+2"}
-            return Observation(
+            return ToolOutcome(
                 False,
                 f"{tool.name}: arguments are not valid JSON ({exc.msg} at line {exc.lineno} "
                 f"column {exc.colno}) and could not be repaired; send one JSON object, "
@@ -211,7 +214,7 @@ def _parse_args(tool: Tool, args: dict | str | None) -> dict | Observation:
     only = single_string_arg(tool)
     if only and not isinstance(value, (list, dict)):
         return {only: text}  # a bare value for a one-argument tool, e.g. "2+2" or 7
-    return Observation(
+    return ToolOutcome(
         False,
         f"{tool.name}: arguments must be a JSON object, got {_json_type(value)}; e.g. {example_args(tool)}",
     )
@@ -290,7 +293,7 @@ def _explain(err: ValidationError, schema: dict) -> str:
     return f"{arg}: {err.message}"
 
 
-def _run_with_timeout(tool: Tool, args: dict) -> Observation:
+def _run_with_timeout(tool: Tool, args: dict) -> ToolOutcome:
     """Run in a worker thread so a slow tool cannot stall the agent past its timeout. A thread
     cannot be killed, so tools must bound their own work; this is the backstop."""
     box: dict[str, object] = {}
@@ -305,7 +308,7 @@ def _run_with_timeout(tool: Tool, args: dict) -> Observation:
     worker.start()
     worker.join(tool.timeout_s)
     if worker.is_alive():
-        return Observation(
+        return ToolOutcome(
             False,
             f"{tool.name} timed out after {tool.timeout_s:g} s; try a smaller input or a simpler request",
         )
@@ -314,18 +317,18 @@ def _run_with_timeout(tool: Tool, args: dict) -> Observation:
         if isinstance(exc, tool.raises):
             raise exc
         if isinstance(exc, ToolError):
-            return Observation(False, str(exc), data=exc)
+            return ToolOutcome(False, str(exc), data=exc)
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not ours to swallow
             raise exc
         # Not a catch-all that hides a bug: the model and the trace see the exception's type and
         # message, the log gets the traceback, and ok=False counts toward the failure limit.
         log.error("tool %s failed", tool.name, exc_info=exc)
-        return Observation(False, f"{tool.name} failed: {type(exc).__name__}: {exc}", data=exc)
+        return ToolOutcome(False, f"{tool.name} failed: {type(exc).__name__}: {exc}", data=exc)
     value = box.get("value")
-    if isinstance(value, Observation):
+    if isinstance(value, ToolOutcome):
         return value
     if isinstance(value, str):
-        return Observation(True, value)
+        return ToolOutcome(True, value)
     raise TypeError(
-        f"tool {tool.name} returned {type(value).__name__}; it must return str or Observation"
+        f"tool {tool.name} returned {type(value).__name__}; it must return str or ToolOutcome"
     )

@@ -4,7 +4,6 @@ Questions share one sandbox (kernel state, files) and one history. Ctrl-C while 
 works interrupts the running cell; a second Ctrl-C (or one at the prompt) ends the session
 cleanly, leaving trace.jsonl, notebook.ipynb and the workspace in the session folder."""
 
-import signal
 import threading
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from agent.cli.options import (
     overwrite_option,
 )
 from agent.cli.terminal import for_terminal
-from agent.seams import ModelError, Result, Terminated
+from agent.seams import ModelError, RunResult, Terminated
 from agent.session import FIGURES_DIR, Session
 from sandbox import SandboxError
 from sandbox.inputs import Inputs
@@ -46,7 +45,7 @@ HELP = """commands:
 Ctrl-C interrupts a running cell; Ctrl-C again ends the session."""
 
 
-def ask_interruptibly(session: Session, question: str, console: Console) -> Result | None:
+def ask_interruptibly(session: Session, question: str, console: Console) -> RunResult | None:
     """Run one question in a worker thread, so Ctrl-C reaches this one: the first interrupts
     the running cell, a second ends the session (KeyboardInterrupt), as SIGTERM does at once
     (Terminated). Returns the result, or None when the question failed."""
@@ -84,7 +83,7 @@ def ask_interruptibly(session: Session, question: str, console: Console) -> Resu
     return outcome[0] if outcome else None
 
 
-def show_new_charts(result: Result, folder: Path, shown: set[str], console: Console) -> None:
+def show_new_charts(result: RunResult, folder: Path, shown: set[str], console: Console) -> None:
     """The charts the question's code drew, by their path on this machine, once each."""
     for path in result.files:
         if Path(path).parent == folder / FIGURES_DIR and path not in shown:
@@ -143,9 +142,6 @@ def _slash(command: str, session: Session, console: Console) -> bool:
 @exits.reported()
 def chat_cmd(inputs, output, overwrite, opts):
     """Talk with the agent about your files."""
-    # Ctrl-C is how the user stops a cell, so it must raise KeyboardInterrupt even when the
-    # parent started us with SIGINT ignored (any `cmd &` from a script does, and it inherits).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     console = Console(highlight=False)
     folder = output or Path("sandcell-out") / time.strftime("chat-%Y%m%d-%H%M%S")
     checked = Inputs.from_paths(inputs)  # a bad input is refused before anything is made

@@ -34,7 +34,7 @@ import click
 from agent.seams import Terminated  # light: json_repair only
 
 if TYPE_CHECKING:
-    from agent.seams import Result
+    from agent.seams import RunResult
     from sandbox.execution import Execution
 
 OK, STOPPED, USAGE, UNAVAILABLE, MODEL = 0, 1, 2, 3, 4
@@ -69,10 +69,16 @@ def setup_logging(debug: bool) -> None:
 
 
 def handle_signals() -> None:
-    """Every command: SIGTERM ends it as Ctrl-C does (containers removed, work kept). The
-    handler before it comes back when the command ends (a command run in-process, by tests)."""
-    before = signal.signal(signal.SIGTERM, _terminate)
-    click.get_current_context().call_on_close(lambda: signal.signal(signal.SIGTERM, before))
+    """Every command: SIGTERM ends it as Ctrl-C does (containers removed, work kept), and
+    Ctrl-C (SIGINT) ends it even when it was started with SIGINT ignored, as every `cmd &` of
+    a script or CI job is (Python then leaves it ignored, and a SIGINT sent to the command
+    would be lost). The handlers before come back when the command ends (a command run
+    in-process, by tests)."""
+    term = signal.signal(signal.SIGTERM, _terminate)
+    interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
+    context = click.get_current_context()
+    context.call_on_close(lambda: signal.signal(signal.SIGTERM, term))
+    context.call_on_close(lambda: signal.signal(signal.SIGINT, interrupt))
 
 
 class Debug:
@@ -110,7 +116,7 @@ def for_error(exc: BaseException) -> int:
     return INTERNAL
 
 
-def for_result(result: Result) -> int:
+def for_result(result: RunResult) -> int:
     """A run's status: 0 answered, 4 the model failed, 3 the sandbox failed, 130/143 it was
     interrupted (Ctrl-C, SIGTERM), else 1."""
     from agent import stops

@@ -26,7 +26,7 @@ from agent.cli.options import (
     limit_options,
     overwrite_option,
 )
-from agent.hosting.options import server_options, users_of
+from agent.hosting.server_options import server_options, users_of
 from agent.seams import Terminated
 
 
@@ -105,14 +105,14 @@ class HttpSettings:
 
 
 def _serve_stdio(limits, inputs, output) -> None:
-    from agent.mcp.server import Cells, build_server, run_stdio
+    from agent.mcp.server import SessionSandboxes, build_server, run_stdio
     from sandbox import DockerSandbox
     from sandbox.pool import warmed
 
     def start():  # pandas loaded before the first call, as for a Session's sandbox
         return warmed(DockerSandbox(limits, inputs))
 
-    cells = Cells(start, limits, inputs, output, per_session_output=False)
+    cells = SessionSandboxes(start, limits, inputs, output, per_session_output=False)
     # Ctrl-C raised where it lands, as SIGTERM is: asyncio's own handler would cancel the
     # server and then wait forever on the stdin reader thread.
     signal.signal(signal.SIGINT, _interrupt)
@@ -163,13 +163,13 @@ def _refuse_http_options() -> None:
 
 
 def _serve_http(limits, inputs, output, settings: HttpSettings) -> None:
-    # Ctrl-C stops it even when started with SIGINT ignored (`cmd &` from a script), as serve
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    from agent.mcp.server import Cells, build_server
+    from agent.mcp.server import SessionSandboxes, build_server
     from sandbox import SandboxPool
 
     warm = SandboxPool(size=settings.pool, limits=limits)
-    cells = Cells(lambda: warm.acquire(inputs), limits, inputs, output, per_session_output=True)
+    cells = SessionSandboxes(
+        lambda: warm.acquire(inputs), limits, inputs, output, per_session_output=True
+    )
     try:
         _serve_on_socket(build_server(cells, limits), settings)
     finally:

@@ -7,7 +7,6 @@ its open requests, then every session ends and every container is removed."""
 from __future__ import annotations
 
 import os
-import signal
 from pathlib import Path
 
 import click
@@ -15,7 +14,7 @@ import click
 from agent.cli import exits
 from agent.cli.options import agent_options, build_limits, build_model, build_rules
 from agent.hosting.listening import listening_socket, run_until_stopped, warn_beyond_loopback
-from agent.hosting.options import server_options, users_of
+from agent.hosting.server_options import server_options, users_of
 
 
 def claim_data(data: Path):
@@ -103,9 +102,6 @@ def serve_cmd(
 ):
     """Serve sessions over HTTP: a page for people (upload files, ask, see the code, outputs
     and answer as they come) and a JSON API with a live event stream for programs."""
-    # Ctrl-C stops the server even when it was started with SIGINT ignored (any `cmd &` from a
-    # script is): uvicorn raises it again, with this handler, once it has stopped.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     from agent.hosting.users import DEFAULT_USER
     from agent.serve import ServeConfig, create_app
     from sandbox.container import preflight

@@ -6,11 +6,11 @@ from pathlib import Path
 from agent import stops
 from agent.jobs.audit import write_audit
 from agent.output_checks import markdown
-from agent.seams import Result
+from agent.seams import RunResult
 from tools.file_metadata import InputsLike
 
 
-def write_answer(result: Result, folder: Path) -> Path:
+def write_answer(result: RunResult, folder: Path) -> Path:
     path = folder / "answer.md"
     if result.answer is not None:
         text = result.answer.rstrip() + "\n"
@@ -28,7 +28,7 @@ def write_answer(result: Result, folder: Path) -> Path:
     return path
 
 
-def write_job_files(result: Result, inputs: InputsLike, folder: Path) -> None:
+def write_job_files(result: RunResult, inputs: InputsLike, folder: Path) -> None:
     """answer.md, then the audit of what the job's cleaning changed (`sandcell run`, and each
     job of a batch)."""
     write_answer(result, folder)

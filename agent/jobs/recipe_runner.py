@@ -16,7 +16,7 @@ from agent import stops
 from agent.events import Final
 from agent.jobs.recipe_maker import Loaded, RecipeError, from_run, load, parameters_cell
 from agent.output_checks import outcome_lines
-from agent.seams import Result
+from agent.seams import RunResult
 from agent.session import Session
 from sandbox.boundary import DATA
 from sandbox.render import render
@@ -31,7 +31,7 @@ class Tried:
     """What trying the recipe came to: a result when it solved the job, else how it failed
     (for the results line) and what the agent is told."""
 
-    result: Result | None = None
+    result: RunResult | None = None
     failure: dict | None = None
     handover: str = ""
 
@@ -49,7 +49,7 @@ def try_recipe(session: Session, recipe: Loaded, path: Path) -> Tried:
     cells = [parameters_cell(paths, recipe.parameters), *recipe.cells]
     stopped = session.run_cells(cells)
     if session.loop.cancelled:  # Ctrl-C or SIGTERM: the job ends here, as interrupted
-        stop = Result(None, session.loop.cancelled, "interrupted while the recipe ran")
+        stop = RunResult(None, session.loop.cancelled, "interrupted while the recipe ran")
         return Tried(session.settle(stop))
     if stopped is not None:
         index, execution = stopped
@@ -73,7 +73,7 @@ def try_recipe(session: Session, recipe: Loaded, path: Path) -> Tried:
                   duration_s=round(time.monotonic() - started, 3),
                   stop_reason=stops.ANSWERED, detail="", error=None, steps=0)
         )  # fmt: skip
-        return Tried(session.settle(Result(answer, stops.ANSWERED, checks=checks)))
+        return Tried(session.settle(RunResult(answer, stops.ANSWERED, checks=checks)))
     said = "\n".join(outcome_lines(checks["outputs"]))
     return _handover(
         recipe, path, {"cell": None, "checks": checks}, f"its outputs failed their checks:\n{said}"

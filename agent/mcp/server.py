@@ -4,7 +4,7 @@ Sandbox seam and the agent's own tools (render, file_metadata, calculator).
 The tools are the SDK's low-level `Server`'s, listed as agent.mcp.definitions defines them
 (the agent's own definitions for the tools it shares). The server runs its lifespan once per
 `Server.run`, which is once for stdio and once per session for streamable HTTP, so the
-lifespan is where a session's sandbox is opened and closed (`Cells`). Every blocking sandbox
+lifespan is where a session's sandbox is opened and closed (`SessionSandboxes`). Every blocking sandbox
 call runs in a worker thread: one session's long cell must not stall the others' event loop."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ INSTRUCTIONS = (
 
 
 @dataclass
-class Cell:
+class SessionSandbox:
     """One MCP session's sandbox and the agent tools bound to it."""
 
     sandbox: Sandbox
@@ -57,7 +57,7 @@ class Cell:
     lock: threading.Lock = field(default_factory=threading.Lock)  # one cell at a time
 
 
-class Cells:
+class SessionSandboxes:
     """Opens a sandbox per MCP session (`start` makes it: a DockerSandbox, or one from a warm
     pool) and closes it when the session ends; `close_all` is the backstop at shutdown."""
 
@@ -74,7 +74,7 @@ class Cells:
         self._open: set[BackgroundSandbox] = set()
         self._lock = threading.Lock()
 
-    def open(self) -> Cell:
+    def open(self) -> SessionSandbox:
         sandbox = BackgroundSandbox(self.start, self.limits, self.inputs)  # begun now, not awaited
         with self._lock:
             self._open.add(sandbox)
@@ -82,9 +82,9 @@ class Cells:
         output = self.output
         if output is not None and self.per_session_output:  # HTTP: sessions never mix files
             output = output / uuid.uuid4().hex[:12]
-        return Cell(sandbox, registry, output)
+        return SessionSandbox(sandbox, registry, output)
 
-    def close(self, cell: Cell) -> None:
+    def close(self, cell: SessionSandbox) -> None:
         with self._lock:
             self._open.discard(cell.sandbox)
         cell.sandbox.close()
@@ -141,7 +141,7 @@ def progress_of(ctx: Context) -> Callable[[StreamChunk], None] | None:
     return lambda chunk: report(Output(name=chunk.name, text=chunk.text))
 
 
-def sandbox_path(path: str, cell: Cell, writable: bool = False) -> str:
+def sandbox_path(path: str, cell: SessionSandbox, writable: bool = False) -> str:
     """A path under /data (read only) or /workspace, parsed as file_metadata parses it."""
     try:
         target = parse_request(path, cell.sandbox.inputs.names)
@@ -156,9 +156,9 @@ def sandbox_path(path: str, cell: Cell, writable: bool = False) -> str:
     return target.shown
 
 
-def build_server(cells: Cells, limits: Limits) -> Server:
+def build_server(cells: SessionSandboxes, limits: Limits) -> Server:
     @asynccontextmanager
-    async def lifespan(_server: Server) -> AsyncIterator[Cell]:
+    async def lifespan(_server: Server) -> AsyncIterator[SessionSandbox]:
         cell = cells.open()
         try:
             yield cell
@@ -168,7 +168,7 @@ def build_server(cells: Cells, limits: Limits) -> Server:
 
     server = Server("sandcell", instructions=INSTRUCTIONS, lifespan=lifespan)
 
-    def cell_of(ctx: Context) -> Cell:
+    def cell_of(ctx: Context) -> SessionSandbox:
         return ctx.request_context.lifespan_context
 
     async def agent_tool(ctx: Context, name: str, args: dict) -> CallToolResult:

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from agent.events import Event, OnEvent, Rebuilt, Reset, SandboxReleased
 from agent.records.replay import rerun
-from agent.seams import Result
+from agent.seams import RunResult
 from agent.serve import files, resume, titles
 from agent.serve.config import ServeConfig
 from agent.serve.listing import SessionInfo
@@ -22,8 +22,8 @@ from agent.serve.resume import Past
 from agent.session import FIGURES_DIR, Agent
 from sandbox import Execution, Inputs, SandboxError, SandboxPool
 from sandbox.boundary import FIGURES
+from sandbox.protocol import Sandbox
 from sandbox.renewable import RenewableSandbox
-from sandbox.seams import Sandbox
 
 log = logging.getLogger(__name__)
 MAX_FIGURE_BYTES = 64 << 20
@@ -109,7 +109,7 @@ class ServedSession:
     def touch(self) -> None:
         self.last_used = time.monotonic()
 
-    def ask(self, question: str) -> Result:
+    def ask(self, question: str) -> RunResult:
         """The session's question, in the caller's thread (the stream's worker)."""
         with self._turn_lock:
             self.asking = True

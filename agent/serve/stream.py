@@ -19,7 +19,7 @@ from markdown_it.token import Token
 
 from agent import events as ev
 from agent import stops
-from agent.seams import Result
+from agent.seams import RunResult
 from agent.serve.files import INPUTS_DIR, parts_of
 from agent.session import collected_place
 from sandbox.boundary import DATA, WORKSPACE
@@ -156,7 +156,7 @@ def execution_summary(ex: Execution) -> dict:
     }
 
 
-def final(result: Result, served: ServedSession) -> dict:
+def final(result: RunResult, served: ServedSession) -> dict:
     return {
         "answer": result.answer,
         "answer_html": None if result.answer is None else answer_html(result.answer, served.url),
@@ -194,7 +194,7 @@ class MessageStream:
     def _on_event(self, event: ev.Event) -> None:
         """Runs in the question's thread, beside the kernel: figures are copied here. Each
         event the page shows becomes the SSE event it reads (page.js); the answer is sent
-        from the Result, once the files are in place, and the trace's own records not."""
+        from the RunResult, once the files are in place, and the trace's own records not."""
         match event:
             case ev.Token(text=text):
                 self._put("token", {"text": text})
