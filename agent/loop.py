@@ -182,25 +182,8 @@ class Loop:
             return self._answer(watch, question, parsed.answer, record)
         self.publish(Thought(text=parsed.thought))
         warnings = [w for w in [watch.thought(parsed.thought)] if w]
-        texts, observations, stop, executions = [], [], None, []
-        for action in parsed.actions:
-            self.publish(ActionStarted(tool=action.tool, args=action.args))
-            try:
-                repeat = watch.action(action.key())
-            except LimitReached as exc:  # answer every call id anyway: the history stays valid
-                stop, obs, repeat = stop or exc, ToolOutcome(False, f"not run: {exc.detail}"), None
-            else:
-                obs = (
-                    ToolOutcome(False, "not run")
-                    if stop or self.cancelled  # stopped from outside: start nothing more
-                    else self.registry.call(action.tool, action.args)
-                )
-            texts.append(obs.text + (f"\n\n{repeat}" if repeat else ""))
-            observations.append(observation_record(action, obs))
-            ex = obs.data if isinstance(obs.data, Execution) else None
-            executions += [ex] if ex else []
-            self.publish(Observation(tool=action.tool, ok=obs.ok, text=obs.text, execution=ex))
-            warnings += [repeat] if repeat else []
+        texts, observations, stop, executions, repeats = self._execute(parsed.actions, watch)
+        warnings += repeats
         if warnings and not any(warnings[0] in t for t in texts):
             texts[-1] += "\n\n" + warnings[0]
         self.messages += self.protocol.observation_messages(parsed.actions, texts)
@@ -213,6 +196,31 @@ class Loop:
         failed = [o for o in observations if not o["ok"]]
         watch.failed(failed[-1]["text"][:200]) if failed else watch.succeeded()
         return warnings
+
+    def _execute(self, actions: list, watch: Watch) -> tuple:
+        """Each action run (or, past a limit or a cancel, answered "not run": every call id
+        gets its answer, so the history stays valid): the texts the model reads, the
+        observations' records, the limit reached if one was, the Executions, the warnings."""
+        texts, observations, stop, executions, repeats = [], [], None, [], []
+        for action in actions:
+            self.publish(ActionStarted(tool=action.tool, args=action.args))
+            try:
+                repeat = watch.action(action.key())
+            except LimitReached as exc:
+                stop, obs, repeat = stop or exc, ToolOutcome(False, f"not run: {exc.detail}"), None
+            else:
+                obs = (
+                    ToolOutcome(False, "not run")
+                    if stop or self.cancelled  # stopped from outside: start nothing more
+                    else self.registry.call(action.tool, action.args)
+                )
+            texts.append(obs.text + (f"\n\n{repeat}" if repeat else ""))
+            observations.append(observation_record(action, obs))
+            ex = obs.data if isinstance(obs.data, Execution) else None
+            executions += [ex] if ex else []
+            self.publish(Observation(tool=action.tool, ok=obs.ok, text=obs.text, execution=ex))
+            repeats += [repeat] if repeat else []
+        return texts, observations, stop, executions, repeats
 
     def _answer_open_calls(self) -> None:
         """Tool calls cut short by an interrupt still get an answer: the history stays valid

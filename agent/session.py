@@ -147,29 +147,8 @@ class Session:
         self.notebook_path = self.folder / "notebook.ipynb"
         self.trace = TraceWriter(self.trace_path)
         self._publish = fan_out(self.trace, agent.on_event)  # the trace first, then the UI
-        self.publish(
-            SessionStarted(
-                model=getattr(agent.model, "name", type(agent.model).__name__),
-                max_tokens=getattr(agent.model, "max_tokens", None),  # the cap on each reply
-                protocol=agent.protocol,
-                inputs=inputs.to_trace(),
-                image=agent.image or DEFAULT_IMAGE,
-                limits=agent.limits.to_dict(),
-                rules=vars(agent.rules),
-                sandbox_start="given" if isinstance(sandbox, Sandbox) else agent.sandbox_start,
-                vision=agent.vision,
-            )
-        )
-        if isinstance(sandbox, Sandbox):
-            self.sandbox = sandbox
-        else:  # starts now, beside the first model request; the first Python action waits
-            self.sandbox = BackgroundSandbox(
-                sandbox or (lambda: warmed(DockerSandbox(agent.limits, inputs, agent.image))),
-                agent.limits,
-                inputs,
-                background=agent.sandbox_start == BACKGROUND,
-                on_ready=self.sandbox_ready,
-            )
+        self.publish(self._started(sandbox))
+        self.sandbox = self._sandbox(sandbox)
         try:
             self.registry = Registry(
                 [
@@ -179,17 +158,7 @@ class Session:
                     *agent.extra_tools,
                 ]
             )
-            self.checker = (
-                Checker(
-                    self.expect,
-                    self.sandbox,
-                    self.publish,
-                    agent.rules.check_retries,
-                    max_bytes=agent.limits.workspace_mb << 20,
-                )
-                if self.expect
-                else None
-            )
+            self.checker = self._checker()
             self.loop = Loop(
                 agent.model,
                 self.registry,
@@ -204,6 +173,48 @@ class Session:
             self.sandbox.close()
             self.trace.close()
             raise
+
+    def _started(self, sandbox: Sandbox | Callable[[], Sandbox] | None) -> SessionStarted:
+        """The trace's first record: what this session runs with."""
+        agent = self.agent
+        return SessionStarted(
+            model=getattr(agent.model, "name", type(agent.model).__name__),
+            max_tokens=getattr(agent.model, "max_tokens", None),  # the cap on each reply
+            protocol=agent.protocol,
+            inputs=self.inputs.to_trace(),
+            image=agent.image or DEFAULT_IMAGE,
+            limits=agent.limits.to_dict(),
+            rules=vars(agent.rules),
+            sandbox_start="given" if isinstance(sandbox, Sandbox) else agent.sandbox_start,
+            vision=agent.vision,
+        )
+
+    def _sandbox(self, given: Sandbox | Callable[[], Sandbox] | None) -> Sandbox:
+        """The sandbox given, or one begun now (by `given`, else a fresh DockerSandbox),
+        beside the first model request: the first Python action waits for it."""
+        if isinstance(given, Sandbox):
+            return given
+        agent, inputs = self.agent, self.inputs
+        return BackgroundSandbox(
+            given or (lambda: warmed(DockerSandbox(agent.limits, inputs, agent.image))),
+            agent.limits,
+            inputs,
+            background=agent.sandbox_start == BACKGROUND,
+            on_ready=self.sandbox_ready,
+        )
+
+    def _checker(self) -> Checker | None:
+        """The declared checks on the outputs, when the task has any."""
+        if not self.expect:
+            return None
+        limits = self.agent.limits
+        return Checker(
+            self.expect,
+            self.sandbox,
+            self.publish,
+            self.agent.rules.check_retries,
+            max_bytes=limits.workspace_mb << 20,
+        )
 
     def _described(self) -> str:
         """What the system prompt says of the task's files: the inputs' profiles, then the

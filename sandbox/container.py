@@ -149,31 +149,12 @@ def start(
 ):
     """Start a sealed container whose PID 1 (the supervisor) starts the kernel."""
     check_image(client, image)  # and DockerSandbox has checked limits.runtime
-    volumes = {conn_dir: {"bind": boundary.CONNECTION_DIR, "mode": "rw"}}
-    # The connection file is mounted over itself read-only: while a restart unseals the
-    # folder, code still running cannot rename another file over it (a mount point) and so
-    # choose the next kernel's key. The folder's sticky bit does that under runc, but
-    # gVisor's runsc (2022-12) lets a rename in a sticky folder replace the host's file.
-    connection_file = os.path.join(conn_dir, boundary.CONNECTION_FILE)
-    volumes[connection_file] = {
-        "bind": f"{boundary.CONNECTION_DIR}/{boundary.CONNECTION_FILE}",
-        "mode": "ro",
-    }
-    for name, path in inputs.items():  # one file at a time, read-only: never a whole folder
-        volumes[str(path)] = {"bind": f"{boundary.DATA}/{name}", "mode": "ro"}
-    if staging_dir is not None:  # a pool sandbox: its inputs are placed here on acquire
-        volumes[str(staging_dir)] = {"bind": boundary.DATA, "mode": "ro"}
+    volumes = _mounts(conn_dir, inputs, staging_dir)
     options = dict(
         image=image,
         network_mode="none",
         read_only=True,
-        tmpfs={
-            "/tmp": f"size={limits.tmp_mb}m,mode=1777,nosuid,nodev",
-            WORKSPACE: f"size={limits.workspace_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,"
-            "nosuid,nodev",
-            # the kernel's own sockets and connection file, reached only by the relay
-            boundary.KERNEL_DIR: f"size=1m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700,nosuid,nodev,noexec",
-        },
+        tmpfs=_tmpfs(limits),
         volumes=volumes,
         mem_limit=f"{limits.memory_mb}m",
         memswap_limit=f"{limits.memory_mb}m",  # equal to memory: no swap
@@ -214,6 +195,37 @@ def start(
             "Check `docker info` (runtimes, storage) and the input paths."
         ) from None
     return container
+
+
+def _tmpfs(limits: Limits) -> dict[str, str]:
+    """The writable places, each size-capped in memory (the root filesystem is read-only)."""
+    return {
+        "/tmp": f"size={limits.tmp_mb}m,mode=1777,nosuid,nodev",
+        WORKSPACE: f"size={limits.workspace_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,"
+        "nosuid,nodev",
+        # the kernel's own sockets and connection file, reached only by the relay
+        boundary.KERNEL_DIR: f"size=1m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700,nosuid,nodev,noexec",
+    }
+
+
+def _mounts(conn_dir: str, inputs: dict[str, Path], staging_dir: Path | None) -> dict:
+    """The bind mounts: the connection folder, its connection file again read-only, and
+    each input file read-only (or the staging folder of a pool sandbox)."""
+    volumes = {conn_dir: {"bind": boundary.CONNECTION_DIR, "mode": "rw"}}
+    # The connection file is mounted over itself read-only: while a restart unseals the
+    # folder, code still running cannot rename another file over it (a mount point) and so
+    # choose the next kernel's key. The folder's sticky bit does that under runc, but
+    # gVisor's runsc (2022-12) lets a rename in a sticky folder replace the host's file.
+    connection_file = os.path.join(conn_dir, boundary.CONNECTION_FILE)
+    volumes[connection_file] = {
+        "bind": f"{boundary.CONNECTION_DIR}/{boundary.CONNECTION_FILE}",
+        "mode": "ro",
+    }
+    for name, path in inputs.items():  # one file at a time, read-only: never a whole folder
+        volumes[str(path)] = {"bind": f"{boundary.DATA}/{name}", "mode": "ro"}
+    if staging_dir is not None:  # a pool sandbox: its inputs are placed here on acquire
+        volumes[str(staging_dir)] = {"bind": boundary.DATA, "mode": "ro"}
+    return volumes
 
 
 def staging_path(conn_dir: str) -> Path:

@@ -98,22 +98,7 @@ def batch_cmd(
     Rerunning the same command skips jobs already in DIR/results.jsonl; a job whose outputs
     failed their checks is run again."""
     opts = {**opts, "check_retries": check_retries}
-    explicit = click.get_current_context().get_parameter_source
-    if ray_address is None:
-        for name, flag in (("shared_paths", "--shared-paths"), ("max_input_mb", "--max-input-mb")):
-            if explicit(name) == click.core.ParameterSource.COMMANDLINE:
-                raise click.UsageError(f"{flag} goes with --ray (a batch on a Ray cluster)")
-    elif explicit("workers") == click.core.ParameterSource.COMMANDLINE:
-        raise click.UsageError(
-            "--workers is for a batch on this host; with --ray each node runs as many jobs at "
-            "once as its `sandcell` resource says"
-        )
-    if opts["replay"]:
-        raise click.UsageError(
-            "batch takes no --replay (one script cannot serve every job): give each job its "
-            'own script with the "replay" field of its line, e.g. {"id": "q1", "task": "...", '
-            '"replay": "q1.json"}'
-        )
+    refuse_misplaced_options(ray_address, opts)
     default_expect = expect_option_value(expect)  # a bad schema: exit 2, before any job
     try:
         jobs = load_jobs(jobs_file, default_expect)
@@ -145,6 +130,35 @@ def batch_cmd(
         executor = ThreadExecutor(workers, settings, make_model, auto_recipe)
     batch = Batch(jobs, output, executor, progress=not no_progress)
     records = batch.run()
+    say_how_it_went(batch, records, output)
+    failed = [r for r in records if r["status"] == "failed"]
+    unanswered = [r for r in records if r["status"] == "stopped"]
+    sys.exit(batch_status(failed + unanswered))
+
+
+def refuse_misplaced_options(ray_address: str | None, opts: dict) -> None:
+    """Options that go with --ray only, or without it only, and --replay (one script cannot
+    serve every job): usage errors before anything starts."""
+    explicit = click.get_current_context().get_parameter_source
+    if ray_address is None:
+        for name, flag in (("shared_paths", "--shared-paths"), ("max_input_mb", "--max-input-mb")):
+            if explicit(name) == click.core.ParameterSource.COMMANDLINE:
+                raise click.UsageError(f"{flag} goes with --ray (a batch on a Ray cluster)")
+    elif explicit("workers") == click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError(
+            "--workers is for a batch on this host; with --ray each node runs as many jobs at "
+            "once as its `sandcell` resource says"
+        )
+    if opts["replay"]:
+        raise click.UsageError(
+            "batch takes no --replay (one script cannot serve every job): give each job its "
+            'own script with the "replay" field of its line, e.g. {"id": "q1", "task": "...", '
+            '"replay": "q1.json"}'
+        )
+
+
+def say_how_it_went(batch: Batch, records: list[dict], output: Path) -> None:
+    """The counts on stdout; each job that did not answer, and why, on stderr."""
     if batch.skipped:
         click.echo(f"skipped {batch.skipped} finished jobs (in {output / RESULTS} already)")
     failed = [r for r in records if r["status"] == "failed"]
@@ -165,7 +179,6 @@ def batch_cmd(
     retried = [r for r in records if not settled(r)]
     if retried:
         click.echo(f"rerun the same command to retry the {len(retried)} unfinished jobs", err=True)
-    sys.exit(batch_status(failed + unanswered))
 
 
 def recipe_settings(recipe: str, jobs, settings: JobSettings, output: Path, ray_address):

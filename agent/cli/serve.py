@@ -102,7 +102,6 @@ def serve_cmd(
 ):
     """Serve sessions over HTTP: a page for people (upload files, ask, see the code, outputs
     and answer as they come) and a JSON API with a live event stream for programs."""
-    from agent.hosting.users import DEFAULT_USER
     from agent.serve import ServeConfig, create_app
     from sandbox.container import preflight
 
@@ -130,16 +129,8 @@ def serve_cmd(
     )
     app = create_app(config)
     sock = listening_socket(host, port)
-    shown = f"[{host}]" if ":" in host else host
-    base = f"http://{shown}:{sock.getsockname()[1]}"
     exits.keep_details_in(Path(data))
-    click.echo(f"sandcell serve: sessions in {Path(data).resolve()}; API at {base}/api/")
-    if users:
-        click.echo(f"sandcell serve: {len(known)} users from {users}; open {base}/")
-    else:
-        click.echo(f"sandcell serve: open {base}/?token={known[DEFAULT_USER]}")
-        click.echo(f"sandcell serve: API clients send  Authorization: Bearer {known[DEFAULT_USER]}")
-    warn_beyond_loopback("serve", host)
+    say_where(sock, config, users)
     try:
         run_until_stopped(app, sock)
     finally:
@@ -148,3 +139,20 @@ def serve_cmd(
             sessions.close()
         sock.close()
         claimed.close()  # every session ended: --data is free for the next server
+
+
+def say_where(sock, config, users_file: Path | None) -> None:
+    """The URLs of the page and the API; without --users, the one token they take."""
+    from agent.hosting.users import DEFAULT_USER
+
+    host = config.host
+    shown = f"[{host}]" if ":" in host else host
+    base = f"http://{shown}:{sock.getsockname()[1]}"
+    click.echo(f"sandcell serve: sessions in {Path(config.data).resolve()}; API at {base}/api/")
+    if users_file:
+        click.echo(f"sandcell serve: {len(config.users)} users from {users_file}; open {base}/")
+    else:
+        token = config.users[DEFAULT_USER]
+        click.echo(f"sandcell serve: open {base}/?token={token}")
+        click.echo(f"sandcell serve: API clients send  Authorization: Bearer {token}")
+    warn_beyond_loopback("serve", host)

@@ -29,7 +29,7 @@ from agent.jobs.recipe_maker import Loaded
 from agent.jobs.recipe_runner import AGENT, RECIPE, AutoRecipe, try_recipe
 from agent.model.scripted import ScriptedModel, ScriptError
 from agent.output_checks import Expect, ExpectError, load_expect
-from agent.seams import Model, Terminated
+from agent.seams import Model, RunResult, Terminated
 from agent.session import Agent
 from agent.stops import Rules
 from sandbox import InputError, Inputs, Limits, SandboxPool
@@ -216,28 +216,34 @@ def run_job(
                     job.task if tried is None else f"{job.task}\n\n{tried.handover}"
                 )
         write_job_files(result, job.inputs, folder)
-        record.update(
-            status=_status(result),
-            stop_reason=result.stop_reason,
-            answer=result.answer,
-            error=result.error
-            or (result.detail if result.stop_reason == stops.CHECKS_FAILED else None),
-            detail=result.detail,
-            steps=result.steps,
-            files=[os.path.relpath(f, folder) for f in result.files],
-            tokens=result.usage.total,
-            warnings=result.warnings,
-        )
-        if result.checks is not None:
-            record["checks"] = result.checks
-        if tried is not None and result.answered:
-            record["solved_by"] = RECIPE if tried.result is not None else AGENT
-        if tried is not None and tried.failure is not None:
-            record["recipe_failure"] = tried.failure
+        record.update(_results_line(result, folder, tried))
     except Exception as error:  # one job's failure is recorded, never stops the batch
         record = failed(job, f"{type(error).__name__}: {error}")
     record["duration_s"] = round(time.monotonic() - started, 2)
     return record
+
+
+def _results_line(result: RunResult, folder: Path, tried) -> dict:
+    """What results.jsonl says of a job that ran (its id, task and duration aside)."""
+    line = {
+        "status": _status(result),
+        "stop_reason": result.stop_reason,
+        "answer": result.answer,
+        "error": result.error
+        or (result.detail if result.stop_reason == stops.CHECKS_FAILED else None),
+        "detail": result.detail,
+        "steps": result.steps,
+        "files": [os.path.relpath(f, folder) for f in result.files],
+        "tokens": result.usage.total,
+        "warnings": result.warnings,
+    }
+    if result.checks is not None:
+        line["checks"] = result.checks
+    if tried is not None and result.answered:
+        line["solved_by"] = RECIPE if tried.result is not None else AGENT
+    if tried is not None and tried.failure is not None:
+        line["recipe_failure"] = tried.failure
+    return line
 
 
 def _status(result) -> str:

@@ -156,28 +156,33 @@ def sandbox_path(path: str, cell: SessionSandbox, writable: bool = False) -> str
     return target.shown
 
 
-def build_server(cells: SessionSandboxes, limits: Limits) -> Server:
-    @asynccontextmanager
-    async def lifespan(_server: Server) -> AsyncIterator[SessionSandbox]:
-        cell = cells.open()
-        try:
-            yield cell
-        finally:
-            with anyio.CancelScope(shield=True):  # a cancelled session still removes it
-                await anyio.to_thread.run_sync(cells.close, cell)
+class ToolHandlers:
+    """The server's seven tools, each a method called with the MCP request's Context (whose
+    lifespan context is the session's SessionSandbox); what a client is told about each tool
+    is in agent.mcp.definitions."""
 
-    server = Server("sandcell", instructions=INSTRUCTIONS, lifespan=lifespan)
+    def __init__(self, limits: Limits):
+        self.limits = limits
 
-    def cell_of(ctx: Context) -> SessionSandbox:
-        return ctx.request_context.lifespan_context
+    def by_name(self) -> dict[str, Callable]:
+        return {
+            "run_python": self.run_python,
+            "describe_file": self.describe_file,
+            "calculator": self.calculator,
+            "list_files": self.list_files,
+            "read_file": self.read_file,
+            "write_file": self.write_file,
+            "export_outputs": self.export_outputs,
+        }
 
-    async def agent_tool(ctx: Context, name: str, args: dict) -> CallToolResult:
-        obs = await blocking(cell_of(ctx).registry.call, name, args)
+    async def agent_tool(self, ctx: Context, name: str, args: dict) -> CallToolResult:
+        obs = await blocking(session_of(ctx).registry.call, name, args)
         return CallToolResult(content=[TextContent(type="text", text=obs.text)], isError=not obs.ok)
 
-    # Each tool's handler; what the client is told about it is in agent.mcp.definitions
-    async def run_python(code: str, ctx: Context, timeout_s: float | None = None) -> CallToolResult:
-        cell = cell_of(ctx)
+    async def run_python(
+        self, code: str, ctx: Context, timeout_s: float | None = None
+    ) -> CallToolResult:
+        cell = session_of(ctx)
         running, given_up = threading.Event(), threading.Event()
         progress = progress_of(ctx)
 
@@ -194,16 +199,16 @@ def build_server(cells: SessionSandboxes, limits: Limits) -> Server:
                 cell.sandbox.interrupt()
 
         execution = await blocking(run, cancelled=cancel)
-        return observation(execution, limits.observation_chars)
+        return observation(execution, self.limits.observation_chars)
 
-    async def describe_file(path: str, ctx: Context) -> CallToolResult:
-        return await agent_tool(ctx, "file_metadata", {"path": path})
+    async def describe_file(self, path: str, ctx: Context) -> CallToolResult:
+        return await self.agent_tool(ctx, "file_metadata", {"path": path})
 
-    async def calculator(expression: str, ctx: Context) -> CallToolResult:
-        return await agent_tool(ctx, "calculator", {"expression": expression})
+    async def calculator(self, expression: str, ctx: Context) -> CallToolResult:
+        return await self.agent_tool(ctx, "calculator", {"expression": expression})
 
-    async def list_files(ctx: Context) -> dict[str, Any]:
-        cell = cell_of(ctx)
+    async def list_files(self, ctx: Context) -> dict[str, Any]:
+        cell = session_of(ctx)
         inputs = [
             {"path": item.sandbox_path, "size": item.size, "read_only": True}
             for item in cell.sandbox.inputs
@@ -212,9 +217,11 @@ def build_server(cells: SessionSandboxes, limits: Limits) -> Server:
         listed = [{"path": f"/workspace/{f['path']}", "size": f.get("size")} for f in workspace]
         return {"files": inputs + listed}
 
-    async def read_file(path: str, ctx: Context, max_bytes: int = READ_DEFAULT) -> dict[str, Any]:
+    async def read_file(
+        self, path: str, ctx: Context, max_bytes: int = READ_DEFAULT
+    ) -> dict[str, Any]:
         max_bytes = int(max_bytes)  # JSON Schema counts 6.0 as an integer
-        cell = cell_of(ctx)
+        cell = session_of(ctx)
         where = sandbox_path(path, cell)
         data = await blocking(cell.sandbox.read, where, max_bytes + 1)
         truncated, data = len(data) > max_bytes, data[:max_bytes]
@@ -231,15 +238,15 @@ def build_server(cells: SessionSandboxes, limits: Limits) -> Server:
             text = data[: error.start].decode("utf-8")
         return {"path": where, "encoding": "utf-8", "content": text, "truncated": truncated}
 
-    async def write_file(path: str, content: str, ctx: Context) -> str:
-        cell = cell_of(ctx)
+    async def write_file(self, path: str, content: str, ctx: Context) -> str:
+        cell = session_of(ctx)
         where = sandbox_path(path, cell, writable=True)
         data = content.encode("utf-8")
         await blocking(cell.sandbox.write, where, data)
         return f"wrote {len(data)} bytes to {where}"
 
-    async def export_outputs(ctx: Context) -> dict[str, Any]:
-        cell = cell_of(ctx)
+    async def export_outputs(self, ctx: Context) -> dict[str, Any]:
+        cell = session_of(ctx)
         if cell.output is None:
             raise ToolError(
                 "this server has no output folder; start `sandcell mcp` with --output DIR"
@@ -248,15 +255,23 @@ def build_server(cells: SessionSandboxes, limits: Limits) -> Server:
         names = await blocking(cell.sandbox.export, cell.output, "output")
         return {"files": [str(cell.output / name) for name in names]}
 
-    handlers = {
-        "run_python": run_python,
-        "describe_file": describe_file,
-        "calculator": calculator,
-        "list_files": list_files,
-        "read_file": read_file,
-        "write_file": write_file,
-        "export_outputs": export_outputs,
-    }
+
+def session_of(ctx: Context) -> SessionSandbox:
+    return ctx.request_context.lifespan_context
+
+
+def build_server(cells: SessionSandboxes, limits: Limits) -> Server:
+    @asynccontextmanager
+    async def lifespan(_server: Server) -> AsyncIterator[SessionSandbox]:
+        cell = cells.open()
+        try:
+            yield cell
+        finally:
+            with anyio.CancelScope(shield=True):  # a cancelled session still removes it
+                await anyio.to_thread.run_sync(cells.close, cell)
+
+    server = Server("sandcell", instructions=INSTRUCTIONS, lifespan=lifespan)
+    handlers = ToolHandlers(limits).by_name()
     listed = definitions(limits)
     if {tool.name for tool in listed} != set(handlers):  # a tool defined but not served
         raise RuntimeError("agent.mcp.definitions and the server's handlers name other tools")
