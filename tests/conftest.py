@@ -4,15 +4,13 @@ reason printed); with CI=true a missing engine or image is a failure. The sandbo
 
 import functools
 import json
-import os
 import shutil
 import subprocess
 
 import pytest
 
 from sandbox.container import DEFAULT_IMAGE as IMAGE
-
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+from tests.missing import cannot_run
 
 
 @functools.cache  # asked once per test process
@@ -47,9 +45,7 @@ def runtime(request) -> str:
     engine does not have it."""
     problem = docker_problem() or runtime_problem(request.param)
     if problem is not None:
-        if IN_CI:
-            pytest.fail(f"CI=true but {problem}", pytrace=False)
-        pytest.skip(f"{request.param} test skipped: {problem}")
+        cannot_run(problem, f"{request.param} test")
     return request.param
 
 
@@ -82,9 +78,7 @@ def pytest_runtest_setup(item):
     problem = docker_problem()
     if problem is None:
         return
-    if IN_CI:
-        pytest.fail(f"CI=true but {problem}", pytrace=False)
-    pytest.skip(f"docker test skipped: {problem}")
+    cannot_run(problem, "docker test")
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 import uvicorn
 
 from agent import OpenAIModel
@@ -21,6 +22,18 @@ from agent.serve import ServeConfig, create_app
 from sandbox import Limits
 from tests.cli_runner import free_port, sandcell_process
 from tests.polling import wait_for  # noqa: F401  (the serve tests import it from here)
+from tests.scripted_server import ScriptedServer
+
+# the sales file the serve tests upload, and a cell over it: a chart, a line, a table
+SALES = Path(__file__).parent / "data" / "agent" / "sales.csv"
+CHART = (
+    "import pandas as pd, matplotlib.pyplot as plt\n"
+    "df = pd.read_csv('/data/sales.csv')\n"
+    "units = df.groupby('region').units.sum()\n"
+    "units.plot.bar(); plt.show()\n"
+    "print(units.idxmax(), units.max())\n"
+    "units.to_frame()"
+)
 
 ALICE, BOB = "alice-token-0123456789", "bob-token-9876543210"
 USERS = {"alice": ALICE, "bob": BOB}
@@ -160,3 +173,10 @@ def serve_process(
             f"the server did not start: {first}{proc.stderr and proc.stderr.read()}"
         )
     return proc, base
+
+
+@pytest.fixture
+def model():
+    """A scripted OpenAI-compatible server (tests.scripted_server) for one test."""
+    with ScriptedServer() as server:
+        yield server

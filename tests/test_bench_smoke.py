@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import IN_CI
+from tests.missing import IN_CI
 
 ROOT = Path(__file__).parent.parent
 BENCH_SECONDS = 1200  # a CI smoke run takes about 600 s beside the parallel suite

@@ -11,7 +11,7 @@ import pytest
 from sandbox import SandboxUnavailable
 from sandbox import container as ctr
 from tests import cli_runner
-from tests.conftest import IN_CI
+from tests.missing import cannot_run
 
 DEMO = Path(__file__).parent.parent / "agent" / "demo"
 
@@ -67,9 +67,7 @@ def test_an_engine_whose_default_is_runsc_gives_gvisor_s_limits_without_asking()
     its limits must be gVisor's (at runc's pids limit the Sentry ran out of threads)."""
     info = docker.from_env().info()
     if "runsc" not in (info.get("Runtimes") or {}):
-        if IN_CI:
-            pytest.fail("CI=true but the engine has no runsc runtime", pytrace=False)
-        pytest.skip("the engine has no runsc runtime (run `make engine RUNTIME=runsc`)")
+        cannot_run("the engine has no runsc runtime (run `make engine RUNTIME=runsc`)")
     assert ctr.runtime_is_gvisor({**info, "DefaultRuntime": "runsc"}, None) is True
     assert ctr.runtime_is_gvisor({**info, "DefaultRuntime": "runc"}, None) is False
     assert ctr.runtime_is_gvisor(info, "runsc") is True

@@ -3,7 +3,6 @@
 import hashlib
 import json
 import os
-import signal
 import subprocess
 
 import pandas as pd
@@ -17,7 +16,7 @@ from agent.records.trace import read_trace
 from sandbox import Limits
 from tests.cli_runner import sandcell, sandcell_process
 from tests.containers import container_labels, owner_label
-from tests.polling import lines_in, wait_for
+from tests.polling import kill_after_results
 from tests.realdata import CSVS
 
 
@@ -111,10 +110,7 @@ def test_batch_killed_midway_resumes_without_redoing_finished_jobs(tmp_path):
     args = ["batch", str(jobs_file), "--output", str(out), "--workers", "2", "--no-progress"]
     first = sandcell_process(*args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results = out / "results.jsonl"
-    wait_for(lambda: lines_in(results) >= 3, 240, "3 finished jobs")
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait()
-    done_before = {json.loads(line)["id"]: line for line in results.read_text().splitlines()}
+    done_before = kill_after_results(first, results, 3, 240)
     assert 3 <= len(done_before) < 8
     second = sandcell_process(*args, stderr=subprocess.STDOUT)
     output, _ = second.communicate(timeout=400)

@@ -19,9 +19,9 @@ import pytest
 from agent.records.trace import read_trace
 from sandbox.container import owner
 from tests.cli_runner import sandcell, sandcell_process
-from tests.conftest import IN_CI
 from tests.containers import container_labels
-from tests.polling import lines_in, wait_for
+from tests.missing import IN_CI
+from tests.polling import kill_after_results, wait_for
 from tests.realdata import CSVS
 from tests.scripted_server import ScriptedServer
 
@@ -271,10 +271,7 @@ def test_driver_killed_mid_batch_rerun_redoes_no_finished_job(cluster, tmp_path)
         *batch_args(jobs_file, out, cluster), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     results = out / "results.jsonl"
-    wait_for(lambda: lines_in(results) >= 3, 150, "3 finished jobs")
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait()
-    done_before = {json.loads(line)["id"]: line for line in results.read_text().splitlines()}
+    done_before = kill_after_results(first, results, 3, 150)
     assert 3 <= len(done_before) < 8
     second = sandcell(*batch_args(jobs_file, out, cluster), timeout=BATCH_S)
     assert second.returncode == 0, second.stderr[-3000:]

@@ -24,8 +24,8 @@ from agent import OpenAIModel, stops
 from agent.records.trace import read_trace
 from agent.seams import ModelError
 from tests.cli_runner import sandcell, sandcell_terminal
-from tests.conftest import IN_CI
 from tests.llama_server import MODEL, LlamaServer, missing
+from tests.missing import cannot_run
 
 pytestmark = [pytest.mark.realmodel, pytest.mark.xdist_group("realmodel")]
 
@@ -39,9 +39,7 @@ ENDED = {stops.ANSWERED, stops.MAX_STEPS, stops.FAILURES, stops.REPEATED, stops.
 def llama(tmp_path_factory):
     problem = missing()
     if problem:
-        if IN_CI:
-            pytest.fail(f"CI=true but {problem}", pytrace=False)
-        pytest.skip(f"realmodel test skipped: {problem}")
+        cannot_run(problem, "realmodel test")
     with LlamaServer(tmp_path_factory.mktemp("llama") / "server.log") as server:
         yield server
 
@@ -288,9 +286,7 @@ def test_a_run_behind_an_abandoned_request_ends_at_its_wall(tmp_path):
     and one line saying the endpoint was still busy."""
     problem = missing()
     if problem:
-        if IN_CI:
-            pytest.fail(f"CI=true but {problem}", pytrace=False)
-        pytest.skip(f"realmodel test skipped: {problem}")
+        cannot_run(problem, "realmodel test")
     story = "Write a very long story about a cat, at least 5000 words, before anything else."
     with LlamaServer(tmp_path / "server.log") as own:  # its own: it stays busy for minutes
         # unstreamed, as a tool call to this server is; SmolLM2 answers a tool-call request

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_runner import sandcell
-from tests.conftest import IN_CI
+from tests.missing import cannot_run
 from tests.test_serve_page import CHROMIUM, CHROMIUM_ARGS, browser_problem
 
 ROOT = Path(__file__).parent.parent
@@ -39,9 +39,7 @@ def example_jobs(tmp_path: Path) -> Path:
 def test_the_worked_examples_report_opens_in_chromium_with_no_script(tmp_path):
     problem = browser_problem()
     if problem:
-        if IN_CI:
-            pytest.fail(f"CI=true but {problem}", pytrace=False)
-        pytest.skip(f"browser test skipped: {problem}")
+        cannot_run(problem, "browser test")
     from playwright.sync_api import sync_playwright
 
     out = tmp_path / "out"

@@ -73,6 +73,15 @@ def assert_next_cell_works(sb: DockerSandbox) -> None:
     assert ex.ok and ex.stdout.strip() == "42", render(ex)
 
 
+def assert_a_fresh_kernel_kept_the_files(sb: DockerSandbox) -> None:
+    """After a restart: `x` (set before) is gone, kept.txt (written before) is there, the next
+    cell works and the host is unharmed."""
+    after = sb.run("print(open('kept.txt').read()); x")
+    assert after.stdout.strip() == "kept" and after.error.name == "NameError", render(after)
+    assert_next_cell_works(sb)
+    assert_host_unharmed(sb)
+
+
 def assert_host_unharmed(sb: DockerSandbox) -> None:
     """The connection directory on the host is sealed again, holds only the kernel's
     files, and the container still runs with its limits."""
@@ -780,10 +789,7 @@ def test_memory_bomb_restarts_kernel_reported_as_out_of_memory(runtime, request)
         assert ex.restarted == "out of memory", render(ex)
         assert not ex.timed_out and ex.duration_s < 40, ex.duration_s  # the restart included
         assert "out of memory" in render(ex)
-        after = sb.run("print(open('kept.txt').read()); x")
-        assert after.stdout.strip() == "kept" and after.error.name == "NameError", render(after)
-        assert_next_cell_works(sb)
-        assert_host_unharmed(sb)
+        assert_a_fresh_kernel_kept_the_files(sb)
 
 
 @pytest.mark.xdist_group("security-c")
@@ -976,10 +982,7 @@ def test_loop_ignoring_sigint_restarts_kernel_keeps_files(runtime):
         assert ex.timed_out and ex.restarted == "timeout" and not ex.interrupted, render(ex)
         assert ex.duration_s < 3 + 2 + 20  # deadline + grace + a fresh kernel under load
         assert "restarted" in render(ex)
-        after = sb.run("print(open('kept.txt').read()); x")
-        assert after.stdout.strip() == "kept" and after.error.name == "NameError", render(after)
-        assert_next_cell_works(sb)
-        assert_host_unharmed(sb)
+        assert_a_fresh_kernel_kept_the_files(sb)
 
 
 @pytest.mark.xdist_group("security-a")

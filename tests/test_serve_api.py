@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import docker
 import docker.errors
@@ -22,9 +21,10 @@ from agent.serve.stream import table_html
 from sandbox import Execution
 from tests.cli_runner import sandcell
 from tests.containers import container_labels, owner_label
-from tests.scripted_server import ScriptedServer
-from tests.serve_helpers import (
+from tests.serve_helpers import (  # noqa: F401 (model: a fixture)
     BOB,
+    CHART,
+    SALES,
     ask,
     client,
     config,
@@ -32,6 +32,7 @@ from tests.serve_helpers import (
     events,
     execute,
     last_tool_message,
+    model,
     new_session,
     python,
     raw_get,
@@ -41,23 +42,8 @@ from tests.serve_helpers import (
     wait_for,
 )
 
-SALES = Path(__file__).parent / "data" / "agent" / "sales.csv"
 PNG = b"\x89PNG\r\n\x1a\n"
-CHART = (
-    "import pandas as pd, matplotlib.pyplot as plt\n"
-    "df = pd.read_csv('/data/sales.csv')\n"
-    "units = df.groupby('region').units.sum()\n"
-    "units.plot.bar(); plt.show()\n"
-    "print(units.idxmax(), units.max())\n"
-    "units.to_frame()"
-)
 docker_test = [pytest.mark.docker, pytest.mark.timeout(240)]
-
-
-@pytest.fixture
-def model():
-    with ScriptedServer() as server:
-        yield server
 
 
 @pytest.fixture

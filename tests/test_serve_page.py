@@ -13,29 +13,22 @@ from pathlib import Path
 import pytest
 
 from tests.cli_runner import free_port, sandcell_process
-from tests.conftest import IN_CI
-from tests.scripted_server import ScriptedServer
-from tests.serve_helpers import (
+from tests.missing import cannot_run
+from tests.serve_helpers import (  # noqa: F401 (model: a fixture)
     ALICE,
+    CHART,
+    SALES,
     client,
     config,
     last_tool_message,
+    model,
     python,
     serving,
 )
 
-SALES = Path(__file__).parent / "data" / "agent" / "sales.csv"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]  # fmt: skip
-CHART = (
-    "import pandas as pd, matplotlib.pyplot as plt\n"
-    "df = pd.read_csv('/data/sales.csv')\n"
-    "units = df.groupby('region').units.sum()\n"
-    "units.plot.bar(); plt.show()\n"
-    "print(units.idxmax(), units.max())\n"
-    "units.to_frame()"
-)
 SCRIPT = "<script>window.pwned=1</script>"
 IMG = '<img src=x onerror="window.pwned=1">'
 WAIT_MS = 90_000
@@ -53,9 +46,7 @@ def browser_problem() -> str | None:
 def browser():
     problem = browser_problem()
     if problem:
-        if IN_CI:
-            pytest.fail(f"CI=true but {problem}", pytrace=False)
-        pytest.skip(f"browser test skipped: {problem}")
+        cannot_run(problem, "browser test")
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=WAIT_MS)  # not 5 s: a loaded 2-core machine starts sandboxes slowly
@@ -65,12 +56,6 @@ def browser():
             yield launched
         finally:
             launched.close()
-
-
-@pytest.fixture
-def model():
-    with ScriptedServer() as server:
-        yield server
 
 
 @pytest.fixture
