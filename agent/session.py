@@ -185,14 +185,14 @@ class Session:
             image=agent.image or DEFAULT_IMAGE,
             limits=agent.limits.to_dict(),
             rules=vars(agent.rules),
-            sandbox_start="given" if isinstance(sandbox, Sandbox) else agent.sandbox_start,
+            sandbox_start="given" if _is_sandbox(sandbox) else agent.sandbox_start,
             vision=agent.vision,
         )
 
     def _sandbox(self, given: Sandbox | Callable[[], Sandbox] | None) -> Sandbox:
         """The sandbox given, or one begun now (by `given`, else a fresh DockerSandbox),
         beside the first model request: the first Python action waits for it."""
-        if isinstance(given, Sandbox):
+        if _is_sandbox(given):
             return given
         agent, inputs = self.agent, self.inputs
         return BackgroundSandbox(
@@ -435,3 +435,9 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _is_sandbox(given: object) -> bool:
+    """A sandbox given itself, not a function that makes one: a factory is called, a sandbox
+    is not (a sandbox of the caller's own need not be a complete `Sandbox` to be one)."""
+    return given is not None and (isinstance(given, Sandbox) or not callable(given))
