@@ -130,9 +130,21 @@ class Tally:
     failed: int = 0
     skipped: int = 0
     xfailed: int = 0
+    passed_cases: set[tuple[str, str]] = field(default_factory=set)  # (classname, name)
     flaky: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)  # failed tests, said after the flaky ones
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def executed(self) -> int:
+        return self.passed + self.failed + self.xfailed
+
+
+def junit_case(nodeid: str) -> tuple[str, str]:
+    """The (classname, name) JUnit gives the test `nodeid` (pytest's own mangling)."""
+    path, *names = nodeid.split("::")
+    module = path.removesuffix(".py").replace("/", ".")
+    return ".".join([module, *names[:-1]]), names[-1] if names else ""
 
 
 def outcomes(report: Path) -> Tally:
@@ -149,6 +161,7 @@ def outcomes(report: Path) -> Tally:
                 tally.skipped += 1
         else:
             tally.passed += 1
+            tally.passed_cases.add((case.get("classname", ""), case.get("name", "")))
     return tally
 
 
@@ -160,11 +173,16 @@ def summarize(report: Path, total: Tally) -> None:
     failures = read_failures(report)
     again = rerun_report(report)
     if again.exists():
-        failed_again = read_failures(again)
+        failed_again, passed_alone = read_failures(again), outcomes(again).passed_cases
         for nodeid, first in failures.items():
             if nodeid in failed_again:
                 total.lines.append(
                     f"failed: {nodeid} ({failed_again[nodeid]['crash']}; failed alone too)"
+                )
+                continue
+            if junit_case(nodeid) not in passed_alone:  # not found, not run: not a pass
+                total.lines.append(
+                    f"failed: {nodeid} ({first['crash']}; the rerun did not pass it)"
                 )
                 continue
             tally.failed = max(0, tally.failed - 1)
@@ -182,8 +200,7 @@ def summarize(report: Path, total: Tally) -> None:
             total.lines.append(f"failed: {nodeid} ({first['crash']})")
         if tally.failed and not failures:  # a report without the plugin's records
             total.lines.append(f"failed: {tally.failed} tests in {report} (see its log)")
-    executed = tally.passed + tally.failed + tally.xfailed
-    if executed == 0:
+    if tally.executed == 0:
         total.problems.append(f"{report}: no test executed")
     for name in ("passed", "failed", "skipped", "xfailed"):
         setattr(total, name, getattr(total, name) + getattr(tally, name))
@@ -193,9 +210,8 @@ def summary(reports: list[Path]) -> int:
     total = Tally()
     for report in reports:
         summarize(report, total)
-    executed = total.passed + total.failed + total.xfailed
     print(
-        f"summary: {executed} tests executed, {total.passed} passed, {total.failed} failed, "
+        f"summary: {total.executed} tests executed, {total.passed} passed, {total.failed} failed, "
         f"{total.skipped} skipped, {total.xfailed} xfailed"
     )
     for line in total.flaky + total.lines + total.problems:
