@@ -11,6 +11,9 @@ from sandbox import BackgroundSandbox, DockerSandbox, Inputs, Limits, boundary, 
 from sandbox.execution import Error, Execution, StreamChunk
 from sandbox.kernel import Collector
 
+# a test's own timeout mark, where it has one, wins over the module's
+pytestmark = pytest.mark.timeout(60)
+
 docker_test = pytest.mark.docker
 SLOW = Limits(timeout_s=120, interrupt_grace_s=2)
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -33,7 +36,6 @@ def _figures(sb, ex) -> list[str]:
 
 # -- charts -------------------------------------------------------------------------------
 @docker_test
-@pytest.mark.timeout(60)
 def test_a_cell_that_never_imports_matplotlib_does_not_load_it():
     with DockerSandbox(limits=SLOW) as box:
         ex = box.run("import sys\nprint(1)\nsorted(m for m in sys.modules if 'matplotlib' in m)")
@@ -125,14 +127,12 @@ def test_output_over_the_spill_cap_is_saved_up_to_the_cap_and_says_so(sb):
 
 
 @docker_test
-@pytest.mark.timeout(60)
 def test_the_spill_cap_comes_from_limits():
     with DockerSandbox(limits=Limits(spill_bytes=10_000)) as box:
         assert box.run("print('z' * 50_000)").saved_truncated == 10_000
 
 
 @docker_test
-@pytest.mark.timeout(60)
 def test_the_tail_after_a_cut_keeps_stdout_and_stderr_in_order(sb):
     ex = sb.run(
         "import sys\nprint('x' * (1 << 20))\n"
@@ -148,7 +148,6 @@ def test_the_tail_after_a_cut_keeps_stdout_and_stderr_in_order(sb):
 
 
 @docker_test
-@pytest.mark.timeout(60)
 def test_short_output_writes_no_log(sb):
     ex = sb.run("print('short')")
     assert ex.saved_output is None and render(ex) == "short"
@@ -179,7 +178,6 @@ NETWORK_CELLS = [
 
 
 @docker_test
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("code", NETWORK_CELLS, ids=["urlopen", "getaddrinfo", "caught"])
 def test_network_attempts_say_the_sandbox_is_offline(sb, code):
     observation = render(sb.run(code))
@@ -190,7 +188,6 @@ def test_network_attempts_say_the_sandbox_is_offline(sb, code):
 
 
 @docker_test
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("code", ["%pip install nonexistent-pkg", "!pip install nonexistent-pkg"])
 def test_a_failed_pip_install_is_a_failed_cell_and_quick(sb, code):
     ex = sb.run(code + "\nprint('not reached')")
@@ -204,7 +201,6 @@ def test_a_failed_pip_install_is_a_failed_cell_and_quick(sb, code):
 
 
 @docker_test
-@pytest.mark.timeout(60)
 def test_the_image_lists_its_packages(sb):
     listing = sb.read(boundary.PACKAGES_FILE).decode()
     for name in ("pandas", "polars", "duckdb", "matplotlib", "ipykernel"):
@@ -225,7 +221,6 @@ def test_the_offline_note_is_one_line_from_the_execution_alone():
 
 # -- streaming ---------------------------------------------------------------------------
 @docker_test
-@pytest.mark.timeout(60)
 def test_output_reaches_on_output_while_the_cell_runs():
     arrived: list[tuple[float, StreamChunk]] = []
     box = BackgroundSandbox(lambda: DockerSandbox(limits=SLOW), SLOW, Inputs.from_paths([]))

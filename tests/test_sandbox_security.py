@@ -21,7 +21,8 @@ import pytest
 from sandbox import DockerSandbox, Limits, SandboxError, render
 from sandbox import container as ctr
 
-pytestmark = pytest.mark.docker
+# a test's own timeout mark, where it has one, wins over the module's
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(60)]
 
 FAST = Limits(timeout_s=4, interrupt_grace_s=2)
 SECRET_NAME = "SANDCELL_TEST_HOST_SECRET"
@@ -145,7 +146,6 @@ shared_group = pytest.mark.xdist_group("security-shared")
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_the_runtime_asked_for_is_the_one_running(shared, runtime):
     """The engine says so, and so does the kernel the code sees: gVisor's Sentry answers
     uname itself (an old, fixed release), runc shares the host's kernel."""
@@ -158,7 +158,6 @@ def test_the_runtime_asked_for_is_the_one_running(shared, runtime):
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_outbound_connection_by_ip_fails(shared):
     r = probe(
         shared,
@@ -180,7 +179,6 @@ print(json.dumps({"tcp1": attempt(lambda: tcp("1.1.1.1", 443)),
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_outbound_connection_by_name_and_dns_fail(shared):
     r = probe(
         shared,
@@ -200,7 +198,6 @@ print(json.dumps({
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_only_loopback_interface(shared):
     r = probe(
         shared,
@@ -216,7 +213,6 @@ print(json.dumps({"sys": sorted(os.listdir("/sys/class/net")),
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_cloud_metadata_address_unreachable(shared):
     r = probe(
         shared,
@@ -234,7 +230,6 @@ print(json.dumps({
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_no_docker_socket_and_no_docker_host(shared):
     r = probe(
         shared,
@@ -260,7 +255,6 @@ print(json.dumps({"exists": [p for p in paths if os.path.lexists(p)], "sockets":
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_host_only_files_invisible(shared, host_only):
     host_file = str(host_only["file"])
     r = probe(
@@ -282,7 +276,6 @@ print(json.dumps({{"exists": os.path.exists({host_file!r}),
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_root_filesystem_read_only(shared):
     r = probe(
         shared,
@@ -303,7 +296,6 @@ print(json.dumps({"writes": {p: attempt(lambda p=p: write(p)) for p in targets},
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_input_file_cannot_be_changed(shared, host_only):
     r = probe(
         shared,
@@ -348,7 +340,6 @@ print(json.dumps({"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(),
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_non_root_without_capabilities_and_no_new_privs(shared, runtime):
     r = probe(shared, STATUS)
     assert r["uid"] != 0 and r["euid"] != 0 and r["gid"] != 0 and 0 not in r["groups"], r
@@ -363,7 +354,6 @@ def test_non_root_without_capabilities_and_no_new_privs(shared, runtime):
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_docker_default_seccomp_filter_is_on(shared, runtime):
     if runtime == "runsc":
         pytest.skip(
@@ -376,7 +366,6 @@ def test_docker_default_seccomp_filter_is_on(shared, runtime):
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_no_setuid_or_setgid_binaries(shared):
     r = probe(
         shared,
@@ -401,7 +390,6 @@ print(json.dumps({"found": found}))
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_setuid_to_root_chroot_mknod_fail(shared):
     r = probe(
         shared,
@@ -420,7 +408,6 @@ print(json.dumps({
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_mknod_of_a_device_fails(shared, runtime, request):
     known_runsc_difference(  # strict: the day gVisor refuses it, this says so
         runtime,
@@ -439,7 +426,6 @@ def test_mknod_of_a_device_fails(shared, runtime, request):
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_device_nodes_reach_no_host_device(shared):
     """Whatever mknod allows, a node for the host's disk, memory, kernel log or I/O ports
     does not open: ENXIO (no such device), EACCES/EPERM, or mknod refused in the first place."""
@@ -461,7 +447,6 @@ print(json.dumps(out))
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_mount_unshare_fail(shared, runtime):
     r = probe(
         shared,
@@ -508,7 +493,6 @@ print(json.dumps({
 
 
 @shared_group
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("target", ["supervisor.py", "relay.py"])
 def test_supervisor_and_relay_cannot_be_ptraced_or_read(shared, target, runtime):
     """PID 1 and the relay to the host run as the kernel's uid; both are non-dumpable."""
@@ -555,7 +539,6 @@ print(json.dumps({
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_sysrq_and_kernel_knobs_unwritable(shared):
     r = probe(
         shared,
@@ -574,7 +557,6 @@ print(json.dumps({
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_host_secret_env_not_visible(shared):
     assert os.environ.get(SECRET_NAME) is None  # the fixture's patch is undone
     r = probe(
@@ -598,7 +580,6 @@ print(json.dumps({{"env": {SECRET_NAME!r} in os.environ, "proc": found,
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_connection_directory_sealed(shared):
     r = probe(
         shared,
@@ -622,7 +603,6 @@ print(json.dumps({
 
 
 @shared_group
-@pytest.mark.timeout(60)
 def test_resource_limits_are_set(shared, runtime):
     r = probe(
         shared,
@@ -956,7 +936,6 @@ def test_output_sent_around_the_kernel_cap_is_capped_on_the_host(runtime):
 
 
 @pytest.mark.xdist_group("security-b")
-@pytest.mark.timeout(60)
 def test_endless_loop_times_out_interrupted_state_kept(runtime):
     # a generous grace: on a busy machine the interrupt itself may take a second or two
     with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=8), runtime=runtime) as sb:
@@ -972,7 +951,6 @@ def test_endless_loop_times_out_interrupted_state_kept(runtime):
 
 
 @pytest.mark.xdist_group("security-c")
-@pytest.mark.timeout(60)
 def test_loop_ignoring_sigint_restarts_kernel_keeps_files(runtime):
     with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=2), runtime=runtime) as sb:
         ok(sb, "x = 41\nopen('kept.txt', 'w').write('kept')")
@@ -986,7 +964,6 @@ def test_loop_ignoring_sigint_restarts_kernel_keeps_files(runtime):
 
 
 @pytest.mark.xdist_group("security-a")
-@pytest.mark.timeout(60)
 def test_background_process_does_not_outlive_its_timed_out_cell(runtime):
     with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=2), runtime=runtime) as sb:
         ex = sb.run('''
@@ -1031,7 +1008,6 @@ print(json.dumps({"others": others}))
 
 
 @pytest.mark.xdist_group("security-a")
-@pytest.mark.timeout(60)
 def test_the_sweep_of_a_timed_out_cell_spares_the_host_s_helpers(runtime):
     """The sweep of a timed-out cell's strays runs after `run` returns: a file read or a check
     the host starts meanwhile (CI saw a read killed) runs in the helpers' group and is left

@@ -22,7 +22,8 @@ from sandbox import DockerSandbox, Limits, SandboxError, SandboxPool, boundary, 
 from sandbox import container as ctr
 from tests.containers import container_labels
 
-pytestmark = pytest.mark.docker
+# a test's own timeout mark, where it has one, wins over the module's
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(60)]
 
 FAST = Limits(timeout_s=5, interrupt_grace_s=2)
 ANSI_ESC = "\x1b"
@@ -45,7 +46,6 @@ shared = pytest.mark.xdist_group("semantics-shared")
 
 
 @shared
-@pytest.mark.timeout(60)
 def test_state_persists_across_cells(sb):
     assert sb.run("import math\nradius = 2.0").ok
     assert sb.run("area = math.pi * radius ** 2").ok
@@ -54,7 +54,6 @@ def test_state_persists_across_cells(sb):
 
 
 @shared
-@pytest.mark.timeout(60)
 def test_expression_value_is_returned_and_print_is_stream(sb):
     ex = sb.run("print('side effect')\n1 + 2")
     assert ex.text == "3" and ex.stdout == "side effect\n"
@@ -65,7 +64,6 @@ def test_expression_value_is_returned_and_print_is_stream(sb):
 
 
 @shared
-@pytest.mark.timeout(60)
 def test_stdout_and_stderr_in_order_ansi_stripped(sb):
     ex = sb.run(
         "import sys\nprint('one', flush=True)\nprint('two', file=sys.stderr, flush=True)\n"
@@ -80,7 +78,6 @@ def test_stdout_and_stderr_in_order_ansi_stripped(sb):
 
 
 @shared
-@pytest.mark.timeout(60)
 def test_display_data_comes_back(sb):
     ex = sb.run(
         "from IPython.display import display, HTML, Markdown\n"
@@ -111,7 +108,6 @@ def test_matplotlib_chart_saved_as_png_and_named(sb):
 
 
 @shared
-@pytest.mark.timeout(60)
 def test_error_has_name_value_and_compact_traceback(sb):
     ex = sb.run("def inner(d):\n    return 1 / d\n\ndef outer():\n    return inner(0)\n\nouter()")
     assert not ex.ok and ex.error.name == "ZeroDivisionError"
@@ -128,7 +124,6 @@ def test_error_has_name_value_and_compact_traceback(sb):
 
 
 @shared
-@pytest.mark.timeout(60)
 def test_execution_count_increases(sb):
     counts = [sb.run("None").execution_count for _ in range(3)]
     assert counts[0] is not None and counts == [counts[0], counts[0] + 1, counts[0] + 2]
@@ -136,7 +131,6 @@ def test_execution_count_increases(sb):
 
 
 @shared
-@pytest.mark.timeout(60)
 def test_dataframe_shown_bounded_with_shape(sb):
     # the kernel's first pandas import takes seconds on a loaded 2-core machine: past FAST's 5 s
     ex = sb.run(
@@ -150,7 +144,6 @@ def test_dataframe_shown_bounded_with_shape(sb):
 
 
 @shared
-@pytest.mark.timeout(60)
 def test_inputs_are_read_only_at_data(sb, input_file):
     ex = sb.run(
         "import pandas as pd\ndf = pd.read_csv('/data/sales.csv')\nint(df.amount.sum())", timeout=30
@@ -163,7 +156,6 @@ def test_inputs_are_read_only_at_data(sb, input_file):
 
 
 @shared
-@pytest.mark.timeout(60)
 def test_polars_and_duckdb_query_a_csv_from_data(sb):
     ex = sb.run(
         "import duckdb, polars as pl\n"
@@ -177,7 +169,6 @@ def test_polars_and_duckdb_query_a_csv_from_data(sb):
 
 
 @shared
-@pytest.mark.timeout(60)
 def test_files_read_write(sb):
     sb.write("notes/in.txt", b"from the host\n")
     ex = sb.run(
@@ -196,7 +187,6 @@ def test_files_read_write(sb):
 
 
 @shared
-@pytest.mark.timeout(60)
 def test_a_helper_s_output_that_comes_with_the_engine_s_headers_is_kept(sb, tmp_path, monkeypatch):
     """A host slow to read the engine's `101 UPGRADED` (a loaded machine) gets the helper's
     first frames in the same read as those headers. They were lost: an export came back
@@ -282,7 +272,6 @@ def test_subprocesses_and_reads_at_once_leave_the_sandbox_running(runtime):
 
 
 @shared
-@pytest.mark.timeout(60)
 def test_export_copies_files_and_refuses_links_out(sb, tmp_path):
     ex = sb.run(
         "import os\nos.makedirs('out/sub', exist_ok=True)\n"
@@ -311,7 +300,6 @@ def test_export_copies_files_and_refuses_links_out(sb, tmp_path):
 
 
 @shared
-@pytest.mark.timeout(60)
 def test_render_caps_with_head_tail_and_names_saved_output(sb):
     ex = sb.run("for i in range(3000):\n    print(f'line {i:05d}')")
     full = ex.stdout
@@ -350,7 +338,6 @@ def test_a_kernel_slow_to_finish_an_interrupted_cell_keeps_its_state(runtime):
 
 # -- fresh sandboxes ----------------------------------------------------------------------
 @pytest.mark.xdist_group("semantics-b")
-@pytest.mark.timeout(60)
 def test_interrupt_from_another_thread_keeps_state(runtime):
     with DockerSandbox(limits=Limits(timeout_s=30, interrupt_grace_s=2), runtime=runtime) as box:
         assert box.run("x = 41").ok
@@ -411,7 +398,6 @@ def test_pool_hands_out_fresh_distinct_sandboxes_with_inputs(input_file, runtime
 
 
 @pytest.mark.xdist_group("semantics-c")
-@pytest.mark.timeout(60)
 def test_no_container_left_after_close(runtime):
     session = f"test-{uuid.uuid4().hex[:8]}"
     labels = (ctr.LABEL, f"sandcell.session={session}")
@@ -470,7 +456,6 @@ def test_orphans_reaped_by_two_processes_at_once_are_gone_when_each_returns(imag
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(60)
 def test_a_signal_or_exec_to_a_container_that_has_stopped_is_a_sandbox_error(image):
     """The engine's 409/500 for a container that died under a signal or an exec (a fork bomb
     ends a gVisor sandbox as the restart is sent) is the SandboxError a stopped sandbox raises."""
@@ -488,7 +473,6 @@ def test_a_signal_or_exec_to_a_container_that_has_stopped_is_a_sandbox_error(ima
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(60)
 def test_an_exec_the_sandbox_does_not_answer_within_the_client_timeout_is_a_sandbox_error(image):
     """A hung sandbox (a fork bomb under gVisor) leaves a `docker exec` unanswered: after the
     engine client's timeout that is a SandboxError, as a stopped sandbox's is."""

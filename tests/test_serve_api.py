@@ -42,8 +42,10 @@ from tests.serve_helpers import (  # noqa: F401 (model: a fixture)
     wait_for,
 )
 
+# a test's own timeout mark, where it has one, wins over the module's
+pytestmark = pytest.mark.timeout(240)
+
 PNG = b"\x89PNG\r\n\x1a\n"
-docker_test = [pytest.mark.docker, pytest.mark.timeout(240)]
 
 
 @pytest.fixture
@@ -132,7 +134,6 @@ def test_users_file_and_upload_names_and_download_paths(tmp_path):
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(240)
 def test_upload_a_csv_then_a_question_streams_its_steps_with_chart_table_and_notebook(model, base):
     model.add(
         {"content": "Summing units per region.", "tool_calls": [{"name": "python", "arguments": {"code": CHART}}]},
@@ -187,7 +188,6 @@ def test_upload_a_csv_then_a_question_streams_its_steps_with_chart_table_and_not
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(240)
 def test_another_users_session_and_its_files_answer_404(base):
     with client(base) as alice, client(base, BOB) as bob:
         sid = new_session(alice)
@@ -208,7 +208,6 @@ def test_another_users_session_and_its_files_answer_404(base):
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(240)
 def test_execute_returns_the_execution_and_keeps_kernel_state(base):
     with client(base) as api:
         sid = new_session(api)
@@ -230,7 +229,6 @@ def test_execute_returns_the_execution_and_keeps_kernel_state(base):
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(240)
 def test_one_message_at_a_time_409_and_interrupt_stops_the_running_cell(model, base):
     model.add(python("import time\nprint('sleeping', flush=True)\ntime.sleep(120)"),
               lambda body: "Final Answer: stopped: " + last_tool_message(body)[-60:])  # fmt: skip
@@ -271,7 +269,6 @@ def test_one_message_at_a_time_409_and_interrupt_stops_the_running_cell(model, b
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(240)
 def test_uploads_over_the_cap_413_bad_names_400_taken_names_409(base, tmp_path):
     with client(base) as api:
         sid = new_session(api)
@@ -295,7 +292,6 @@ def test_uploads_over_the_cap_413_bad_names_400_taken_names_409(base, tmp_path):
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(240)
 def test_files_route_is_confined_to_the_session_folder(base, tmp_path):
     data = tmp_path / "data"
     (data / "secret.txt").write_text("not yours")
@@ -326,7 +322,6 @@ def test_files_route_is_confined_to_the_session_folder(base, tmp_path):
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(240)
 def test_delete_removes_the_container_and_the_folder_even_mid_question(model, base, tmp_path):
     engine = docker.from_env()
     model.add(python("import time\ntime.sleep(120)"), "Final Answer: never asked for")
@@ -351,7 +346,6 @@ def test_delete_removes_the_container_and_the_folder_even_mid_question(model, ba
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(240)
 def test_table_html_is_sanitized_and_a_model_error_ends_the_stream_with_error(model, base):
     hostile = (
         "from IPython.display import HTML, display\n"
@@ -373,7 +367,6 @@ def test_table_html_is_sanitized_and_a_model_error_ends_the_stream_with_error(mo
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(240)
 def test_past_max_sessions_503_with_retry_after_until_one_is_deleted(model, tmp_path):
     with (
         serving(
@@ -391,7 +384,6 @@ def test_past_max_sessions_503_with_retry_after_until_one_is_deleted(model, tmp_
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(240)
 def test_an_idle_session_releases_its_container_and_the_next_cell_gets_a_fresh_one(model, tmp_path):
     engine = docker.from_env()
     with serving(config(model, tmp_path / "d", idle_minutes=0.05)) as base, client(base) as api:
@@ -418,7 +410,6 @@ def test_an_idle_session_releases_its_container_and_the_next_cell_gets_a_fresh_o
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(240)
 def test_files_added_to_a_running_session_reach_its_sandbox_and_the_model(model, base):
     with client(base) as api:
         sid = new_session(api)
@@ -439,7 +430,6 @@ def test_files_added_to_a_running_session_reach_its_sandbox_and_the_model(model,
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(240)
 def test_sandcell_serve_on_sigterm_removes_every_container(tmp_path):
     proc, base = serve_process(tmp_path, ["Final Answer: hello"], "--pool", "1")
     try:

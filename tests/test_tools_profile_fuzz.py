@@ -20,6 +20,9 @@ from hypothesis import strategies as st
 from tools import Caps, file_metadata_tool
 from tools.profile import build_profile, render
 
+# a test's own timeout mark, where it has one, wins over the module's
+pytestmark = pytest.mark.timeout(60)
+
 CAPS = Caps()
 MARGIN = 50  # the "... (profile cut to fit)" line may follow a cut
 NAMES = ["/data/f.csv", "/data/f.tsv", "/data/f.txt", "/data/f.json", "/data/f.jsonl", "/data/f"]
@@ -100,7 +103,6 @@ def spliced(draw, base: bytes, junk: st.SearchStrategy[bytes]) -> bytes:
 
 
 # -- cheap properties, many examples --------------------------------------------------------
-@pytest.mark.timeout(60)
 @settings(max_examples=200, deadline=None)
 @given(data=st.binary(max_size=4096), name=st.sampled_from(NAMES))
 @example(data=b"a,b\r1,2\r3,4\r", name="/data/f.csv")
@@ -118,7 +120,6 @@ def test_arbitrary_bytes(data, name):
     check_bytes(data, name)
 
 
-@pytest.mark.timeout(60)
 @settings(max_examples=200, deadline=None)
 @given(texts=csv_like(breaks=False))
 def test_any_mix_of_line_endings_profiles_like_lf(texts):
@@ -131,7 +132,6 @@ def test_any_mix_of_line_endings_profiles_like_lf(texts):
     check_bytes(mixed.encode())
 
 
-@pytest.mark.timeout(60)
 @settings(max_examples=200, deadline=None)
 @given(texts=csv_like(quotes=False))
 def test_unquoted_csv_rows_and_columns_are_counted_with_any_line_ending(texts):
@@ -144,7 +144,6 @@ def test_unquoted_csv_rows_and_columns_are_counted_with_any_line_ending(texts):
         assert len(p.columns) == len(lines[0].split(p.delimiter))
 
 
-@pytest.mark.timeout(60)
 @settings(max_examples=200, deadline=None)
 @given(
     data=csv_like().flatmap(
@@ -155,7 +154,6 @@ def test_quotes_left_open(data):
     check_bytes(data)
 
 
-@pytest.mark.timeout(60)
 @settings(max_examples=200, deadline=None)
 @given(
     data=csv_like().flatmap(
@@ -166,7 +164,6 @@ def test_nul_bytes(data):
     check_bytes(data)
 
 
-@pytest.mark.timeout(60)
 @settings(max_examples=200, deadline=None)
 @given(
     data=csv_like().flatmap(
@@ -180,7 +177,6 @@ def test_invalid_utf8_in_the_middle(data):
     check_bytes(data)
 
 
-@pytest.mark.timeout(60)
 @settings(max_examples=100, deadline=None)  # `folder` is module-scoped: shared, not reset
 @given(data=st.one_of(st.binary(max_size=2048), csv_like().map(lambda t: t[0].encode())))
 def test_the_tool_over_a_real_file(folder, data):
@@ -202,7 +198,6 @@ def _xlsx_bytes() -> bytes:
 XLSX = _xlsx_bytes()
 
 
-@pytest.mark.timeout(60)
 @settings(max_examples=100, deadline=None)
 @given(at=st.integers(0, len(XLSX) - 1), junk=st.binary(min_size=1, max_size=16))
 def test_corrupt_workbooks_and_parquet(at, junk):
@@ -210,7 +205,6 @@ def test_corrupt_workbooks_and_parquet(at, junk):
     check_bytes(b"PAR1" + junk + XLSX[at:] + b"PAR1", "/data/f.parquet")
 
 
-@pytest.mark.timeout(60)
 def test_a_workbook_with_an_encrypted_member():
     # the flag bits of the theme's central directory entry (46 bytes before its name there):
     # openpyxl reads that part, and zipfile raises RuntimeError for an encrypted member
@@ -219,7 +213,6 @@ def test_a_workbook_with_an_encrypted_member():
     assert "is encrypted: a password is needed" in check_bytes(data, "/data/f.xlsx")[0]
 
 
-@pytest.mark.timeout(60)
 def test_a_workbook_whose_parts_are_not_xml():
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
@@ -259,7 +252,6 @@ def test_big_shapes(folder, data):
     check_bytes(data, caps=small)
 
 
-@pytest.mark.timeout(60)
 def test_ten_thousand_columns_are_counted_and_listed_within_the_cap():
     from tools.tables import MAX_COLUMNS
 

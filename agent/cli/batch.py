@@ -15,6 +15,7 @@ from agent.cli.options import (
     build_rules,
     check_options,
     expect_option_value,
+    output_option,
 )
 from agent.jobs.batch import (
     RESULTS,
@@ -31,12 +32,7 @@ from sandbox.container import preflight
 
 @click.command("batch")
 @click.argument("jobs_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "--output",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Folder for <id>/ results and results.jsonl.",
-)
+@output_option("Folder for <id>/ results and results.jsonl.", required=True)
 @click.option(
     "--workers",
     type=click.IntRange(1, 64),

@@ -21,6 +21,7 @@ from agent.cli.options import (
     check_output_folder,
     input_option,
     output_folder,
+    output_option,
     overwrite_option,
 )
 from agent.cli.terminal import for_terminal
@@ -131,12 +132,7 @@ def _slash(command: str, session: Session, console: Console) -> bool:
 
 @click.command("chat")
 @input_option("A file to talk about, read-only at /data/<name> (repeatable).")
-@click.option(
-    "--output",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Session folder [default: sandcell-out/chat-<time>].",
-)
+@output_option("Session folder [default: sandcell-out/chat-<time>].")
 @overwrite_option
 @agent_options
 @exits.reported()

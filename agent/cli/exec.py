@@ -3,12 +3,18 @@
 import json
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import click
 
 from agent.cli import exits, terminal
-from agent.cli.options import MEMORY_MB, TIMEOUT_S, input_option, rich_options, runtime_option
+from agent.cli.options import (
+    MEMORY_MB,
+    TIMEOUT_S,
+    input_option,
+    output_option,
+    rich_options,
+    runtime_option,
+)
 from sandbox import DockerSandbox, Limits
 from sandbox.execution import StreamChunk
 from sandbox.render import joined, parts
@@ -22,12 +28,7 @@ def print_live(chunk: StreamChunk) -> None:
 @input_option("A file to mount read-only at /data/<name> (repeatable).")
 @click.option("--timeout", type=TIMEOUT_S, default=None, help="Cell deadline in seconds.")
 @click.option("--memory", type=MEMORY_MB, default=None, help="Memory limit in MB.")
-@click.option(
-    "--output",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Copy the workspace (figures, files the code wrote) to this folder.",
-)
+@output_option("Copy the workspace (figures, files the code wrote) to this folder.")
 @rich_options
 @runtime_option
 @click.option("--json", "as_json", is_flag=True, help="Print the Execution as JSON.")

@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NoReturn
 
 import click
@@ -24,6 +23,7 @@ from agent.cli.options import (
     check_output_folder,
     input_option,
     limit_options,
+    output_option,
     overwrite_option,
 )
 from agent.hosting.server_options import server_options, users_of
@@ -32,11 +32,7 @@ from agent.seams import Terminated
 
 @click.command("mcp")
 @input_option("A file every sandbox sees read-only at /data/<name> (repeatable).")
-@click.option(
-    "--output",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Folder export_outputs copies /workspace/output to (with --http: DIR/<session>/).",
-)
+@output_option("Folder export_outputs copies /workspace/output to (with --http: DIR/<session>/).")
 @click.option("--http", is_flag=True, help="Serve streamable HTTP at /mcp instead of stdio.")
 @server_options(
     8766,

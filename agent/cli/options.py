@@ -43,6 +43,16 @@ def input_option(help_text: str):
     )
 
 
+def output_option(help_text: str, required: bool = False):
+    """The --output DIR option: a folder (made if missing), given as a Path."""
+    return click.option(
+        "--output",
+        required=required,
+        type=click.Path(file_okay=False, path_type=Path),
+        help=help_text,
+    )
+
+
 # Ranges the sandbox can honour: below 128 MB the kernel and pandas cannot start, and Docker
 # refuses more CPUs than the machine has.
 TIMEOUT_S = click.FloatRange(0, 24 * 3600, min_open=True)

@@ -3,7 +3,6 @@ and what the code made: /workspace/output to output/, charts to figures/, every 
 it wrote to workspace/. On a terminal the steps show as they happen (--quiet: not)."""
 
 import sys
-from pathlib import Path
 
 import click
 
@@ -17,6 +16,7 @@ from agent.cli.options import (
     expect_option_value,
     input_option,
     output_folder,
+    output_option,
     overwrite_option,
     task_text,
 )
@@ -27,11 +27,9 @@ from sandbox.inputs import Inputs
 @click.command("run")
 @click.option("--task", required=True, callback=task_text, help="What to do, in words.")
 @input_option("An input file, read-only at /data/<name> (repeatable).")
-@click.option(
-    "--output",
+@output_option(
+    "Folder for answer.md, trace.jsonl, notebook.ipynb, output/, figures/, workspace/.",
     required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Folder for answer.md, trace.jsonl, notebook.ipynb, output/, figures/, workspace/.",
 )
 @overwrite_option
 @click.option("--quiet", is_flag=True, help="Do not show the steps as they happen.")
