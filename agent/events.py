@@ -222,12 +222,16 @@ class VisionOff(Event):
 
 @dataclass(frozen=True)
 class Reset(Event):
-    """A fresh kernel from here on: chat's /reset (the history emptied too), or a served
-    session's sandbox renewed after an idle release (`reason` "idle")."""
+    """A fresh kernel from here on: chat's /reset (the history emptied too), a served
+    session's sandbox renewed after an idle release (`reason` "idle"), or another attempt at
+    a batch job, its sandbox renewed (`reason` ATTEMPT: the next recipe, or the agent)."""
 
     tag = "reset"
     question: int
     reason: str | None = None
+
+
+ATTEMPT = "attempt"  # Reset.reason: another attempt at a batch job, on a clean slate
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Self
 
 from agent import stops
 from agent.events import (
+    ATTEMPT,
     Event,
     ExportFailed,
     InputsAdded,
@@ -404,6 +405,16 @@ class Session:
             self.sandbox.restart()
         self.loop.reset()
         self.publish(Reset(question=self.loop.questions))
+
+    def start_over(self) -> None:
+        """A clean slate for another attempt at the same job (the next recipe, or the agent
+        after them): the sandbox renewed (no process, file or variable of the last attempt
+        left, the same inputs), an empty history; recorded, so a recipe made from this trace
+        keeps only the cells after it."""
+        if self.sandbox_used:
+            self.sandbox.renew(self.inputs)
+        self.loop.reset()
+        self.publish(Reset(question=self.loop.questions, reason=ATTEMPT))
 
     def executed(self, code: str, execution: Execution) -> None:
         """A cell run without the model (serve's /execute): recorded as a step, so the

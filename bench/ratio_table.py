@@ -7,6 +7,7 @@ SECTIONS = (
     "agent",
     "batch",
     "recipe",
+    "library",
     "session",
     "serve",
     "mcp",

@@ -25,7 +25,7 @@ import pandera.pandas as pa
 from agent import ScriptedModel
 from agent.events import Step
 from agent.jobs.batch import Batch, Job, JobSettings, ThreadExecutor
-from agent.jobs.recipe_maker import load
+from agent.jobs.recipe_library import Library
 from agent.output_checks import load_expect
 from agent.records.trace import read_events
 
@@ -145,9 +145,7 @@ def run(smoke: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="sandcell-bench-recipe-") as name:
         folder = Path(name)
         jobs = family(folder, count)
-        with_recipe = JobSettings(
-            recipe=load(folder / "recipe.py"), recipe_path=str(folder / "recipe.py")
-        )
+        with_recipe = JobSettings(recipes=Library.single(folder / "recipe.py"))
         for turn in range(1 if smoke else 2):
             agents.append(one_batch(jobs, folder / f"agent-{turn}", JobSettings(), "agent"))
             recipes.append(one_batch(jobs, folder / f"recipe-{turn}", with_recipe, "recipe"))

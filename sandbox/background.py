@@ -61,6 +61,9 @@ class Forwarder:
     def run_checks(self, request: dict) -> dict:
         return self._target().run_checks(request)
 
+    def renew(self, inputs: Inputs) -> None:
+        self._target().renew(inputs)
+
 
 class BackgroundSandbox(Forwarder):
     """The Sandbox made by `start()`, begun at once (`background=True`) or on first use."""

@@ -49,4 +49,9 @@ class Sandbox(Protocol):
     # (images/checks.py): the request and answer are agent.output_checks'
     def run_checks(self, request: dict) -> dict: ...
 
+    # made what a fresh sandbox would be, in the same container (another attempt at a job):
+    # every process killed, the workspace, /tmp and shared memory emptied, a fresh kernel,
+    # /data holding exactly `inputs` (a pool's sandbox can; others raise SandboxError)
+    def renew(self, inputs: Inputs) -> None: ...
+
     def close(self) -> None: ...

@@ -52,6 +52,7 @@ def test_smoke_bench_writes_every_section(tmp_path):
     }
     want.add("gvisor")  # or its skip reason, when the engine has no runsc
     want.add("recipe")
+    want.add("library")
     assert want <= set(results)
     serve = results["serve"]
     assert serve["api_s"]["n"] == serve["in_process_s"]["n"] >= 8 * 10
@@ -81,6 +82,10 @@ def test_smoke_bench_writes_every_section(tmp_path):
     assert recipe["model_calls_per_job"] == {"agent": 2.0, "recipe": 0.0}
     assert recipe["recipe"]["steady_jobs"] == recipe["agent"]["steady_jobs"] == 3
     assert recipe["recipe"]["containers"] <= 3 and recipe["agent"]["containers"] == 6
+    library = results["library"]  # a mixed delivery: one agent run (2 requests) per family
+    assert library["library"]["requests_by_family"] == dict.fromkeys("ABCDE", 2)
+    assert library["agent"]["requests_per_file"] == 2.0 and len(library["recipes_learnt"]) == 5
+    assert library["later"]["requests_by_family"] == {"F": 2}  # only the family never seen
     assert set(results["batch"]["runs"]) == {"1", "2"}
     assert all(r["jobs"] == 3 for r in results["batch"]["runs"].values())
     late = results["batch"]["late"]  # the same jobs, each reply a second late
@@ -102,6 +107,8 @@ def test_smoke_bench_writes_every_section(tmp_path):
         "memory per idle served session",
         "trivial run_python through stdio MCP vs in-process DockerSandbox.run",
         "`batch --ray` per-job time vs local batch",
+        "model requests per file, recipe library vs the agent alone",
+        "next delivery with --recipe OUT/recipes",
         "`batch --ray` jobs per minute, 2 nodes × 1 slot vs 1 node × 1 slot",
         "real server (llama-cpp-python, SmolLM2-135M-Instruct)",
         "### Characters sent to the model, per task",

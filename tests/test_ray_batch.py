@@ -16,10 +16,18 @@ import pandas as pd
 import psutil
 import pytest
 
+from agent.jobs.fingerprint import Layout
 from agent.records.trace import read_trace
 from sandbox.container import owner
 from tests.cli_runner import sandcell, sandcell_process
 from tests.containers import container_labels
+from tests.deliveries import (
+    FAMILIES,
+    SAVE,
+    FamilyModel,
+    delivery,
+    library_recipe,
+)
 from tests.missing import IN_CI
 from tests.polling import kill_after_results, wait_for
 from tests.realdata import CSVS
@@ -318,6 +326,31 @@ def test_a_job_over_the_input_cap_fails_alone_and_shared_paths_runs_it(cluster, 
     lines = records(out)
     assert sorted(r["id"] for r in lines) == sorted(expected)
     check_answered(next(r for r in lines if r["id"] == "big"), out, expected)
+
+
+@pytest.mark.timeout(BATCH_S + 40)
+def test_a_library_s_recipes_are_tried_on_the_nodes_and_nothing_is_learnt(cluster, tmp_path):
+    family_of = delivery(tmp_path, {"A": 3, "E": 1})
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    a_file = next(name for name, family in family_of.items() if family == "A")
+    layout = Layout.of([tmp_path / a_file])
+    cleaning = FAMILIES["A"][2].replace("'{path}'", "INPUTS[0]") + SAVE
+    library_recipe(lib, f"{layout.key}-1.py", layout, [cleaning])
+    before = {p.name: p.read_bytes() for p in lib.iterdir()}
+    model = FamilyModel(family_of)
+    with ScriptedServer([model] * 4) as server:
+        run = sandcell(
+            *batch_args(tmp_path / "jobs.jsonl", tmp_path / "out", cluster, "--recipe", str(lib)),
+            "--base-url", server.url, "--api-key", "k", "--model", "m", "--protocol", "tools",
+            timeout=BATCH_S, cwd=tmp_path,
+        )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    solved = {r["id"]: r.get("solved_by") for r in records(tmp_path / "out")}
+    assert sorted(solved.values()) == ["agent", "recipe", "recipe", "recipe"], solved
+    assert model.asked == {"E": 2}  # only the family the library has no recipe for
+    assert {p.name: p.read_bytes() for p in lib.iterdir()} == before
+    assert not (tmp_path / "out" / "recipes").exists()  # on Ray nothing is learnt
 
 
 @pytest.mark.timeout(240)

@@ -120,12 +120,15 @@ def test_a_recipe_from_a_run_answers_most_of_a_batch_without_the_model(family):
     with open(family / "recipe.py", "a") as f:
         f.write("\n# %%\nimport socket\nprint('host', socket.gethostname())\n")
 
-    # the batch: b and c by the recipe; d raises in it, e fails its checks: the agent answers
+    # the batch: b and c by the recipe; d raises in it, e fails its checks: the agent answers,
+    # in a fresh kernel (nothing of the recipe is left: it reads the file again)
     fixes = [
-        python("df = pd.read_csv(INPUTS[0]).rename(columns={'area': 'region'})\n"
+        python("import pandas as pd\n"
+               "df = pd.read_csv('/data/d.csv').rename(columns={'area': 'region'})\n"
                "df.to_csv('/workspace/output/clean.csv', index=False)"),
         "Final Answer: renamed area to region.",
-        python("df = df.drop_duplicates('id')\ndf.to_csv('/workspace/output/clean.csv', index=False)"),
+        python("import pandas as pd\ndf = pd.read_csv('/data/e.csv').drop_duplicates('id')\n"
+               "df.to_csv('/workspace/output/clean.csv', index=False)"),
         "Final Answer: kept one row per id.",
     ]  # fmt: skip
     names = ["b.csv", "c.csv", "f.csv", "g.csv", "d.csv", "e.csv"]
@@ -139,10 +142,11 @@ def test_a_recipe_from_a_run_answers_most_of_a_batch_without_the_model(family):
     first_d, first_e = server.requests[0]["messages"], server.requests[2]["messages"]
     told_d = next(m["content"] for m in first_d if m["role"] == "user")
     assert "A recipe (recipe.py)" in told_d and "AttributeError" in told_d, told_d
-    assert "INPUTS[0]" in told_d
+    assert "INPUTS[0]" in told_d and "Your kernel is a fresh one" in told_d
     told_e = next(m["content"] for m in first_e if m["role"] == "user")
     assert "its outputs failed their checks" in told_e and "field_uniqueness" in told_e
     assert got["d"]["recipe_failure"] == {"cell": 1, "error": "AttributeError"}
+    assert got["b"]["recipe"] == "recipe.py" and got["d"]["recipes_tried"] == ["recipe.py"]
     assert got["e"]["recipe_failure"]["checks"]["passed"] is False
     assert (
         "Solved by the recipe [recipe.py](../../recipe.py)"
@@ -176,9 +180,11 @@ def _printed_host(folder) -> str | None:
 def test_recipe_auto_learns_from_the_first_job_that_passes(family):
     script = [python(CLEAN.format(name="a.csv")), "Final Answer: cleaned."]
     got, server = batch(family, ["a.csv", "b.csv", "c.csv"], "auto", script)
-    assert [got[j].get("solved_by") for j in "abc"] == [None, "recipe", "recipe"], got
+    assert [got[j].get("solved_by") for j in "abc"] == ["agent", "recipe", "recipe"], got
     assert len(server.requests) == 2  # job a's two; none for b and c
-    assert "INPUTS = ['/data/a.csv']" in (family / "out" / "recipe.py").read_text()
+    (learnt,) = (family / "out" / "recipes").iterdir()  # one layout: one recipe
+    assert learnt.name == f"{got['a']['layout']}-1.py" and got["b"]["recipe"] == learnt.name
+    assert "INPUTS = ['/data/a.csv']" in learnt.read_text()
     # a recipe job replays like any job: the same cells, the same outputs
     replayed = sandcell("replay", "out/b/trace.jsonl", cwd=family, timeout=180)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr

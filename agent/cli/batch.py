@@ -66,10 +66,12 @@ from sandbox.container import preflight
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs, CI).")
 @click.option(
     "--recipe",
-    metavar="FILE|auto",
-    help="Try this recipe (`sandcell recipe`) on each job first, with no model; the agent takes "
-    "over where it fails. auto: the recipe of the first job whose outputs pass their checks "
-    "(kept as DIR/recipe.py). Every job needs checks.",
+    metavar="auto|DIR|FILE",
+    help="Try recipes on each job first, with no model; the agent takes over when none passes "
+    "the job's checks. auto: learn a recipe for each layout of input from its first passing "
+    "agent run, kept in OUTPUT/recipes/; DIR: a library of such recipes (copied into "
+    "OUTPUT/recipes/ and learnt on; DIR is not written); FILE: one recipe (`sandcell recipe`) "
+    "for every job, nothing learnt. Every job needs checks.",
 )
 @check_options
 @agent_options
@@ -113,9 +115,8 @@ def batch_cmd(
     settings = JobSettings(
         build_limits(opts), build_rules(opts), opts["protocol"], vision=opts["vision"]
     )
-    auto_recipe = None
     if recipe is not None:
-        settings, auto_recipe = recipe_settings(recipe, jobs, settings, output, ray_address)
+        settings = recipe_settings(recipe, jobs, settings, output, ray_address)
     if not any(job.replay for job in jobs):
         make_model(jobs[0])  # a bad endpoint or key fails now (exit 4), not once per job
     if ray_address is not None:
@@ -123,7 +124,7 @@ def batch_cmd(
     else:
         # so does a missing engine, image or runtime (exit 3)
         preflight(runtime=settings.limits.runtime)
-        executor = ThreadExecutor(workers, settings, make_model, auto_recipe)
+        executor = ThreadExecutor(workers, settings, make_model)
     batch = Batch(jobs, output, executor, progress=not no_progress)
     records = batch.run()
     say_how_it_went(batch, records, output)
@@ -164,6 +165,7 @@ def say_how_it_went(batch: Batch, records: list[dict], output: Path) -> None:
         f"{len(unanswered)} stopped without an answer, {len(failed)} failed; "
         f"results in {output / RESULTS}"
     )
+    say_what_recipes_did(records)
     for record in unanswered:
         why = record.get("error") or record.get("detail")
         reason = record["stop_reason"] + (f" ({why})" if why else "")
@@ -177,11 +179,30 @@ def say_how_it_went(batch: Batch, records: list[dict], output: Path) -> None:
         click.echo(f"rerun the same command to retry the {len(retried)} unfinished jobs", err=True)
 
 
+def say_what_recipes_did(records: list[dict]) -> None:
+    """With recipes: how many jobs each way was answered, the recipes learnt, and each layout
+    that drifted (a new recipe for a known layout), said rather than hidden."""
+    solved = [r.get("solved_by") for r in records if r.get("solved_by")]
+    if not solved:
+        return
+    learnt = [r["recipe_learned"] for r in records if r.get("recipe_learned")]
+    click.echo(
+        f"recipes: {solved.count('recipe')} jobs solved by a recipe, {solved.count('agent')} "
+        f"by the agent; {len(learnt)} recipes learnt"
+        + (f" ({', '.join(learnt)})" if learnt else "")
+    )
+    for record in records:
+        if record.get("drift"):
+            terminal.echo(f"  {record['drift']}")
+
+
 def recipe_settings(recipe: str, jobs, settings: JobSettings, output: Path, ray_address):
-    """--recipe FILE|auto: every job needs checks (nothing else would tell a wrong output);
-    a FILE must be a recipe. Usage errors (exit 2) before any job starts."""
-    from agent.jobs.recipe_maker import RecipeError, load
-    from agent.jobs.recipe_runner import AutoRecipe
+    """--recipe auto|DIR|FILE: every job needs checks (nothing else would tell a wrong output);
+    a library must hold only recipes, a FILE must be one. Usage errors (exit 2) before any
+    job starts. auto and DIR learn into OUT/recipes/ (a copy of DIR's first); on a Ray
+    cluster a library is tried on the nodes, and nothing is learnt."""
+    from agent.jobs.recipe_library import Library, start_library
+    from agent.jobs.recipe_maker import RecipeError
 
     unchecked = [job.id for job in jobs if not job.expect]
     if unchecked:
@@ -189,18 +210,24 @@ def recipe_settings(recipe: str, jobs, settings: JobSettings, output: Path, ray_
             f"--recipe needs checks on every job, and job {unchecked[0]!r} has none: give it "
             '"expect" in the jobs file, or --expect OUT=SCHEMA for all'
         )
-    if recipe == "auto":
-        if ray_address is not None:
-            raise click.UsageError(
-                "--recipe auto learns on this host: give --recipe FILE with --ray"
-            )
-        return settings, AutoRecipe(output)
-    path = Path(recipe)
+    given = None if recipe == "auto" else Path(recipe)
+    if given is not None and not given.exists():
+        raise click.UsageError(f"--recipe {recipe}: no such recipe file or library folder")
+    if given is None and ray_address is not None:
+        raise click.UsageError(
+            "--recipe auto learns on this host: give a library folder (--recipe DIR) or a "
+            "recipe (--recipe FILE) with --ray"
+        )
     try:
-        loaded = load(path)
+        if given is not None and given.is_file():
+            library = Library.single(given.resolve())
+        elif ray_address is not None:
+            library = Library.load(given.resolve(), learning=False)
+        else:
+            library = start_library(given, output)
     except RecipeError as error:
         raise click.UsageError(f"--recipe: {error}") from None
-    return replace(settings, recipe=loaded, recipe_path=str(path.resolve())), None
+    return replace(settings, recipes=library)
 
 
 def ray_executor(settings: JobSettings, address, shared_paths, max_input_mb, opts):

@@ -6,8 +6,10 @@ already in results.jsonl and redoes the rest, so a batch killed half-way loses n
 `run_job` is the one job body; an `Executor` runs the jobs: `ThreadExecutor` here, or
 `RayExecutor` (agent/jobs/ray_batch.py) on a Ray cluster, both calling `run_job`."""
 
+import collections
 import functools
 import json
+import logging
 import os
 import re
 import shutil
@@ -24,9 +26,12 @@ from tqdm import tqdm
 
 from agent import stops
 from agent.jobs import batch_report
+from agent.jobs.fingerprint import Layout
 from agent.jobs.job_files import write_job_files
-from agent.jobs.recipe_maker import Loaded
-from agent.jobs.recipe_runner import AGENT, RECIPE, AutoRecipe, try_recipe
+from agent.jobs.layout_learning import LayoutLearning
+from agent.jobs.recipe_library import FOLDER, Library
+from agent.jobs.recipe_maker import RecipeError
+from agent.jobs.recipe_runner import AGENT, RECIPE, Tried, try_recipes
 from agent.model.scripted import ScriptedModel, ScriptError
 from agent.output_checks import Expect, ExpectError, load_expect
 from agent.seams import Model, RunResult, Terminated
@@ -34,6 +39,7 @@ from agent.session import Agent
 from agent.stops import Rules
 from sandbox import InputError, Inputs, Limits, SandboxPool
 
+log = logging.getLogger(__name__)
 RESULTS = batch_report.RESULTS  # "results.jsonl"
 STOP_WAIT_S = 60.0  # after Ctrl-C or SIGTERM, how long running jobs get to end
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -171,8 +177,21 @@ class JobSettings:
     rules: Rules = field(default_factory=Rules)
     protocol: str = "auto"
     vision: str = "auto"
-    recipe: Loaded | None = None  # tried on each job before the agent (agent.jobs.recipe_runner)
-    recipe_path: str = ""  # where the recipe is, for the answer and the results line
+    recipes: Library | None = None  # tried on each job before the agent (recipe_runner)
+
+
+@dataclass
+class Attempt:
+    """What one job needs beside its session: how it is tried and where it may wait."""
+
+    settings: JobSettings
+    pool: SandboxPool | None
+    learning: LayoutLearning | None
+    layout: Layout | None
+    learned_before: int = 0
+
+
+PARKED = None  # run_job's result for a job parked until its layout's learning run ends
 
 
 def run_job(
@@ -183,14 +202,23 @@ def run_job(
     model: Callable[[Job], Model],
     pool: SandboxPool | None,
     running: Running,
-) -> dict:
-    """Run one job into `folder` (made afresh) and return its line of results.jsonl. The one
-    job body: the local batch calls it in a thread, a Ray node in its actor. The job's sandbox
-    comes from `pool`; None starts a fresh one."""
+    learning: LayoutLearning | None = None,
+) -> dict | None:
+    """Run one job into `folder` (made afresh) and return its line of results.jsonl, or
+    PARKED when the job waits for another's agent run to learn its layout (nothing is
+    recorded, its sandbox is given back, `learning` requeues it). The one job body: the local
+    batch calls it in a thread, a Ray node in its actor. The sandbox comes from `pool`; None
+    starts one."""
+    layout = Layout.of([item.path for item in job.inputs]) if settings.recipes is not None else None
+    if learning is not None and learning.park_if_learning(layout.key, job):
+        return PARKED
+    learned = learning.learned(layout.key) if learning is not None else 0
+    attempt = Attempt(settings, pool, learning, layout, learned)
     fresh_folder(folder)  # an unfinished earlier attempt's is removed
     started = time.monotonic()
     record = {"id": job.id, "task": job.task}
     acquire = functools.partial(pool.acquire, inputs=job.inputs) if pool else None
+    solved = PARKED
     try:
         agent = Agent(
             model(job),
@@ -204,26 +232,45 @@ def run_job(
             agent.session(job.inputs, folder, acquire, expect=job.expect) as session,
             running.tracked(session),
         ):
-            tried = None
-            if settings.recipe is not None:  # first the recipe, with no model
-                tried = try_recipe(session, settings.recipe, Path(settings.recipe_path))
-            if tried is not None and tried.result is not None:
-                result = tried.result
-                if pool is not None and result.answered:  # no model ran: renewed, reused
-                    session.hand_back = pool.release
-            else:  # the agent, told how the recipe failed when one was tried
-                result = session.ask(
-                    job.task if tried is None else f"{job.task}\n\n{tried.handover}"
-                )
+            solved = _solve(job, session, attempt)
+        if solved is PARKED:
+            return PARKED
+        result, tried = solved
         write_job_files(result, job.inputs, folder)
-        record.update(_results_line(result, folder, tried))
+        record.update(_results_line(result, folder, tried, layout))
+        if settings.recipes is not None and settings.recipes.learning:
+            _learn(settings.recipes, folder, layout, tried, record)
     except Exception as error:  # one job's failure is recorded, never stops the batch
+        if solved is PARKED and learning is not None and learning.is_parked(job):
+            log.warning("job %s, parked, did not close cleanly: %s", job.id, error)
+            return PARKED  # it runs again once requeued: one results line, not two
         record = failed(job, f"{type(error).__name__}: {error}")
     record["duration_s"] = round(time.monotonic() - started, 2)
     return record
 
 
-def _results_line(result: RunResult, folder: Path, tried) -> dict:
+def _solve(job: Job, session, attempt: Attempt) -> tuple[RunResult, Tried | None] | None:
+    """The recipes first, with no model, then the agent; PARKED when another job's agent
+    run learns this layout now (or learnt it since this job chose its recipes)."""
+    recipes, pool, learning = attempt.settings.recipes, attempt.pool, attempt.learning
+    tried = try_recipes(session, recipes.candidates(attempt.layout)) if recipes else None
+    if tried is not None and tried.result is not None:
+        if tried.solved_by is not None:
+            recipes.solved(tried.solved_by)
+        if pool is not None and tried.result.answered:  # no model ran: renewed, reused
+            session.hand_back = pool.release
+        return tried.result, tried
+    if learning is not None and not learning.claim(attempt.layout.key, job, attempt.learned_before):
+        if pool is not None:  # only recipes ran: renewed, reused
+            session.hand_back = pool.release
+        return PARKED
+    if tried is not None and tried.tried:
+        session.start_over()  # the agent on a clean slate too
+    handover = tried.handover if tried is not None else ""
+    return session.ask(f"{job.task}\n\n{handover}" if handover else job.task), tried
+
+
+def _results_line(result: RunResult, folder: Path, tried: Tried | None, layout) -> dict:
     """What results.jsonl says of a job that ran (its id, task and duration aside)."""
     line = {
         "status": _status(result),
@@ -239,11 +286,39 @@ def _results_line(result: RunResult, folder: Path, tried) -> dict:
     }
     if result.checks is not None:
         line["checks"] = result.checks
+    if layout is not None:
+        line["layout"] = layout.key
     if tried is not None and result.answered:
-        line["solved_by"] = RECIPE if tried.result is not None else AGENT
+        line["solved_by"] = RECIPE if tried.solved_by is not None else AGENT
+        line["recipe"] = tried.solved_by.name if tried.solved_by is not None else None
+        line["recipes_tried"] = tried.tried
     if tried is not None and tried.failure is not None:
         line["recipe_failure"] = tried.failure
     return line
+
+
+def _learn(library: Library, folder: Path, layout: Layout, tried: Tried, record: dict) -> None:
+    """A recipe from a passed agent run, added to the library: the results line says which,
+    and, when its layout had recipes already and they failed, that the layout drifted."""
+    if record.get("solved_by") != AGENT or not (record.get("checks") or {}).get("passed"):
+        return
+    own = [name for name in tried.tried if name in library.names_of(layout)]
+    try:
+        entry = library.learn(folder, layout)
+    except (RecipeError, OSError) as error:  # nothing to learn from this job
+        record["warnings"] = [*record["warnings"], f"no recipe learnt from this job: {error}"]
+        return
+    record["recipe_learned"] = f"{FOLDER}/{entry.name}"
+    if own:  # the layout was known, and its recipes failed this job
+        failure = tried.failures.get(own[0]) or {}
+        how = "failed its checks" if "checks" in failure else _failed_how(failure)
+        record["drift"] = f"new recipe for a known layout: {own[0]} {how} on job {record['id']}"
+
+
+def _failed_how(failure: dict) -> str:
+    if failure.get("cell") is not None:
+        return f"failed in its cell {failure['cell']} ({failure.get('error')})"
+    return f"failed ({failure.get('error')})"
 
 
 def _status(result) -> str:
@@ -285,19 +360,47 @@ class Executor(Protocol):
         ...
 
 
+class JobQueue:
+    """The jobs a batch's threads take, one at a time; a job parked while its layout is being
+    learned comes back to the front. take() gives None once every job has ended (or a stop
+    came), so a thread waits while parked jobs may yet come back."""
+
+    def __init__(self, jobs: list[Job]):
+        self._ready = collections.deque(jobs)
+        self._open = len(jobs)  # jobs not ended yet: queued, running or parked
+        self._changed = threading.Condition()
+        self.stopped = False
+
+    def take(self) -> Job | None:
+        with self._changed:
+            while not self._ready and self._open and not self.stopped:
+                self._changed.wait()
+            return None if self.stopped or not self._ready else self._ready.popleft()
+
+    def requeue(self, jobs: list[Job]) -> None:
+        with self._changed:
+            self._ready.extendleft(reversed(jobs))
+            self._changed.notify_all()
+
+    def ended(self) -> None:
+        with self._changed:
+            self._open -= 1
+            self._changed.notify_all()
+
+    def stop(self) -> None:
+        with self._changed:
+            self.stopped = True
+            self._changed.notify_all()
+
+
 class ThreadExecutor:
     """The jobs in threads on this host, `workers` at once, each in a sandbox from one warm
-    pool; `model` gives each job its model."""
+    pool; `model` gives each job its model. With a library that learns (--recipe auto or
+    DIR), a passed agent run adds its recipe, and one agent run at a time learns a layout."""
 
-    def __init__(
-        self,
-        workers: int,
-        settings: JobSettings,
-        model: Callable[[Job], Model],
-        auto_recipe: AutoRecipe | None = None,
-    ):
+    def __init__(self, workers: int, settings: JobSettings, model: Callable[[Job], Model]):
         self.workers, self.settings, self.model = workers, settings, model
-        self.auto_recipe = auto_recipe  # --recipe auto: learnt from the first job that passes
+        self._parked: set[str] = set()  # ids of the jobs waiting for a learning run
 
     def __enter__(self) -> "ThreadExecutor":
         return self
@@ -306,36 +409,67 @@ class ThreadExecutor:
         pass  # run() removes its pool and threads itself
 
     def run(self, jobs: list[Job], batch: "Batch") -> list[dict]:
-        running = Running()
-        # One more than the workers: the next job's sandbox is ready when a job ends. With a
-        # recipe, the sandbox of a job it solved is renewed for a later one meanwhile (under
-        # the engine's default runtime: a gVisor sandbox is never renewed).
-        renewed = self.settings.recipe is not None and self.settings.limits.runtime is None
+        running, queue = Running(), JobQueue(jobs)
+        recipes = self.settings.recipes
+        learning = LayoutLearning(queue.requeue) if recipes and recipes.learning else None
+        # One more than the workers: the next job's sandbox is ready when a job ends. With
+        # recipes, the sandbox of a job they solved is renewed for a later one meanwhile
+        # (under the engine's default runtime: a gVisor sandbox is never renewed).
+        renewed = recipes is not None and self.settings.limits.runtime is None
         size = min(self.workers + (not renewed), len(jobs))
+        records: list[dict] = []
         with (
             SandboxPool(size=size, limits=self.settings.limits) as pool,
             ThreadPoolExecutor(max_workers=self.workers) as threads,
         ):
+            work = functools.partial(self._work, queue, batch, pool, running, learning, records)
             try:
-                return list(threads.map(lambda job: self._one(job, batch, pool, running), jobs))
+                for done in [threads.submit(work) for _ in range(self.workers)]:
+                    done.result()
+                return records
             except KeyboardInterrupt as stop:
+                queue.stop()
                 running.stop(
                     stops.TERMINATED if isinstance(stop, Terminated) else stops.INTERRUPTED
                 )
                 threads.shutdown(wait=True, cancel_futures=True)
                 raise
 
-    def _one(self, job: Job, batch: "Batch", pool: SandboxPool, running: Running) -> dict:
-        if running.stopping:  # queued before the stop: not started, and nothing recorded
-            return {"id": job.id, "task": job.task, "status": "interrupted"}
-        batch.started()
-        settings = self.auto_recipe.settings(self.settings) if self.auto_recipe else self.settings
+    def _work(self, queue: JobQueue, batch: "Batch", pool, running, learning, records) -> None:
+        """One thread: job after job until none is left (or a stop came)."""
+        while (job := queue.take()) is not None:
+            if running.stopping:  # taken as the stop came: not started, nothing recorded
+                return
+            parked = False
+            try:
+                record = self._one(job, batch, pool, running, learning)
+                parked = record is None
+                if record is not None:
+                    records.append(record)
+            finally:  # also when it raised: the other threads must not wait for it forever
+                if not parked:
+                    queue.ended()
+
+    def _one(self, job: Job, batch: "Batch", pool, running, learning) -> dict | None:
         folder = batch.output / job.id
-        record = run_job(job, folder, settings, model=self.model, pool=pool, running=running)
-        batch.record(record)  # first: the job's line is written whatever learning does
-        if self.auto_recipe:
-            self.auto_recipe.learn(record, folder)
-        return record
+        batch.started(waited=job.id in self._parked)
+        self._parked.discard(job.id)
+        record = None
+        try:
+            record = run_job(
+                job, folder, self.settings, model=self.model, pool=pool, running=running,
+                learning=learning,
+            )  # fmt: skip
+            if record is PARKED:
+                self._parked.add(job.id)  # before it can be requeued
+                batch.parked()
+                learning.settled(job)
+                return None
+            batch.record(record)
+            return record
+        finally:  # whatever happened: a learning run that ended lets the waiting jobs go
+            if learning is not None:
+                learning.ended(job.id, record is not None and "recipe_learned" in record)
 
 
 class Batch:
@@ -408,10 +542,19 @@ class Batch:
             os.fsync(f.fileno())
         os.replace(temporary, self.output / RESULTS)  # atomic: a kill here loses nothing
 
-    def started(self) -> None:
-        """A job started (the bar's running count)."""
+    def started(self, waited: bool = False) -> None:
+        """A job started (the bar's running count), `waited` when it had been parked."""
         with self._lock:
             self.counts["running"] += 1
+            if waited:
+                self.counts["waiting"] -= 1
+            self.bar.set_postfix(self.counts, refresh=True)
+
+    def parked(self) -> None:
+        """A job waits for another's agent run to learn its layout (the bar's waiting count)."""
+        with self._lock:
+            self.counts["running"] -= 1
+            self.counts["waiting"] = self.counts.get("waiting", 0) + 1
             self.bar.set_postfix(self.counts, refresh=True)
 
     def show(self, **figures) -> None:

@@ -20,6 +20,7 @@ import jinja2
 from agent.jobs.audit import AUDIT
 
 RESULTS = "results.jsonl"  # agent.jobs.batch's name for it (batch imports this module)
+LIBRARY = "recipes"  # the batch's library of recipes (agent.jobs.recipe_library.FOLDER)
 HTML, MARKDOWN = "report.html", "report.md"
 FIRST_FAILURES = 3  # check failures shown per job; the job's answer.md has them all
 TEXT_CAP = 300  # characters of an error or failure shown in a cell
@@ -173,10 +174,34 @@ def totals(rows: list[dict], expected: int | None) -> dict:
     }
 
 
+def recipe_groups(folder: Path, lines: list[dict]) -> list[dict]:
+    """With recipes: the answered jobs grouped by what solved them, each recipe (linked when
+    it is in the batch's library) with its jobs, most jobs first, then the agent's."""
+    groups: dict[str, list[str]] = {}
+    for record in lines:
+        solved = record.get("solved_by")
+        if record.get("status") != "answered" or not solved:
+            continue
+        name = str(record.get("recipe")) if solved == "recipe" else ""
+        groups.setdefault(name, []).append(str(record["id"]))
+    shown = []
+    for name, jobs in sorted(groups.items(), key=lambda g: (g[0] == "", -len(g[1]), g[0])):
+        kept = name and (folder / LIBRARY / name).is_file()
+        shown.append({
+            "name": name or "the agent",
+            "href": quote(f"{LIBRARY}/{name}") if kept else None,
+            "jobs": jobs,
+        })  # fmt: skip
+    return shown
+
+
 def render(folder: Path, expected: int | None = None) -> tuple[str, str]:
     """(report.html, report.md) of the batch in `folder`; `expected`: how many jobs it has."""
-    rows = [row(folder, r) for r in records(folder)]
+    lines = records(folder)
+    rows = [row(folder, r) for r in lines]
     context = {
+        "recipes": recipe_groups(folder, lines),
+        "drifts": [_cut(r["drift"], 1000) for r in lines if r.get("drift")],
         "rows": rows,
         "totals": totals(rows, expected),
         "folder": folder.name or str(folder),

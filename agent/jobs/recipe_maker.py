@@ -18,10 +18,12 @@ from pathlib import Path
 import libcst as cst
 
 from agent.events import ChecksRun, Event, Final, Reset, Step
+from agent.jobs.fingerprint import Layout
 from agent.records.trace import all_inputs, read_events
 from sandbox.boundary import DATA
 
 CELL = "# %%"
+FINGERPRINT = "# fingerprint: "  # a header line: the layout of the inputs it was made for (JSON)
 PARAMETERS = '# %% tags=["parameters"]'  # Jupytext's (and papermill's) parameters cell
 PARAMETER = "INPUTS"
 
@@ -38,6 +40,7 @@ class Recipe:
     source: str = ""  # the run folder it came from
     checks: dict = field(default_factory=dict)  # OUTPUT -> the sha256 that passed its checks
     left_out: int = 0  # cells that failed or were stopped
+    layout: Layout | None = None  # its inputs' shape, when they could be read
 
     def script(self) -> str:
         header = [  # every name repr()ed: a newline in one cannot end the comment
@@ -48,11 +51,21 @@ class Recipe:
             *(f"#   INPUTS[{i}] {item['path']!r}  {item['sha256']}" for i, item in enumerate(self.inputs)),
             "# Checks the output passed:",
             *(f"#   {out!r}  {digest}" for out, digest in sorted(self.checks.items())),
+            *_layout_lines(self.layout),
         ]  # fmt: skip
         origin = parameters_cell([f"{DATA}/{item['name']}" for item in self.inputs])
         parts = ["\n".join(header), f"{PARAMETERS}\n{origin}"]
         parts += [f"{CELL}\n{code.strip()}" for code in self.cells]
         return "\n\n".join(parts) + "\n"
+
+
+def _layout_lines(layout: Layout | None) -> list[str]:
+    """The header's layout: its key and shape for a person (whitespace, line ends included,
+    collapsed: a column name cannot end the comment), then the fingerprint as one JSON line."""
+    if layout is None:
+        return ["# layout: unknown (the inputs could not be read when it was made)"]
+    shape = " ".join(layout.describe().split())
+    return [f"# layout {layout.key}: {shape}", f"{FINGERPRINT}{layout.to_json()}"]
 
 
 def successful_cells(events: list[Event]) -> tuple[list[str], int]:
@@ -223,8 +236,9 @@ def parameterize(code: str, inputs: list[dict]) -> str:
     return rewritten
 
 
-def from_run(folder: Path) -> Recipe:
-    """The recipe of the run (or batch job) in folder, whose outputs passed their checks."""
+def from_run(folder: Path, layout: Layout | None = None) -> Recipe:
+    """The recipe of the run (or batch job) in folder, whose outputs passed their checks;
+    `layout` is its inputs' (else made from the run's inputs, when they are still there)."""
     trace = folder / "trace.jsonl"
     if not trace.is_file():
         raise RecipeError(f"{folder} holds no trace.jsonl: give a run or batch-job folder")
@@ -252,6 +266,7 @@ def from_run(folder: Path) -> Recipe:
         source=str(folder),
         checks=checks,
         left_out=left_out,
+        layout=layout or _layout_of(inputs),
     )
     try:
         ast.parse(recipe.script())
@@ -260,16 +275,24 @@ def from_run(folder: Path) -> Recipe:
     return recipe
 
 
+def _layout_of(inputs: list[dict]) -> Layout | None:
+    paths = [Path(item["path"]) for item in inputs]
+    return Layout.of(paths) if all(p.is_file() for p in paths) else None
+
+
 @dataclass(frozen=True)
 class Loaded:
     cells: list[str]  # the cells after the parameters cell
     inputs: int  # how many inputs the parameters cell names
     parameters: str = ""  # that cell as written: a job runs it, then its own INPUTS
+    layout: Layout | None = None  # from the header's fingerprint line, when it has one
+    made_from: str = ""  # the header's first line's run folder
 
 
-def _cells(text: str) -> list[tuple[str, str]]:
-    """(marker, code) of each `# %%` cell, found as comment tokens: a `# %%` line inside a
-    string is code."""
+def _cells(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """The header (the lines before the first cell) and the (marker, code) of each `# %%`
+    cell, found as comment tokens at the start of a line: a `# %%` inside a string, or inside
+    a header line (a column name), is not a cell."""
     lines = text.splitlines(keepends=True)
     starts = [
         token.start[0] - 1
@@ -278,10 +301,12 @@ def _cells(text: str) -> list[tuple[str, str]]:
         and token.start[1] == 0
         and token.string.startswith("# %%")
     ]
-    return [
+    header = "".join(lines[: starts[0]] if starts else lines)
+    cells = [
         (lines[start].strip(), "".join(lines[start + 1 : end]))
         for start, end in zip(starts, [*starts[1:], len(lines)], strict=True)
     ]
+    return header, cells
 
 
 def load(path: Path) -> Loaded:
@@ -295,12 +320,37 @@ def load(path: Path) -> Loaded:
         ast.parse(text, filename=str(path))
     except SyntaxError as error:
         raise RecipeError(f"{path} does not parse: line {error.lineno}: {error.msg}") from None
-    cells = _cells(text)
+    header, cells = _cells(text)
     if not cells or cells[0][0] != PARAMETERS:
         raise RecipeError(f"{path}: the first cell must be the parameters cell `{PARAMETERS}`")
     parameters = cells[0][1].strip()
     count = _inputs_count(parameters, path)
-    return Loaded([c.strip() for _, c in cells[1:] if c.strip()], count, parameters)
+    layout = _header_layout(header, path)
+    code = [c.strip() for _, c in cells[1:] if c.strip()]
+    return Loaded(code, count, parameters, layout, _made_from(header))
+
+
+def _header_layout(header: str, path: Path) -> Layout | None:
+    for line in header.splitlines():
+        if line.startswith(FINGERPRINT):
+            try:
+                return Layout.from_json(line[len(FINGERPRINT) :])
+            except (ValueError, KeyError, TypeError) as error:
+                raise RecipeError(
+                    f"{path}: its fingerprint line is not a layout ({error})"
+                ) from None
+    return None
+
+
+def _made_from(header: str) -> str:
+    first = header.splitlines()[0] if header.strip() else ""
+    found = re.search(r"made from the run in (.+)$", first)
+    if not found:
+        return ""
+    try:
+        return str(ast.literal_eval(found[1]))
+    except (ValueError, SyntaxError):
+        return ""
 
 
 def _inputs_count(cell: str, path: Path) -> int:

@@ -1,64 +1,102 @@
-"""A batch job tried first with a recipe (agent.jobs.recipe_maker): its cells run in the job's sandbox
-with the job's own inputs and no model, then the job's checks. Passed: the job is answered
-by the recipe. A cell failed or a check did: the agent takes over in the same session (the
-kernel as the recipe left it), its first message holding the recipe and how it failed."""
+"""A batch job tried first with recipes (agent.jobs.recipe_library), with no model: each
+recipe's cells run in the job's sandbox with the job's own inputs, then the job's checks. One
+passed: the job is answered by that recipe. Each attempt starts on a clean slate (the sandbox
+renewed: no process, file or variable of the last attempt left), so one recipe's leftovers
+never let the next pass or take its credit; the agent too starts on one, told which recipes
+were tried and how each failed."""
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent import stops
 from agent.events import Final
-from agent.jobs.recipe_maker import Loaded, RecipeError, from_run, load, parameters_cell
+from agent.jobs.recipe_library import Entry
+from agent.jobs.recipe_maker import Loaded, parameters_cell
 from agent.output_checks import outcome_lines
 from agent.seams import RunResult
 from agent.session import Session
 from sandbox.boundary import DATA
 from sandbox.render import render
 
-log = logging.getLogger(__name__)
 RECIPE, AGENT = "recipe", "agent"  # a results line's "solved_by"
 SHOWN_CHARS = 2000  # of a failed cell's observation, in the agent's first message
 
 
 @dataclass
 class Tried:
-    """What trying the recipe came to: a result when it solved the job, else how it failed
-    (for the results line) and what the agent is told."""
+    """What trying the recipes came to: a result when one solved the job (or a stop cut it
+    short), the recipe that did, the recipes tried in order, the last one's failure (for the
+    results line), and what the agent is told when none solved it."""
 
     result: RunResult | None = None
-    failure: dict | None = None
+    solved_by: Entry | None = None
+    tried: list[str] = field(default_factory=list)
+    failures: dict[str, dict] = field(default_factory=dict)  # each failed recipe's, by name
     handover: str = ""
 
+    @property
+    def failure(self) -> dict | None:
+        """The last failed recipe's failure (the results line's recipe_failure)."""
+        return list(self.failures.values())[-1] if self.failures else None
 
-def try_recipe(session: Session, recipe: Loaded, path: Path) -> Tried:
+
+@dataclass
+class _Failed:
+    entry: Entry
+    failure: dict
+    how: str
+
+
+def try_recipes(session: Session, entries: list[Entry]) -> Tried:
+    """Each recipe in turn, each on a clean slate, until one solves the job; when none did,
+    what the agent is told (the caller gives it a clean slate too, if it runs it)."""
+    failed: list[_Failed] = []
+    for entry in entries:
+        if failed:
+            session.start_over()
+        result, failure, how = try_recipe(session, entry.recipe, entry.path)
+        if result is not None:
+            tried = [f.entry.name for f in failed] + [entry.name]
+            solved = entry if result.answered else None
+            return Tried(result, solved, tried, _failures(failed))
+        failed.append(_Failed(entry, failure, how))
+    return Tried(
+        tried=[f.entry.name for f in failed], failures=_failures(failed), handover=_handover(failed)
+    )
+
+
+def _failures(failed: list[_Failed]) -> dict[str, dict]:
+    return {f.entry.name: f.failure for f in failed}
+
+
+def try_recipe(
+    session: Session, recipe: Loaded, path: Path
+) -> tuple[RunResult | None, dict | None, str]:
     """Run the recipe in the session, then the job's checks (a job without any cannot use a
-    recipe: nothing would tell a wrong output)."""
+    recipe: nothing would tell a wrong output): its result when it solved the job (or a stop
+    cut it short), else how it failed, for the results line and for the agent."""
     if session.checker is None:
         raise ValueError("a job without declared checks cannot use a recipe")
     started = time.monotonic()
     paths = [f"{DATA}/{name}" for name in session.inputs.names]
     if len(paths) != recipe.inputs:
-        why = f"the recipe takes {recipe.inputs} input(s) and this job has {len(paths)}"
-        return _handover(recipe, path, {"cell": None, "error": why}, why, ran=False)
+        why = f"it takes {recipe.inputs} input(s) and this job has {len(paths)}"
+        return None, {"cell": None, "error": why}, why
     cells = [parameters_cell(paths, recipe.parameters), *recipe.cells]
     stopped = session.run_cells(cells)
     if session.loop.cancelled:  # Ctrl-C or SIGTERM: the job ends here, as interrupted
         stop = RunResult(None, session.loop.cancelled, "interrupted while the recipe ran")
-        return Tried(session.settle(stop))
+        return session.settle(stop), None, ""
     if stopped is not None:
         index, execution = stopped
         said = render(execution, SHOWN_CHARS)
         error = execution.error.name if execution.error else "stopped"
         where = f"its cell {index} (of {len(recipe.cells)}) failed"
-        failure = {"cell": index, "error": error}
-        kept = execution.restarted is None  # a restart emptied the kernel
-        return _handover(recipe, path, failure, f"{where}:\n{said}", ran=kept)
+        return None, {"cell": index, "error": error}, f"{where}:\n{said}"
     feedback = session.checker(session.loop.questions)  # publishes the check run
     checks = session.checker.last.record()
     if feedback is None:
@@ -73,66 +111,31 @@ def try_recipe(session: Session, recipe: Loaded, path: Path) -> Tried:
                   duration_s=round(time.monotonic() - started, 3),
                   stop_reason=stops.ANSWERED, detail="", error=None, steps=0)
         )  # fmt: skip
-        return Tried(session.settle(RunResult(answer, stops.ANSWERED, checks=checks)))
+        return session.settle(RunResult(answer, stops.ANSWERED, checks=checks)), None, ""
     said = "\n".join(outcome_lines(checks["outputs"]))
-    return _handover(
-        recipe, path, {"cell": None, "checks": checks}, f"its outputs failed their checks:\n{said}"
+    return None, {"cell": None, "checks": checks}, f"its outputs failed their checks:\n{said}"
+
+
+def _handover(failed: list[_Failed]) -> str:
+    """The agent's first message after the task, when recipes were tried: each one and how it
+    failed, the first one's code (the likeliest to be close), and that nothing is left."""
+    if not failed:
+        return ""
+    first = failed[0]
+    if len(failed) == 1:
+        said = (
+            f"A recipe ({first.entry.name}) that cleaned another file of this family was tried "
+            f"on this job first, with no model, and {first.how}"
+        )
+    else:
+        said = f"{len(failed)} recipes that cleaned other files were tried on this job first, "
+        said += "with no model; none solved it:\n\n" + "\n\n".join(
+            f"- {f.entry.name}: {f.how}" for f in failed
+        )
+    shown = "\n\n".join(f"# %%\n{cell}" for cell in first.entry.recipe.cells)
+    return (
+        f"{said}\n\nYour kernel is a fresh one and /workspace is empty: nothing of the "
+        f"recipes is left (INPUTS is not set). {first.entry.name}, which set INPUTS to this "
+        f"job's input paths:\n\n```python\n{shown}\n```\n\nFinish the task; the outputs "
+        "must pass their checks."
     )
-
-
-class AutoRecipe:
-    """`--recipe auto`: no recipe until a job the agent answered passes its checks; then that
-    job's, kept as DIR/recipe.py, for every job that starts after it (a rerun starts with the
-    one kept). Jobs already running with the agent finish that way."""
-
-    def __init__(self, output: Path):
-        self.path = output / "recipe.py"
-        self._lock = threading.Lock()
-        self.loaded: Loaded | None = None
-        if self.path.is_file():
-            try:
-                self.loaded = load(self.path)
-            except RecipeError:
-                pass  # not a recipe (edited by hand?): learnt again, and rewritten
-
-    def settings(self, settings):
-        """The batch's job settings, with the recipe once there is one."""
-        with self._lock:
-            loaded = self.loaded
-        if loaded is None:
-            return settings
-        return replace(settings, recipe=loaded, recipe_path=str(self.path))
-
-    def learn(self, record: dict, folder: Path) -> None:
-        checks = record.get("checks") or {}
-        if record.get("status") != "answered" or not checks.get("passed"):
-            return
-        if record.get("solved_by") == RECIPE:
-            return  # a recipe's own job: the recipe is known already
-        with self._lock:
-            if self.loaded is not None:
-                return
-            try:
-                script = from_run(folder).script()
-                temporary = self.path.with_suffix(".tmp")
-                temporary.write_text(script, encoding="utf-8")
-                temporary.replace(self.path)
-                self.loaded = load(self.path)
-            except (RecipeError, OSError) as error:  # nothing to learn from this job
-                log.warning("no recipe learnt from %s: %s", folder.name, error)
-
-
-def _handover(recipe: Loaded, path: Path, failure: dict, how: str, ran: bool = True) -> Tried:
-    shown = "\n\n".join(f"# %%\n{cell}" for cell in recipe.cells)
-    state = (
-        "The recipe's cells ran in your kernel up to that point, with INPUTS set to this "
-        "job's inputs; its variables are there."
-        if ran
-        else "Nothing of it is in your kernel."
-    )
-    text = (
-        f"A recipe ({path.name}) that cleaned another file of this family was tried on this "
-        f"job first, and {how}\n\n{state} The recipe:\n\n"
-        f"```python\n{shown}\n```\n\nFinish the task; the outputs must pass their checks."
-    )
-    return Tried(None, failure, text)

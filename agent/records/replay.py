@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.events import Event, Reset, SessionStarted, Step
+from agent.events import ATTEMPT, Event, Reset, SessionStarted, Step
 from agent.records.trace import all_inputs, read_events
 from sandbox import DockerSandbox, Execution, InputError, Inputs, Limits, Sandbox
 
@@ -26,6 +26,7 @@ class Cell:
     recorded: str  # normalised output as recorded
     replayed: str = ""
     reset_before: bool = False  # the session's kernel was reset (chat's /reset) before it
+    renewed_before: bool = False  # ... with the whole sandbox renewed (a batch job's next attempt)
     stopped: bool = False  # as recorded: stopped at its deadline or by an interrupt ...
     restarted: bool = False  # ... and the kernel restarted to stop it
     duration_s: float = 0.0  # as recorded
@@ -50,15 +51,16 @@ def signature(execution: Execution) -> str:
 
 def recorded_cells(events: list[Event]) -> list[Cell]:
     """The python cells of a trace in order; a cell after a chat's /reset says so."""
-    cells, reset = [], False
+    cells, reset, renewed = [], False, False
     for event in events:
         match event:
-            case Reset():
-                reset = True
+            case Reset(reason=reason):
+                reset, renewed = True, renewed or reason == ATTEMPT
             case Step():
                 for ex in event.executions():
                     cells.append(_cell(event, ex, reset))
-                    reset = False
+                    cells[-1].renewed_before = renewed
+                    reset = renewed = False
     return cells
 
 
@@ -114,21 +116,30 @@ def replay(trace: Path, inputs: list[Path] = (), image: str | None = None) -> Re
     limits = Limits(**{k: v for k, v in recorded_limits.items() if k in known})
     cells = recorded_cells(events)
     if cells:  # no sandbox needed otherwise
-        with DockerSandbox(limits, now, image or (session and session.image)) as sandbox:
-            rerun(sandbox, cells)
+        image = image or (session and session.image)
+        # staging, as a pool's (its inputs added once started): a batch job's next attempt
+        # renewed its sandbox, and so does this
+        with DockerSandbox(limits, image=image, staging=True) as sandbox:
+            sandbox.add_inputs(now)
+            rerun(sandbox, cells, inputs=now)
     return Replayed(cells, changed)
 
 
-def rerun(sandbox: Sandbox, cells: list[Cell], *, rebuild: bool = False) -> list[Cell]:
+def rerun(
+    sandbox: Sandbox, cells: list[Cell], *, rebuild: bool = False, inputs: Inputs | None = None
+) -> list[Cell]:
     """Run the cells in order in SANDBOX, restarting its kernel where the session did. With
     `rebuild` (bringing a fresh kernel to where a session left off, not comparing), a cell
     recorded as stopped (its deadline, or an interrupt) is not run again: where its kernel
     was restarted the kernel is restarted, else it is skipped; and a cell that once ran
     longer than today's deadline allows (an `execute` given its own timeout) gets the time
-    it took, twice over. The cells not run."""
+    it took, twice over. Where a batch job's next attempt renewed its sandbox, SANDBOX is
+    renewed (holding `inputs`). The cells not run."""
     skipped = []
     for cell in cells:
-        if cell.reset_before:
+        if cell.renewed_before:
+            sandbox.renew(inputs or Inputs())
+        elif cell.reset_before:
             sandbox.restart()
         if rebuild and cell.stopped:
             if cell.restarted:
