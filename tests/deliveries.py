@@ -55,6 +55,18 @@ def truth(path, family: str) -> pd.DataFrame:
     return df[["id", "amount", "region"]].reset_index(drop=True)
 
 
+# What every family's output must be: one row per id, no negative amount, region N or S.
+SALES = pa.DataFrameSchema(
+    {
+        "id": pa.Column(int, unique=True),
+        "amount": pa.Column(float, pa.Check.ge(0)),
+        "region": pa.Column(str, pa.Check.isin(["N", "S"])),
+    },
+    strict=True,
+    coerce=True,
+)
+
+
 def python(code: str) -> dict:
     return {"tool_calls": [{"name": "python", "arguments": {"code": code}}]}
 
@@ -90,16 +102,7 @@ def delivery(folder, counts: dict[str, int], start: int = 1) -> dict[str, str]:
         header, rows, _ = FAMILIES[family]
         (folder / name).write_text("\n".join([header, *rows(number * 10)]) + "\n")
         family_of[name] = family
-    schema = pa.DataFrameSchema(
-        {
-            "id": pa.Column(int, unique=True),
-            "amount": pa.Column(float, pa.Check.ge(0)),
-            "region": pa.Column(str, pa.Check.isin(["N", "S"])),
-        },
-        strict=True,
-        coerce=True,
-    )
-    (folder / "sales.yaml").write_text(schema.to_yaml())
+    (folder / "sales.yaml").write_text(SALES.to_yaml())
     lines = [
         json.dumps({"id": name[:-4], "task": f"Clean {name} into output/clean.csv",
                     "inputs": [name], "expect": {"output/clean.csv": "sales.yaml"}})

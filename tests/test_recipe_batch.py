@@ -5,12 +5,12 @@ job's replay. Real CLI, real sandbox, a scripted model server."""
 
 import json
 
-import pandera.pandas as pa
 import pytest
 
 from agent.events import Step
 from agent.records.trace import read_events
 from tests.cli_runner import sandcell
+from tests.deliveries import SALES, python
 from tests.scripted_server import ScriptedServer
 
 pytestmark = pytest.mark.docker
@@ -34,10 +34,6 @@ CLEAN = (
 CHECKED = {"output/clean.csv": "schemas/sales.yaml"}
 
 
-def python(code: str) -> dict:
-    return {"tool_calls": [{"name": "python", "arguments": {"code": code}}]}
-
-
 def model_args(server: ScriptedServer) -> list[str]:
     return ["--base-url", server.url, "--api-key", "k", "--model", "m", "--protocol", "tools"]
 
@@ -46,17 +42,8 @@ def model_args(server: ScriptedServer) -> list[str]:
 def family(tmp_path):
     for name, text in FAMILY.items():
         (tmp_path / name).write_text(text)
-    schema = pa.DataFrameSchema(
-        {
-            "id": pa.Column(int, unique=True),
-            "amount": pa.Column(float, pa.Check.ge(0)),
-            "region": pa.Column(str, pa.Check.isin(["N", "S"])),
-        },
-        strict=True,
-        coerce=True,
-    )
     (tmp_path / "schemas").mkdir()
-    (tmp_path / "schemas" / "sales.yaml").write_text(schema.to_yaml())
+    (tmp_path / "schemas" / "sales.yaml").write_text(SALES.to_yaml())
     return tmp_path
 
 
