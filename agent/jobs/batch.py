@@ -209,7 +209,8 @@ def run_job(
     recorded, its sandbox is given back, `learning` requeues it). The one job body: the local
     batch calls it in a thread, a Ray node in its actor. The sandbox comes from `pool`; None
     starts one."""
-    layout = Layout.of([item.path for item in job.inputs]) if settings.recipes is not None else None
+    paths = [item.path for item in Inputs.from_paths(job.inputs)]  # Inputs, or a list of paths
+    layout = Layout.of(paths) if settings.recipes is not None else None
     if learning is not None and learning.park_if_learning(layout.key, job):
         return PARKED
     learned = learning.learned(layout.key) if learning is not None else 0
