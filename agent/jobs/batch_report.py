@@ -20,7 +20,7 @@ import jinja2
 from agent.jobs.audit import AUDIT
 
 RESULTS = "results.jsonl"  # agent.jobs.batch's name for it (batch imports this module)
-LIBRARY = "recipes"  # the batch's library of recipes (agent.jobs.recipe_library.FOLDER)
+LIBRARY = "recipes"  # the batch's library of recipes (agent.jobs.recipe_library keeps it)
 HTML, MARKDOWN = "report.html", "report.md"
 FIRST_FAILURES = 3  # check failures shown per job; the job's answer.md has them all
 TEXT_CAP = 300  # characters of an error or failure shown in a cell

@@ -17,12 +17,12 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.jobs import batch_report
 from agent.jobs.fingerprint import CLOSE, Layout
 from agent.jobs.recipe_maker import Loaded, RecipeError, from_run, load
 
-FOLDER = "recipes"  # OUT/recipes/
+FOLDER = batch_report.LIBRARY  # OUT/recipes/
 MAX_TRIED = 3  # recipes one job tries before the agent
-RESULTS = "results.jsonl"  # the batch's, beside the library: what each recipe solved
 COPIED = ".copied.json"  # in OUT/recipes/: the sha256 of each library file copied in
 
 
@@ -178,19 +178,11 @@ def _digest(data: bytes) -> str:
 
 def solved_counts(folder: Path) -> dict[str, int] | None:
     """How many jobs each recipe of the library solved, from the results lines beside it
-    (OUT/results.jsonl, the last line of an id winning); None when there are none."""
-    results = folder.parent / RESULTS
-    if not results.is_file():
+    (OUT/results.jsonl, as the report reads them); None when there are none."""
+    if not (folder.parent / batch_report.RESULTS).is_file():
         return None
-    latest = {}
-    for line in results.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-            latest[record["id"]] = record
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue
     counts: dict[str, int] = {}
-    for record in latest.values():
+    for record in batch_report.records(folder.parent):
         if record.get("solved_by") == "recipe" and isinstance(record.get("recipe"), str):
             name = Path(record["recipe"]).name
             counts[name] = counts.get(name, 0) + 1
