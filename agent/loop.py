@@ -60,6 +60,7 @@ class Loop:
         protocol: str = "auto",
         rules: Rules | None = None,
         inputs_profile: str = "",
+        packages: str = "",  # what the prompt says of packages (prompts.packages_note)
         verify: Callable[[int], str | None] | None = None,
         vision: str = "auto",  # show the model the figures its code made (agent.vision)
     ):
@@ -70,7 +71,7 @@ class Loop:
         self.rules = rules or Rules()
         self.auto = protocol == "auto"
         self.protocol: ActionProtocol = make_protocol(protocol)
-        self.inputs_profile = inputs_profile
+        self.inputs_profile, self.packages = inputs_profile, packages
         if vision not in VISION_MODES:
             raise ValueError(f"unknown vision mode {vision!r}: use auto, on or off")
         self.vision = vision  # "off" from when an `auto` endpoint refused images
@@ -347,4 +348,4 @@ class Loop:
 
     def _system(self) -> str:
         instructions = self.protocol.instructions(self.registry)
-        return prompts.system_prompt(self.inputs_profile, instructions)
+        return prompts.system_prompt(self.inputs_profile, instructions, packages=self.packages)

@@ -6,7 +6,8 @@ import datetime as dt
 
 from agent.vision import text_of
 from sandbox.inputs import Inputs
-from sandbox.render import MEMORY_ADVICE
+from sandbox.render import MAIN_PACKAGES, MEMORY_ADVICE
+from sandbox.wheelhouse import PROMPT_NAMES, Offer
 from tools.file_metadata import profile_inputs
 from tools.profile import human_size
 
@@ -30,14 +31,33 @@ LENGTH_NUDGE = (
 UNLABELLED = " If the text above is your answer, send it again starting with `Final Answer:`."
 
 
-def system_prompt(inputs_profile: str, protocol_block: str, today: dt.date | None = None) -> str:
+def system_prompt(
+    inputs_profile: str, protocol_block: str, today: dt.date | None = None, packages: str = ""
+) -> str:
     """Each tool says when to use it and when not in its own description (the `tools`
     definitions, or the ReAct block), so the prompt does not repeat them."""
-    inputs = f"\n{inputs_profile.strip()}\n" if inputs_profile.strip() else ""
+    described = "\n\n".join(t.strip() for t in (inputs_profile, packages) if t.strip())
+    inputs = f"\n{described}\n" if described else ""
     protocol = f"\n{protocol_block.strip()}" if protocol_block.strip() else ""
     return SYSTEM.format(
         today=(today or dt.date.today()).isoformat(), inputs=inputs, protocol=protocol
     ).strip()
+
+
+def packages_note(offer: Offer, cap: int = PROMPT_NAMES) -> str:
+    """What the first prompt says of packages when the operator gave a wheelhouse: the image's
+    main ones, and those `%pip install` can add offline (capped), or why none can."""
+    if not offer.packages and not offer.refused:
+        return ""
+    image = f"Installed in the sandbox: {', '.join(MAIN_PACKAGES)} and more."
+    if offer.refused:
+        return f"{image} No other package can be installed: {offer.refused}."
+    names = ", ".join(offer.packages[:cap])
+    more = f" and {len(offer.packages) - cap} more" if len(offer.packages) > cap else ""
+    return (
+        f"{image} These can be added offline with `%pip install NAME` (the operator's "
+        f"wheelhouse; nothing else can): {names}{more}."
+    )
 
 
 # An input larger than this share of the sandbox's memory cannot be loaded whole by pandas

@@ -39,7 +39,7 @@ from agent.output_checks import (
     not_checked,
     verify_copied,
 )
-from agent.prompts import inputs_profile
+from agent.prompts import inputs_profile, packages_note
 from agent.records.notebook import export_notebook
 from agent.records.trace import TraceWriter
 from agent.seams import Model, RunResult
@@ -54,6 +54,7 @@ from sandbox import (
 )
 from sandbox.boundary import WORKSPACE
 from sandbox.container import DEFAULT_IMAGE
+from sandbox.docker_sandbox import wheelhouse_offer
 from sandbox.execution import StreamChunk
 from sandbox.landing import files_in, move_inside
 from sandbox.pool import warmed
@@ -168,6 +169,7 @@ class Session:
                 vision=agent.vision,
                 rules=agent.rules,
                 inputs_profile=self._described(),
+                packages=self._packages(),
                 verify=self.checker,
             )
         except BaseException:  # re-raised: the sandbox begun above must not outlive it
@@ -222,6 +224,11 @@ class Session:
         outputs' expected schemas."""
         profiles = inputs_profile(self.inputs, self.agent.limits.memory_mb)
         return "\n\n".join(t for t in (profiles, describe(self.expect)) if t)
+
+    def _packages(self) -> str:
+        """What the prompt says of packages, when the operator gave a wheelhouse."""
+        agent = self.agent
+        return packages_note(wheelhouse_offer(None, agent.image, agent.limits.wheelhouse))
 
     def publish(self, event: Event) -> None:
         """One fact of the session, to the trace and to the front end (Agent's on_event)."""

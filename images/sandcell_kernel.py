@@ -12,20 +12,21 @@
   metadata (boundary.PATH_KEY), and sends the matplotlib figures a cell leaves open or shows
   under any backend (Agg too), once each.
 - Shows pandas DataFrames and Series as bounded text that always states the shape.
-- Makes a failed `%pip install` / `!pip install` a failed cell: the sandbox is offline.
+- Lets `%pip install` / `!pip install` take packages from the operator's wheelhouse when one
+  is mounted (sandcell_pip.py), and makes a failed one a failed cell: the sandbox is offline.
 """
 
 import base64
 import functools
 import importlib.machinery
 import os
-import re
 import sys
 import threading
 import weakref
 from collections import deque
 
 import boundary
+import sandcell_pip as packages
 
 LIMIT = int(os.environ.get(boundary.OUTPUT_CHARS_ENV, str(1 << 20)))
 HEAD = LIMIT // 2  # passes live; the host keeps a head of the same size
@@ -411,31 +412,34 @@ def _bounded_pandas(ip) -> None:
     plain.for_type_by_name("pandas.core.series", "Series", series)
 
 
-class PackageInstallError(RuntimeError):
-    """pip could not install a package: the sandbox has no network."""
-
-
-PIP_INSTALL = re.compile(r"\bpip3?\s+install\b")  # `pip install`, `python -m pip install`
-
-
-def _failing_pip(ip) -> None:
+def _offline_pip(ip) -> None:
     """`!cmd` and `%pip` both end in shell.system, which only stores the exit status in
-    `_exit_code`; a pip install that failed must fail the cell instead."""
+    `_exit_code`. A pip install's names are checked first (sandcell_pip.py), and a pip install
+    that failed fails the cell."""
     from IPython.utils.process import system
 
     def system_checked(cmd):
         if cmd.rstrip().endswith("&"):
             raise OSError("Background processes not supported.")
         cmd = ip.var_expand(cmd, depth=1)  # in the caller's frame, as system_piped does
+        names = packages.requested(cmd)
+        if names:
+            packages.check(names)
         status = system(cmd)
         ip.user_ns["_exit_code"] = status
-        if status != 0 and PIP_INSTALL.search(cmd):
-            raise PackageInstallError(
-                f"pip install failed (exit status {status}): the sandbox has no network, "
-                "so only the packages already in the image can be used"
-            )
+        if names is not None:
+            if status != 0:
+                raise packages.failed(status)
+            packages.installed_now()
 
     ip.system = system_checked
+
+    def pip(line):
+        """%pip, as IPython's but without its "you may need to restart the kernel" note: the
+        kernel sees what was installed at once (packages.installed_now)."""
+        ip.system(f"{sys.executable} -m pip {line}")
+
+    ip.register_magic_function(pip, "line", "pip")
 
 
 def load_ipython_extension(ip) -> None:
@@ -444,4 +448,5 @@ def load_ipython_extension(ip) -> None:
     _send_open_figures(ip)  # before the stream cap's end of cell: its notes count as output
     _cap_streams(ip, end_marker)
     _bounded_pandas(ip)
-    _failing_pip(ip)
+    packages.configure()
+    _offline_pip(ip)

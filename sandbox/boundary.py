@@ -23,6 +23,12 @@ LOGS = f"{WORKSPACE}/logs"  # the complete output of each cell that printed much
 SCRIPTS = "/opt/sandcell"  # this file and the image's programs
 PACKAGES_FILE = f"{SCRIPTS}/packages.txt"  # `pip freeze` of the image, written at build time
 FILES_PROGRAM = f"{SCRIPTS}/files.py"  # file operations the host asks for by `docker exec`
+# The operator's wheelhouse (sandbox/wheelhouse.py), mounted read-only when it fits the image;
+# `%pip install` takes packages from its index only, into PACKAGES_DIR on the /tmp tmpfs (its
+# size limit holds them; a renewal empties it), a folder on the kernel's path alone.
+WHEELHOUSE = "/opt/wheelhouse"
+WHEELHOUSE_INDEX = f"{WHEELHOUSE}/simple"
+PACKAGES_DIR = "/tmp/.sandcell-packages"
 CHECKS_PROGRAM = f"{SCRIPTS}/checks.py"  # a job's output checks, run as `python -I` by exec
 # The supervisor's checker: an abstract Unix socket (no file model code could replace), bound
 # by PID 1 as it starts, so no other process can take the name. Once the supervisor has

@@ -146,10 +146,11 @@ def start(
     session: str,
     staging_dir: Path | None = None,
     gvisor: bool = False,
+    wheelhouse: Path | None = None,
 ):
     """Start a sealed container whose PID 1 (the supervisor) starts the kernel."""
     check_image(client, image)  # and DockerSandbox has checked limits.runtime
-    volumes = _mounts(conn_dir, inputs, staging_dir)
+    volumes = _mounts(conn_dir, inputs, staging_dir, wheelhouse)
     options = dict(
         image=image,
         network_mode="none",
@@ -208,9 +209,12 @@ def _tmpfs(limits: Limits) -> dict[str, str]:
     }
 
 
-def _mounts(conn_dir: str, inputs: dict[str, Path], staging_dir: Path | None) -> dict:
-    """The bind mounts: the connection folder, its connection file again read-only, and
-    each input file read-only (or the staging folder of a pool sandbox)."""
+def _mounts(
+    conn_dir: str, inputs: dict[str, Path], staging_dir: Path | None, wheelhouse: Path | None
+) -> dict:
+    """The bind mounts: the connection folder, its connection file again read-only, each
+    input file read-only (or the staging folder of a pool sandbox), and the wheelhouse
+    read-only: sandcell's own folder of indexed wheels (wheelhouse.offer checked it)."""
     volumes = {conn_dir: {"bind": boundary.CONNECTION_DIR, "mode": "rw"}}
     # The connection file is mounted over itself read-only: while a restart unseals the
     # folder, code still running cannot rename another file over it (a mount point) and so
@@ -225,6 +229,8 @@ def _mounts(conn_dir: str, inputs: dict[str, Path], staging_dir: Path | None) ->
         volumes[str(path)] = {"bind": f"{boundary.DATA}/{name}", "mode": "ro"}
     if staging_dir is not None:  # a pool sandbox: its inputs are placed here on acquire
         volumes[str(staging_dir)] = {"bind": boundary.DATA, "mode": "ro"}
+    if wheelhouse is not None:
+        volumes[str(wheelhouse)] = {"bind": boundary.WHEELHOUSE, "mode": "ro"}
     return volumes
 
 

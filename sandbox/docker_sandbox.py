@@ -18,12 +18,30 @@ from pathlib import Path
 import docker.errors
 import requests
 
-from sandbox import boundary, kernel
+from sandbox import boundary, image_build, kernel
 from sandbox import container as ctr
 from sandbox.errors import SandboxError
 from sandbox.execution import Execution
 from sandbox.inputs import Inputs
 from sandbox.limits import Limits
+from sandbox.wheelhouse import Offer, offer
+
+
+def wheelhouse_offer(client, image: str | None, folder: str | None) -> Offer:
+    """What a sandbox of `image` gets of the wheelhouse `folder`: mounted when it was made for
+    the image's Python and machine, else not, with why. `client`: None asks a new one."""
+    if folder is None:
+        return Offer()
+    try:
+        platform = image_build.image_platform(client or ctr.engine(), image or ctr.DEFAULT_IMAGE)
+    except docker.errors.ImageNotFound:
+        return Offer()  # the start says the image is missing
+    except image_build.BuildError as error:
+        return Offer(
+            refused=f"the image's Python is unknown ({error}): the wheelhouse is not mounted"
+        )
+    return offer(folder, *platform)
+
 
 # A gVisor kernel starts in about 2 s alone; on a 2-core machine under load (four test workers
 # starting sandboxes beside a generating model server) whole starts of 60 s were measured.
@@ -63,6 +81,7 @@ class DockerSandbox:
         self.client = ctr.engine()
         self.gvisor = ctr.check_runtime(self.client, self.limits.runtime)
         ctr.reap_orphans(self.client)
+        self.wheelhouse = wheelhouse_offer(self.client, self.image, self.limits.wheelhouse)
         self.conn_dir, info = kernel.make_connection_dir()
         # A pool sandbox gets its inputs later: it mounts a private, empty staging folder.
         self.staging_dir = ctr.make_staging(self.conn_dir) if staging else None
@@ -85,6 +104,7 @@ class DockerSandbox:
             self.session,
             staging_dir=self.staging_dir,
             gvisor=self.gvisor,
+            wheelhouse=self.wheelhouse.mount,
         )
         self._finalizer.detach()
         self._finalizer = weakref.finalize(

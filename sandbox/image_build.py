@@ -32,7 +32,9 @@ from sandbox.errors import SandboxUnavailable
 
 SOURCES_DIR = Path(str(files("sandbox.image")))  # a wheel's copy, or images/ when editable
 CONTRACT = Path(__file__).parent / "boundary.py"  # the host-container contract, copied in
-PROGRAMS = ("supervisor.py", "sandcell_kernel.py", "relay.py", "files.py", "checks.py")
+PROGRAMS = (
+    "supervisor.py", "sandcell_kernel.py", "sandcell_pip.py", "relay.py", "files.py", "checks.py"
+)  # fmt: skip
 # Every file of the build context but the wheels, in the order the hash reads them.
 SOURCES = ("Dockerfile", "requirements.txt", *PROGRAMS)
 DEFAULT_BASE = "sandcell-base:bookworm"
@@ -40,6 +42,7 @@ LABEL_HASH = "sandcell.hash"  # sources + base + extra: the build's identity and
 LABEL_SOURCES = "sandcell.sources"  # the sources alone: "current for this version" compares it
 LABEL_VERSION = "sandcell.version"
 LABEL_BASE = "sandcell.base"
+LABEL_PYTHON = "sandcell.python"  # X.Y: what a wheelhouse must be made for
 WHEEL_PLATFORMS = (
     "manylinux_2_28_x86_64",
     "manylinux_2_17_x86_64",
@@ -182,7 +185,12 @@ def download_wheels(folder: Path, python: str, *args: str) -> None:
     ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
-        said = [line for line in done.stderr.splitlines() if "WARNING: Location" not in line]
+        # pip says why a resolution failed on stdout ("The conflict is caused by: ...")
+        said = [
+            line
+            for line in (done.stdout + done.stderr).splitlines()
+            if line.strip() and "WARNING: Location" not in line
+        ]
         raise BuildError(
             "downloading the image's wheels failed (a package index must be reachable for the "
             "first build; later builds use the cache in "
@@ -323,6 +331,22 @@ def base_python(client: docker.DockerClient, base: str) -> str:
     return out
 
 
+_PLATFORMS: dict[str, tuple[str, str]] = {}  # image id -> (Python X.Y, machine)
+
+
+def image_platform(client: docker.DockerClient, image: str) -> tuple[str, str]:
+    """The image's Python (X.Y) and machine (x86_64): from its label, else asked of its
+    python3 once per image (an image sandcell did not build)."""
+    found = client.images.get(image)
+    if found.id not in _PLATFORMS:
+        machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(
+            found.attrs.get("Architecture", ""), found.attrs.get("Architecture", "")
+        )
+        python = (found.labels or {}).get(LABEL_PYTHON) or base_python(client, image)
+        _PLATFORMS[found.id] = (python, machine)
+    return _PLATFORMS[found.id]
+
+
 def _normal(info: tarfile.TarInfo) -> tarfile.TarInfo:
     """Fixed owner, mode and time: the same bytes give the same context and the same layers."""
     info.uid = info.gid = 0
@@ -408,6 +432,7 @@ def build(
             LABEL_SOURCES: sources_hash(),
             LABEL_VERSION: sandcell_version(),
             LABEL_BASE: base,
+            LABEL_PYTHON: python,
         }
         stream = client.api.build(
             fileobj=context,

@@ -1,5 +1,5 @@
-"""Resource limits of one sandbox, with defaults a CSV analysis needs, and the container
-runtime that holds them."""
+"""Resource limits of one sandbox, with defaults a CSV analysis needs, the container runtime
+that holds them, and the operator's wheelhouse it may install packages from."""
 
 from dataclasses import asdict, dataclass
 
@@ -26,6 +26,9 @@ class Limits:
     # The engine's OCI runtime: None is its default (runc); "runsc" puts gVisor's kernel
     # between model code and the host's. Checked against `docker info` before a start.
     runtime: str | None = None
+    # The operator's wheelhouse folder (sandbox/wheelhouse.py), mounted read-only when it fits
+    # the image; None: no packages beyond the image's. What pip installs counts in tmp_mb.
+    wheelhouse: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

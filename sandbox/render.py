@@ -14,12 +14,13 @@ MAIN_PACKAGES += ["seaborn", "polars", "duckdb", "pyarrow", "openpyxl"]
 OFFLINE = re.compile(
     r"gaierror|Temporary failure in name resolution|Name or service not known|"
     r"Network is unreachable|URLError|\bConnectionError|NewConnectionError|MaxRetryError|"
-    r"PackageInstallError|No matching distribution found"
+    r"PackageInstallError|PackageNotOffered|No matching distribution found"
 )
 OFFLINE_NOTE = (
     "[The sandbox is offline by design: no network, no package downloads. Installed: "
-    f"{', '.join(MAIN_PACKAGES)} (all of them: {PACKAGES_FILE}). Packages not in the image "
-    "need the user to rebuild it: sandcell image build --extra path/to/requirements.txt]"
+    f"{', '.join(MAIN_PACKAGES)} (all of them: {PACKAGES_FILE}). `%pip install NAME` works only "
+    "for packages the operator's wheelhouse offers (named in the first message when there is "
+    "one); for others ask the user to run `sandcell packages add NAME`, or do without]"
 )
 
 

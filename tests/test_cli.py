@@ -21,6 +21,7 @@ NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/sandcell-test-docker.sock"}
 NO_MODEL = {"OPENAI_API_KEY": None, "OPENAI_BASE_URL": None, "SANDCELL_MODEL": None}
 MODEL_OPTIONS = ["--model", "--base-url", "--api-key", "--replay", "--protocol", "--max-steps"]
 LIMIT_OPTIONS = ["--wall", "--timeout", "--memory", "--cpus", "--max-rich-outputs", "--max-rich-mb"]
+LIMIT_OPTIONS += ["--wheelhouse"]
 
 
 def sandcell(*args: str, env: dict | None = None, stdin: str | None = None):
@@ -33,7 +34,7 @@ def sandcell(*args: str, env: dict | None = None, stdin: str | None = None):
 def test_help_lists_every_command():
     helped = sandcell("--help")
     assert helped.exit_code == 0 and "Usage:" in helped.stdout
-    names = ["batch", "chat", "doctor", "exec", "gc", "image", "mcp", "recipe", "replay"]
+    names = ["batch", "chat", "doctor", "exec", "gc", "image", "mcp", "packages", "recipe", "replay"]
     names += ["report", "run", "serve", "tool"]
     assert sorted(COMMANDS) == names
     for name in COMMANDS:
@@ -42,16 +43,17 @@ def test_help_lists_every_command():
 
 HELP = {
     "exec": ["--input", "--timeout", "--memory", "--max-rich-outputs", "--max-rich-mb", "--json"]
-    + ["-c", "[FILE]", "124 timed out"],
+    + ["-c", "[FILE]", "124 timed out", "--wheelhouse"],
     "gc": ["Remove sandbox containers whose owner process is gone."],
     "report": ["DIR", "Rebuild the batch report of DIR"],
     "tool": ["NAME [ARGS]", "--input"],
     "replay": ["TRACE", "--input", "--image", "1 some differ"],
     "run": ["--task", "--input", "--output", *MODEL_OPTIONS, *LIMIT_OPTIONS],
-    "batch": ["JOBS_FILE", "--output", "--workers", "--no-progress", *MODEL_OPTIONS],
+    "batch": ["JOBS_FILE", "--output", "--workers", "--no-progress", *MODEL_OPTIONS, "--wheelhouse"],
     "chat": ["--input", "--output", *MODEL_OPTIONS, *LIMIT_OPTIONS],
     "mcp": ["--input", "--output", "--http", "--host", "--port", "--users", "--timeout", "--cpus"]
-    + ["--max-rich-outputs", "--max-rich-mb"],
+    + ["--max-rich-outputs", "--max-rich-mb", "--wheelhouse"],
+    "packages": ["add", "list", "remove"],
 }
 
 

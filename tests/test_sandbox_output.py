@@ -183,7 +183,7 @@ def test_network_attempts_say_the_sandbox_is_offline(sb, code):
     observation = render(sb.run(code))
     notes = [line for line in observation.splitlines() if "offline by design" in line]
     assert len(notes) == 1, observation
-    assert "pandas" in notes[0] and "sandcell image build --extra" in notes[0]
+    assert "pandas" in notes[0] and "sandcell packages add NAME" in notes[0]
     assert boundary.PACKAGES_FILE in notes[0]
 
 

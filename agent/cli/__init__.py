@@ -19,6 +19,7 @@ COMMANDS = {  # name -> "module:attribute"
     "image": "agent.cli.image:image_cmd",
     "doctor": "agent.cli.doctor:doctor_cmd",
     "recipe": "agent.cli.recipe:recipe_cmd",
+    "packages": "agent.cli.packages:packages_cmd",
 }
 
 

@@ -14,6 +14,7 @@ from agent.cli.options import (
     output_option,
     rich_options,
     runtime_option,
+    wheelhouse_option,
 )
 from sandbox import DockerSandbox, Limits
 from sandbox.execution import StreamChunk
@@ -31,11 +32,14 @@ def print_live(chunk: StreamChunk) -> None:
 @output_option("Copy the workspace (figures, files the code wrote) to this folder.")
 @rich_options
 @runtime_option
+@wheelhouse_option
 @click.option("--json", "as_json", is_flag=True, help="Print the Execution as JSON.")
 @click.option("-c", "code", default=None, help="The code to run.")
 @click.argument("file", required=False, type=click.File("r"))
 @exits.reported()
-def exec_cmd(inputs, timeout, memory, output, rich_outputs, rich_mb, runtime, as_json, code, file):
+def exec_cmd(
+    inputs, timeout, memory, output, rich_outputs, rich_mb, runtime, wheelhouse, as_json, code, file
+):
     """Run Python in a fresh sandbox and print the observation.
 
     The code comes from -c CODE, from FILE, or from standard input (FILE = -).
@@ -47,7 +51,13 @@ def exec_cmd(inputs, timeout, memory, output, rich_outputs, rich_mb, runtime, as
     overrides = {
         k: v for k, v in (("timeout_s", timeout), ("memory_mb", memory), ("runtime", runtime)) if v
     }
-    limits = replace(Limits(), **overrides, rich_outputs=rich_outputs, rich_bytes=rich_mb << 20)
+    limits = replace(
+        Limits(),
+        **overrides,
+        rich_outputs=rich_outputs,
+        rich_bytes=rich_mb << 20,
+        wheelhouse=wheelhouse,
+    )
     live = None if as_json else print_live  # stdout and stderr as the code prints them
     with DockerSandbox(limits=limits, inputs=list(inputs)) as sandbox:
         ex = sandbox.run(source, on_output=live)

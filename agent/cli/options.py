@@ -98,6 +98,37 @@ def runtime_option(command):
     )(command)
 
 
+def _wheelhouse(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--wheelhouse as the folder a sandbox mounts, or None: `none` turns it off; not given,
+    the default one ($SANDCELL_WHEELHOUSE, else the cache's) when it exists."""
+    from sandbox.wheelhouse import Wheelhouse, default_dir
+
+    if value is None:
+        house = Wheelhouse(default_dir())
+        return str(house.path) if house.exists() else None
+    if value.lower() == "none":
+        return None
+    house = Wheelhouse(Path(value).expanduser())
+    if not house.exists():
+        raise click.BadParameter(
+            f"{value} is not a wheelhouse (no wheelhouse.json); make one with "
+            f"`sandcell packages add --wheelhouse {value} NAME`, or pass none"
+        )
+    return str(house.path.resolve())
+
+
+def wheelhouse_option(command):
+    """--wheelhouse DIR|none: the operator's packages `%pip install` may take, offline."""
+    return click.option(
+        "--wheelhouse",
+        metavar="DIR|none",
+        callback=_wheelhouse,
+        help="The wheelhouse the sandbox may `%pip install` from, offline (`sandcell packages`) "
+        "[default: $SANDCELL_WHEELHOUSE or ~/.cache/sandcell/wheelhouse when it exists; none: "
+        "no packages beyond the image's].",
+    )(command)
+
+
 def task_text(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A --task that says something: empty or blank text is a usage error."""
     if value is not None and not value.strip():
@@ -219,6 +250,7 @@ _LIMIT_OPTIONS = [
     click.option("--cpus", type=CPUS, default=Limits.cpus, show_default=True),
     rich_options,
     runtime_option,
+    wheelhouse_option,
 ]
 
 
@@ -226,6 +258,7 @@ _MODEL_NAMES = ["model_name", "base_url", "api_key", "replay", "protocol", "visi
 _MODEL_NAMES += ["temperature"]
 _MODEL_NAMES += ["max_tokens", "max_steps", "wall_s"]
 _LIMIT_NAMES = ["timeout_s", "memory_mb", "cpus", "rich_outputs", "rich_mb", "runtime"]
+_LIMIT_NAMES += ["wheelhouse"]
 
 
 def _gathered(command, options: list, names: list[str]):
@@ -273,7 +306,7 @@ def with_model_settings(opts: dict) -> dict:
 
 def limit_options(command):
     """Add the sandbox limit options only (--timeout, --memory, --cpus, --max-rich-outputs,
-    --max-rich-mb, --runtime), as `opts`."""
+    --max-rich-mb, --runtime, --wheelhouse), as `opts`."""
     return _gathered(command, _LIMIT_OPTIONS, _LIMIT_NAMES)
 
 
@@ -314,6 +347,7 @@ def build_limits(opts: dict) -> Limits:
         rich_outputs=opts["rich_outputs"],
         rich_bytes=opts["rich_mb"] << 20,
         runtime=opts["runtime"] or None,  # SANDCELL_RUNTIME= (empty) is the engine's default
+        wheelhouse=opts["wheelhouse"],
     )
 
 

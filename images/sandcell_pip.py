@@ -1,0 +1,163 @@
+"""`%pip install` and `!pip install` in the kernel, with no network.
+
+When the host mounted the operator's wheelhouse (boundary.WHEELHOUSE), pip takes packages from
+its index alone (links with sha256, which pip checks) into boundary.PACKAGES_DIR, a prefix on
+the /tmp tmpfs that is on this kernel's path (and its children's, through PYTHONPATH) and on
+no other: the checker runs `python -I`. pip resolves against what the image has, so a package
+needing numpy uses the image's. The names asked for are checked against the index before pip
+starts: a package the wheelhouse lacks fails at once, with the closest names it offers."""
+
+import difflib
+import importlib
+import importlib.metadata
+import os
+import re
+import shlex
+import site
+import sysconfig
+
+import boundary
+
+# pip install options that take a value: the word after them is not a package
+VALUE_OPTIONS = {
+    "-r", "--requirement", "-c", "--constraint", "-e", "--editable", "-i", "--index-url",
+    "--extra-index-url", "-f", "--find-links", "-t", "--target", "--prefix", "--root",
+    "--upgrade-strategy", "--progress-bar", "--python-version", "--platform",
+    "--implementation", "--abi", "--only-binary", "--no-binary", "--src", "-C",
+    "--config-settings", "--global-option", "--log", "--cache-dir", "--report",
+    "--trusted-host", "--proxy", "--timeout", "--retries", "--exists-action", "--cert",
+    "--client-cert", "--python",
+}  # fmt: skip
+SHELL_OPERATORS = {"&&", "||", ";", "|", "&"}
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MAX_LISTED = 5
+
+
+class PackageInstallError(RuntimeError):
+    """pip could not install a package."""
+
+
+class PackageNotOffered(PackageInstallError):
+    """A package the sandbox cannot install offline (checked before pip starts)."""
+
+
+def normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def site_dirs() -> list[str]:
+    paths = sysconfig.get_paths(
+        vars={"base": boundary.PACKAGES_DIR, "platbase": boundary.PACKAGES_DIR}
+    )
+    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+
+
+def mounted() -> bool:
+    return os.path.isdir(boundary.WHEELHOUSE_INDEX)
+
+
+def configure() -> None:
+    """pip's settings for this kernel and the processes it starts, when a wheelhouse is
+    mounted: its index only, the prefix, no cache (it would fill /tmp twice)."""
+    if not mounted():
+        return
+    for folder in site_dirs():
+        os.makedirs(folder, exist_ok=True)
+        site.addsitedir(folder)
+    os.environ.pop("PIP_NO_INDEX", None)
+    os.environ.update(
+        PIP_INDEX_URL=f"file://{boundary.WHEELHOUSE_INDEX}",
+        PIP_PREFIX=boundary.PACKAGES_DIR,
+        PIP_NO_CACHE_DIR="1",
+        PIP_ONLY_BINARY=":all:",
+        PIP_NO_WARN_SCRIPT_LOCATION="1",
+    )
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(path + site_dirs())
+
+
+def requested(cmd: str) -> list[str] | None:
+    """The package names a `pip install` command line asks for (a path, URL or -r file is
+    left to pip); None when the line runs no pip install."""
+    try:
+        words = shlex.split(cmd)
+    except ValueError:
+        return None
+    for at, word in enumerate(words[:-1]):
+        is_pip = os.path.basename(word) in ("pip", "pip3") or (
+            word == "pip" and at > 0 and words[at - 1] == "-m"
+        )
+        if is_pip and words[at + 1] == "install":
+            return _names(words[at + 2 :])
+    return None
+
+
+def _names(args: list[str]) -> list[str]:
+    names, skip = [], False
+    for arg in args:
+        if arg in SHELL_OPERATORS:
+            break
+        if skip:
+            skip = False
+        elif arg.startswith("-"):
+            skip = arg in VALUE_OPTIONS
+        elif "/" not in arg and not arg.endswith((".whl", ".zip", ".tar.gz")):
+            match = NAME.match(arg)
+            if match:
+                names.append(match.group(0))
+    return names
+
+
+def offered() -> list[str]:
+    """The projects the wheelhouse's index lists (normalised)."""
+    try:
+        with os.scandir(boundary.WHEELHOUSE_INDEX) as entries:
+            return sorted(e.name for e in entries if e.is_dir() and NAME.fullmatch(e.name))
+    except OSError:
+        return []
+
+
+def installed() -> set[str]:
+    return {normal(d.metadata["Name"] or "") for d in importlib.metadata.distributions()}
+
+
+def check(names: list[str]) -> None:
+    """Raise PackageNotOffered for names neither installed nor in the wheelhouse."""
+    there = installed()
+    index = offered()
+    missing = [n for n in names if normal(n) not in there and normal(n) not in index]
+    if not missing:
+        return
+    said = ", ".join(missing[:MAX_LISTED])
+    if not mounted():
+        raise PackageNotOffered(
+            f"{said}: not available offline (no network, and no wheelhouse is mounted); the "
+            f"image's packages are listed in {boundary.PACKAGES_FILE}"
+        )
+    close = []
+    for name in missing:
+        close += difflib.get_close_matches(normal(name), index, n=3, cutoff=0.6)
+    hint = (
+        f"; the closest the wheelhouse offers: {', '.join(dict.fromkeys(close))}"
+        if close
+        else f"; the wheelhouse offers {len(index)} package(s): {', '.join(index[:MAX_LISTED])}"
+        + (", ..." if len(index) > MAX_LISTED else "")
+    )
+    raise PackageNotOffered(
+        f"{said}: not available offline{hint} (the user can add it: sandcell packages add NAME)"
+    )
+
+
+def installed_now() -> None:
+    """After pip: new folders on the path are seen, new .pth files read."""
+    importlib.invalidate_caches()
+    for folder in site_dirs():
+        site.addsitedir(folder)
+
+
+def failed(status: int) -> PackageInstallError:
+    where = "the wheelhouse's index" if mounted() else "nowhere: the sandbox has no network"
+    return PackageInstallError(
+        f"pip install failed (exit status {status}, said above): packages come from {where}, "
+        "besides those already in the image"
+    )

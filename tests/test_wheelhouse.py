@@ -1,0 +1,224 @@
+"""The operator's wheelhouse (issue 39): `sandcell packages add/list/remove` on a real pip
+(no index asked: the wheels are made here), its index with hashes, refusals that leave it
+unchanged; then in real sandboxes under runc and runsc: `%pip install` and `!pip install`
+from it, an absent package said at once with the closest names, no network, a read-only
+mount, nothing the checker or a renewed sandbox sees, a tampered wheel refused, and a
+wheelhouse made for another Python not mounted."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from sandbox import DockerSandbox, Limits
+from sandbox import container as ctr
+from sandbox.boundary import PACKAGES_DIR, WHEELHOUSE
+from sandbox.wheelhouse import Wheelhouse, WheelhouseError, add, offer, remove
+from tests.cli_runner import sandcell
+from tests.wheels import make_wheel
+
+pytestmark = pytest.mark.timeout(240)
+
+FUZZ_CODE = "import numpy\nVALUE = 42\nNUMPY = numpy.__file__\n"
+
+
+@pytest.fixture
+def no_index(monkeypatch):
+    """pip asks no index (tests never reach PyPI): only local wheels and the cache."""
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+# -- the wheelhouse on the host (no Docker) -----------------------------------------------
+
+
+def test_add_indexes_each_wheel_with_its_sha256(tmp_path, no_index):
+    wheel = make_wheel(tmp_path, "tinyclean", "0.3")
+    house = Wheelhouse(tmp_path / "wh")
+    said = add(house, [], [], [wheel], "3.11")
+    assert said.wheels == [wheel.name]
+    assert house.python == "3.11" and house.packages() == {"tinyclean": ["0.3"]}
+    page = (house.path / "simple" / "tinyclean" / "index.html").read_text()
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert f'href="../../wheels/{wheel.name}#sha256={digest}"' in page
+    assert "tinyclean/" in (house.path / "simple" / "index.html").read_text()
+    for path in house.path.rglob("*"):  # readable by the sandbox's uid
+        assert path.stat().st_mode & 0o777 == (0o755 if path.is_dir() else 0o644)
+    assert house.stray_files() == []
+
+
+def test_a_conflicting_pin_is_refused_and_the_wheelhouse_is_unchanged(tmp_path, no_index):
+    house = Wheelhouse(tmp_path / "wh")
+    add(house, [], [], [make_wheel(tmp_path, "tinyclean")], "3.11")
+    before = snapshot(house.path)
+    clash = make_wheel(tmp_path, "oldnumpyuser", requires=("numpy==1.0",))
+    with pytest.raises(WheelhouseError) as refused:
+        add(house, [], [], [clash], "3.11")
+    assert "wheelhouse is unchanged" in str(refused.value) and "numpy" in str(refused.value)
+    assert snapshot(house.path) == before
+    assert not list(tmp_path.glob(".wh-staging-*"))  # the staging folder is gone too
+
+
+def test_another_python_is_refused_into_the_same_wheelhouse(tmp_path, no_index):
+    house = Wheelhouse(tmp_path / "wh")
+    add(house, [], [], [make_wheel(tmp_path, "tinyclean")], "3.11")
+    with pytest.raises(WheelhouseError, match="is for Python 3.11, not 3.12"):
+        add(house, [], [], [make_wheel(tmp_path, "other")], "3.12")
+
+
+def test_remove_and_close_names(tmp_path, no_index):
+    house = Wheelhouse(tmp_path / "wh")
+    add(
+        house, [], [], [make_wheel(tmp_path, "tinyclean"), make_wheel(tmp_path, "tinyfuzz")], "3.11"
+    )
+    with pytest.raises(WheelhouseError, match=r"closest: tinyfuzz"):
+        remove(house, "tinyfuz")
+    assert remove(house, "TinyFuzz") == ["tinyfuzz-1.0-py3-none-any.whl"]
+    assert list(house.packages()) == ["tinyclean"]
+    assert not (house.path / "simple" / "tinyfuzz").exists()
+
+
+def test_offer_mounts_only_a_clean_wheelhouse_made_for_the_image(tmp_path, no_index):
+    house = Wheelhouse(tmp_path / "wh")
+    add(house, [], [], [make_wheel(tmp_path, "tinyclean")], "3.11")
+    assert offer(house.path, "3.11", "x86_64").mount == house.path.resolve()
+    other = offer(house.path, "3.12", "x86_64")
+    assert other.mount is None and "made for Python 3.11" in other.refused
+    (house.path / "notes.txt").write_text("a secret the sandbox must not see")
+    stray = offer(house.path, "3.11", "x86_64")
+    assert stray.mount is None and "notes.txt" in stray.refused
+    assert offer(tmp_path / "nowhere", "3.11", "x86_64").refused
+
+
+def test_packages_cli_add_list_remove_and_usage(tmp_path, no_index):
+    wheel = make_wheel(tmp_path, "tinyclean", "0.3")
+    folder = str(tmp_path / "wh")
+    added = sandcell("packages", "add", "--wheelhouse", folder, "--python", "3.11", str(wheel))
+    assert added.returncode == 0, added.stderr
+    assert "+ tinyclean-0.3-py3-none-any.whl" in added.stdout
+    listed = sandcell("packages", "list", "--wheelhouse", folder)
+    assert "tinyclean 0.3" in listed.stdout and "Python 3.11" in listed.stdout
+    assert sandcell("packages", "add", "--wheelhouse", folder).returncode == 2
+    gone = sandcell("packages", "remove", "--wheelhouse", folder, "nothere")
+    assert gone.returncode == 1 and "Traceback" not in gone.stderr
+    assert sandcell("packages", "remove", "--wheelhouse", folder, "tinyclean").returncode == 0
+    bad = sandcell("exec", "--wheelhouse", str(tmp_path), "-c", "1")
+    assert bad.returncode == 2 and "not a wheelhouse" in bad.stderr
+
+
+def test_the_prompt_names_the_packages_capped():
+    from agent.prompts import packages_note
+    from sandbox.wheelhouse import Offer
+
+    names = tuple(f"pkg{i:03}" for i in range(50))
+    note = packages_note(Offer(mount=Path("/x"), packages=names), cap=40)
+    assert "pkg039" in note and "pkg040" not in note and "and 10 more" in note
+    assert "pandas" in note and "%pip install" in note
+    refused = packages_note(Offer(refused="made for Python 3.12"))
+    assert "No other package can be installed: made for Python 3.12" in refused
+    assert packages_note(Offer()) == ""
+
+
+# -- in real sandboxes -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def house(tmp_path_factory) -> Path:
+    """A wheelhouse of tinyfuzz (needs numpy: the image's is used) and tinyclean, made with
+    `sandcell packages add` from local wheels, no index asked."""
+    folder = tmp_path_factory.mktemp("wheelhouse")
+    fuzz = make_wheel(folder, "tinyfuzz", "1.0", FUZZ_CODE, requires=("numpy>=1",))
+    clean = make_wheel(folder, "tinyclean", "0.3")
+    made = sandcell(
+        "packages", "add", "--wheelhouse", str(folder / "wh"), str(fuzz), str(clean),
+        env={**__import__("os").environ, "PIP_NO_INDEX": "1"},
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert "not kept, the image has them: numpy==" in made.stdout
+    return folder / "wh"
+
+
+def ran(sandbox, code: str):
+    ex = sandbox.run(code)
+    return ex, "".join(c.text for c in ex.stream)
+
+
+@pytest.mark.docker
+def test_pip_install_from_the_wheelhouse_and_what_it_cannot_do(house, runtime):
+    limits = Limits(timeout_s=120, runtime=runtime, wheelhouse=str(house))
+    with DockerSandbox(limits, staging=True) as sandbox:
+        assert sandbox.wheelhouse.mount == house.resolve()
+        ex, out = ran(
+            sandbox, "%pip install tinyfuzz\nimport tinyfuzz\nprint(tinyfuzz.VALUE, tinyfuzz.NUMPY)"
+        )
+        assert ex.error is None, ex.error
+        assert "42 /opt/venv/lib/python3.11/site-packages/numpy/" in out  # the image's numpy
+        assert "restart the kernel" not in out
+        ex, out = ran(sandbox, "!pip install tinyclean\nimport tinyclean\nprint(tinyclean.VERSION)")
+        assert ex.error is None and out.rstrip().endswith("0.3"), out
+        ex, out = ran(
+            sandbox,
+            f"import os\nprint(sorted(os.listdir('{PACKAGES_DIR}/lib/python3.11/site-packages')))",
+        )
+        assert "numpy" not in out and "tinyfuzz" in out  # no second numpy
+        started = time.monotonic()
+        ex = sandbox.run("%pip install tinyfuz")
+        took = time.monotonic() - started
+        assert ex.error is not None and ex.error.name == "PackageNotOffered"
+        assert "not available offline" in ex.error.value and "tinyfuzz" in ex.error.value
+        assert took < 20, (
+            took
+        )  # checked before pip starts (the issue asks within 2 s; generous here)
+        ex, out = ran(sandbox, "import os\nprint(sorted(os.listdir('/sys/class/net')))")
+        assert out.strip() == "['lo']"
+        ex, out = ran(sandbox, f"open('{WHEELHOUSE}/x', 'w')")
+        assert ex.error is not None and ex.error.name in ("OSError", "PermissionError")
+        assert "Read-only" in ex.error.value or "denied" in ex.error.value
+        # the checker's Python (-I) and every process not started by the kernel see none of it
+        code, out_, err = ctr.exec_in(sandbox.container, ["python", "-I", "-c", "import tinyfuzz"])
+        assert code != 0 and b"No module named 'tinyfuzz'" in err
+        sandbox.renew()
+        ex = sandbox.run("import tinyfuzz")
+        assert ex.error is not None and ex.error.name == "ModuleNotFoundError"
+        ex, out = ran(
+            sandbox, f"import os\nprint(os.listdir('{PACKAGES_DIR}/lib/python3.11/site-packages'))"
+        )
+        assert out.strip() == "[]"
+
+
+@pytest.mark.docker
+def test_a_tampered_wheel_is_refused_by_pip(house, tmp_path, runtime):
+    copy = tmp_path / "wh"
+    shutil.copytree(house, copy)
+    wheel = next((copy / "wheels").glob("tinyclean-*.whl"))
+    wheel.write_bytes(wheel.read_bytes() + b"\0")  # the index's hash no longer holds
+    with DockerSandbox(Limits(timeout_s=120, runtime=runtime, wheelhouse=str(copy))) as sandbox:
+        ex, out = ran(sandbox, "%pip install tinyclean")
+        assert ex.error is not None and ex.error.name == "PackageInstallError"
+        assert "DO NOT MATCH THE HASHES" in out
+        assert sandbox.run("import tinyclean").error.name == "ModuleNotFoundError"
+
+
+@pytest.mark.docker
+def test_a_wheelhouse_for_another_python_is_not_mounted(tmp_path, runtime, no_index):
+    other = Wheelhouse(tmp_path / "wh312")
+    add(other, [], [], [make_wheel(tmp_path, "tinyclean")], "3.12")
+    with DockerSandbox(Limits(runtime=runtime, wheelhouse=str(other.path))) as sandbox:
+        assert sandbox.wheelhouse.mount is None
+        assert re.search(
+            r"made for Python 3\.12 .* the image has Python 3\.11", sandbox.wheelhouse.refused
+        )
+        ex, out = ran(sandbox, f"import os\nprint(os.path.exists('{WHEELHOUSE}'))")
+        assert out.strip() == "False"
+        ex = sandbox.run("%pip install tinyclean")
+        assert ex.error is not None and "no wheelhouse is mounted" in ex.error.value
