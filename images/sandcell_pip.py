@@ -12,25 +12,13 @@ import importlib
 import importlib.metadata
 import os
 import re
-import shlex
 import site
 import sysconfig
 
 import boundary
 
-# pip install options that take a value: the word after them is not a package
-VALUE_OPTIONS = {
-    "-r", "--requirement", "-c", "--constraint", "-e", "--editable", "-i", "--index-url",
-    "--extra-index-url", "-f", "--find-links", "-t", "--target", "--prefix", "--root",
-    "--upgrade-strategy", "--progress-bar", "--python-version", "--platform",
-    "--implementation", "--abi", "--only-binary", "--no-binary", "--src", "-C",
-    "--config-settings", "--global-option", "--log", "--cache-dir", "--report",
-    "--trusted-host", "--proxy", "--timeout", "--retries", "--exists-action", "--cert",
-    "--client-cert", "--python",
-}  # fmt: skip
-SHELL_OPERATORS = {"&&", "||", ";", "|", "&"}
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MAX_LISTED = 5
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class PackageInstallError(RuntimeError):
@@ -39,10 +27,6 @@ class PackageInstallError(RuntimeError):
 
 class PackageNotOffered(PackageInstallError):
     """A package the sandbox cannot install offline (checked before pip starts)."""
-
-
-def normal(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def site_dirs() -> list[str]:
@@ -77,35 +61,9 @@ def configure() -> None:
 
 
 def requested(cmd: str) -> list[str] | None:
-    """The package names a `pip install` command line asks for (a path, URL or -r file is
-    left to pip); None when the line runs no pip install."""
-    try:
-        words = shlex.split(cmd)
-    except ValueError:
-        return None
-    for at, word in enumerate(words[:-1]):
-        is_pip = os.path.basename(word) in ("pip", "pip3") or (
-            word == "pip" and at > 0 and words[at - 1] == "-m"
-        )
-        if is_pip and words[at + 1] == "install":
-            return _names(words[at + 2 :])
-    return None
-
-
-def _names(args: list[str]) -> list[str]:
-    names, skip = [], False
-    for arg in args:
-        if arg in SHELL_OPERATORS:
-            break
-        if skip:
-            skip = False
-        elif arg.startswith("-"):
-            skip = arg in VALUE_OPTIONS
-        elif "/" not in arg and not arg.endswith((".whl", ".zip", ".tar.gz")):
-            match = NAME.match(arg)
-            if match:
-                names.append(match.group(0))
-    return names
+    """The package names a `pip install` command line asks for; None when it runs none."""
+    found = boundary.pip_install_requirements(cmd)
+    return None if found is None else [boundary.requirement_name(r) for r in found]
 
 
 def offered() -> list[str]:
@@ -118,14 +76,21 @@ def offered() -> list[str]:
 
 
 def installed() -> set[str]:
-    return {normal(d.metadata["Name"] or "") for d in importlib.metadata.distributions()}
+    return {
+        boundary.requirement_name(d.metadata["Name"] or "")
+        for d in importlib.metadata.distributions()
+    }
 
 
 def check(names: list[str]) -> None:
     """Raise PackageNotOffered for names neither installed nor in the wheelhouse."""
     there = installed()
     index = offered()
-    missing = [n for n in names if normal(n) not in there and normal(n) not in index]
+    missing = [
+        n
+        for n in names
+        if boundary.requirement_name(n) not in there and boundary.requirement_name(n) not in index
+    ]
     if not missing:
         return
     said = ", ".join(missing[:MAX_LISTED])
@@ -136,7 +101,7 @@ def check(names: list[str]) -> None:
         )
     close = []
     for name in missing:
-        close += difflib.get_close_matches(normal(name), index, n=3, cutoff=0.6)
+        close += difflib.get_close_matches(boundary.requirement_name(name), index, n=3, cutoff=0.6)
     hint = (
         f"; the closest the wheelhouse offers: {', '.join(dict.fromkeys(close))}"
         if close

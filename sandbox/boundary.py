@@ -8,6 +8,7 @@ the one function that writes it and the one that parses it.
 """
 
 import re
+import shlex
 import signal
 import socket
 import stat
@@ -29,6 +30,60 @@ FILES_PROGRAM = f"{SCRIPTS}/files.py"  # file operations the host asks for by `d
 WHEELHOUSE = "/opt/wheelhouse"
 WHEELHOUSE_INDEX = f"{WHEELHOUSE}/simple"
 PACKAGES_DIR = "/tmp/.sandcell-packages"
+# pip install options that take a value: the word after one is not a requirement
+PIP_VALUE_OPTIONS = {
+    "-r", "--requirement", "-c", "--constraint", "-e", "--editable", "-i", "--index-url",
+    "--extra-index-url", "-f", "--find-links", "-t", "--target", "--prefix", "--root",
+    "--upgrade-strategy", "--progress-bar", "--python-version", "--platform",
+    "--implementation", "--abi", "--only-binary", "--no-binary", "--src", "-C",
+    "--config-settings", "--global-option", "--log", "--cache-dir", "--report",
+    "--trusted-host", "--proxy", "--timeout", "--retries", "--exists-action", "--cert",
+    "--client-cert", "--python",
+}  # fmt: skip
+_SHELL_OPERATORS = {"&&", "||", ";", "|", "&"}
+REQUIREMENT = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._ -]*\])?([<>=!~][=<>!~A-Za-z0-9.*+,_ -]*)?"
+)
+
+
+def pip_install_requirements(line: str) -> list[str] | None:
+    """The requirements (NAME[extras]SPEC) a command line's `pip install` asks for, as the
+    kernel checks them against the wheelhouse and a recipe records them; paths, URLs and -r
+    files are pip's to read. None when the line runs no pip install."""
+    try:
+        words = shlex.split(line)
+    except ValueError:
+        return None
+    for at, word in enumerate(words[:-1]):
+        starts = at == 0 or words[at - 1] in _SHELL_OPERATORS  # a command's first word
+        named = (starts and word.rsplit("/", 1)[-1] in ("pip", "pip3")) or (
+            word == "pip" and words[at - 1 : at] == ["-m"]
+        )
+        if named and words[at + 1] == "install":
+            return _requirements(words[at + 2 :])
+    return None
+
+
+def _requirements(args: list[str]) -> list[str]:
+    found, skip = [], False
+    for arg in args:
+        if arg in _SHELL_OPERATORS:
+            break
+        if skip:
+            skip = False
+        elif arg.startswith("-"):
+            skip = arg in PIP_VALUE_OPTIONS
+        elif "/" not in arg and REQUIREMENT.fullmatch(arg) and not arg.endswith(".whl"):
+            found.append(arg)
+    return found
+
+
+def requirement_name(requirement: str) -> str:
+    """A requirement's project name, normalised as PEP 503 says."""
+    name = re.match(r"[A-Za-z0-9._-]*", requirement).group(0)
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 CHECKS_PROGRAM = f"{SCRIPTS}/checks.py"  # a job's output checks, run as `python -I` by exec
 # The supervisor's checker: an abstract Unix socket (no file model code could replace), bound
 # by PID 1 as it starts, so no other process can take the name. Once the supervisor has

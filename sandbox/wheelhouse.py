@@ -50,6 +50,16 @@ def default_dir() -> Path:
     return image_build.cache_dir() / "wheelhouse"
 
 
+def on_this_machine(given: str | None) -> str | None:
+    """The wheelhouse another machine (a Ray driver) named, as this machine has it: that folder
+    when it is a wheelhouse here, else this machine's default one when it is, else the name
+    (not mounted, the sandbox says so). None stays none."""
+    if given is None or Wheelhouse(Path(given)).exists():
+        return given
+    here = Wheelhouse(default_dir())
+    return str(here.path) if here.exists() else given
+
+
 def normal(name: str) -> str:
     return canonicalize_name(name)
 

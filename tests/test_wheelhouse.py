@@ -8,8 +8,11 @@ wheelhouse made for another Python not mounted."""
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from sandbox import container as ctr
 from sandbox.boundary import PACKAGES_DIR, WHEELHOUSE
 from sandbox.wheelhouse import Wheelhouse, WheelhouseError, add, offer, remove
 from tests.cli_runner import sandcell
+from tests.scripted_server import ScriptedServer
 from tests.wheels import make_wheel
 
 pytestmark = pytest.mark.timeout(240)
@@ -141,7 +145,7 @@ def house(tmp_path_factory) -> Path:
     clean = make_wheel(folder, "tinyclean", "0.3")
     made = sandcell(
         "packages", "add", "--wheelhouse", str(folder / "wh"), str(fuzz), str(clean),
-        env={**__import__("os").environ, "PIP_NO_INDEX": "1"},
+        env={**os.environ, "PIP_NO_INDEX": "1"},
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
     assert "not kept, the image has them: numpy==" in made.stdout
@@ -222,3 +226,107 @@ def test_a_wheelhouse_for_another_python_is_not_mounted(tmp_path, runtime, no_in
         assert out.strip() == "False"
         ex = sandbox.run("%pip install tinyclean")
         assert ex.error is not None and "no wheelhouse is mounted" in ex.error.value
+
+
+# -- recipes, serve, doctor ------------------------------------------------------------------
+
+CLEAN = (
+    "import pandas as pd, tinyclean\n"
+    "df = pd.read_csv('/data/{name}').drop_duplicates()\n"
+    "df = df[(df.amount >= 0) & df.region.isin(['N', 'S'])]\n"
+    "import os; os.makedirs('/workspace/output', exist_ok=True)\n"
+    "df.to_csv('/workspace/output/clean.csv', index=False)\n"
+)
+
+
+def _jobs(folder: Path, name: str) -> str:
+    job = {"id": name.split(".")[0], "task": f"Clean {name} into output/clean.csv",
+           "inputs": [name], "expect": {"output/clean.csv": "sales.yaml"}}  # fmt: skip
+    (folder / "jobs.jsonl").write_text(json.dumps(job) + "\n")
+    return "jobs.jsonl"
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_a_recipe_records_its_packages_and_a_job_installs_them_first(house, tmp_path):
+    from tests.deliveries import SALES
+    from tests.deliveries import python as call
+
+    for name in ("a.csv", "b.csv"):
+        (tmp_path / name).write_text("id,amount,region\n1,10.5,N\n2,-3,S\n2,-3,S\n3,4,N\n")
+    (tmp_path / "sales.yaml").write_text(SALES.to_yaml())
+    args = ["--api-key", "k", "--model", "m", "--protocol", "tools"]
+    script = [
+        call("%pip install tinyclean"),
+        call(CLEAN.format(name="a.csv")),
+        "Final Answer: done.",
+    ]
+    with ScriptedServer(script) as server:
+        run = sandcell(
+            "run", "--task", "Clean a.csv", "--input", "a.csv", "--output", "run",
+            "--expect", "output/clean.csv=sales.yaml", "--wheelhouse", str(house),
+            "--base-url", server.url, *args, cwd=tmp_path, timeout=280,
+        )  # fmt: skip
+        system = server.requests[0]["messages"][0]["content"]
+    assert run.returncode == 0, run.stderr
+    assert "`%pip install NAME`" in system and "tinyclean, tinyfuzz" in system  # the prompt
+    assert sandcell("recipe", "run", "-o", "recipe.py", cwd=tmp_path).returncode == 0
+    assert '# packages: ["tinyclean"]' in (tmp_path / "recipe.py").read_text()
+
+    # the recipe alone solves b, on a renewed sandbox with the wheelhouse: no model request
+    with ScriptedServer([]) as server:
+        done = sandcell(
+            "batch", _jobs(tmp_path, "b.csv"), "--output", "out1", "--no-progress",
+            "--recipe", "recipe.py", "--wheelhouse", str(house), "--base-url", server.url,
+            *args, cwd=tmp_path, timeout=280,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = json.loads((tmp_path / "out1" / "results.jsonl").read_text())
+    assert line["solved_by"] == "recipe" and not server.requests
+
+    # without the wheelhouse the recipe cannot run: the agent is told why (the machine, the
+    # package) and answers without it
+    fix = CLEAN.format(name="b.csv").replace(", tinyclean", "")
+    with ScriptedServer([call(fix), "Final Answer: done without it."]) as server:
+        done = sandcell(
+            "batch", _jobs(tmp_path, "b.csv"), "--output", "out2", "--no-progress",
+            "--recipe", "recipe.py", "--wheelhouse", "none", "--base-url", server.url,
+            *args, cwd=tmp_path, timeout=280,
+        )  # fmt: skip
+        told = next(m["content"] for m in server.requests[0]["messages"] if m["role"] == "user")
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = json.loads((tmp_path / "out2" / "results.jsonl").read_text())
+    assert line["solved_by"] == "agent" and line["recipe_failure"] == {
+        "cell": None,
+        "error": "packages",
+    }
+    assert f"could not be installed on {socket.gethostname()}" in told and "tinyclean" in told
+    assert "PackageNotOffered" in told
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(300)
+def test_a_served_session_rebuilt_after_a_restart_installs_its_packages_again(house, tmp_path):
+    from tests.serve_helpers import client, config, execute, new_session, serving
+
+    with ScriptedServer() as model:
+        cfg = config(model, tmp_path / "d", limits=Limits(timeout_s=120, wheelhouse=str(house)))
+        with serving(cfg) as base, client(base) as api:
+            sid = new_session(api)
+            assert execute(api, sid, "%pip install tinyfuzz").json()["error"] is None
+        with serving(cfg) as base, client(base) as api:
+            r = execute(api, sid, "import tinyfuzz\ntinyfuzz.VALUE")
+            assert r.json()["error"] is None, r.json()
+            assert "re-running its 1 recorded cell(s)" in r.headers["x-sandcell-warning"]
+            shown = [x["data"]["text/plain"] for x in r.json()["results"] if x["is_main"]]
+            assert shown == ["42"]
+
+
+@pytest.mark.docker
+def test_doctor_says_when_the_wheelhouse_does_not_fit_the_image(tmp_path, no_index):
+    other = Wheelhouse(tmp_path / "wh312")
+    add(other, [], [], [make_wheel(tmp_path, "tinyclean")], "3.12")
+    env = {**os.environ, "SANDCELL_WHEELHOUSE": str(other.path)}
+    said = sandcell("doctor", env=env, timeout=120).stdout
+    line = next(x for x in said.splitlines() if "packages" in x)
+    assert line.startswith("warn") and "made for Python 3.12" in line and "not mounted" in line

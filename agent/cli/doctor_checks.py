@@ -204,6 +204,30 @@ def cgroups(info: dict) -> Check:
     return Check("cgroups", OK, f"{version}: memory, cpu, pids and swap limits enforced")
 
 
+def packages(client: docker.DockerClient | None, image: str = DEFAULT_IMAGE) -> Check:
+    """The default wheelhouse (`sandcell packages`): what it offers, and whether it fits the
+    image (its Python and machine), so that sandboxes mount it."""
+    from sandbox.docker_sandbox import wheelhouse_offer
+    from sandbox.wheelhouse import Wheelhouse, default_dir
+
+    house = Wheelhouse(default_dir())
+    if not house.exists():
+        return Check("packages", OK, f"no wheelhouse at {house.path}: the image's packages only "
+                     "(add more with `sandcell packages add NAME`)")  # fmt: skip
+    try:
+        count, size, made_for = len(house.packages()), house.size(), (house.python, house.machine)
+    except (OSError, ValueError) as error:
+        return Check("packages", FAIL, f"the wheelhouse {house.path} cannot be read ({error})")
+    said = f"{house.path}: {count} package(s), {size / 1e6:.1f} MB, for Python {made_for[0]} on {made_for[1]}"
+    if client is None:
+        return Check("packages", WARN, f"{said}; the image's Python is unknown without the engine")
+    offered = wheelhouse_offer(client, image, str(house.path))
+    if offered.mount is None:
+        fix = "make a wheelhouse for the image's Python: `sandcell packages add --python X.Y`"
+        return Check("packages", WARN, f"{said}; not mounted: {offered.refused}", fix)
+    return Check("packages", OK, f"{said}; mounted read-only into every sandbox")
+
+
 def checks(
     settings: ModelSettings, runtime: str | None, endpoint_given: bool = False
 ) -> Iterator[Check]:
@@ -214,6 +238,7 @@ def checks(
     if client is None:
         for name in ("image", "runtime", "cgroups"):
             yield Check(name, SKIP, "needs the engine")
+        yield packages(None)
     else:
         try:
             info = client.info()
@@ -223,6 +248,7 @@ def checks(
             )
             return
         yield image(client)
+        yield packages(client)
         yield runtimes(info, runtime)
         yield cgroups(info)
     yield model(settings, dict(os.environ), endpoint_given)

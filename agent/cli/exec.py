@@ -60,6 +60,8 @@ def exec_cmd(
     )
     live = None if as_json else print_live  # stdout and stderr as the code prints them
     with DockerSandbox(limits=limits, inputs=list(inputs)) as sandbox:
+        if sandbox.wheelhouse.refused:  # the operator asked for one: say why it is not there
+            terminal.echo(f"sandcell: {sandbox.wheelhouse.refused}", err=True)
         ex = sandbox.run(source, on_output=live)
         saved = [output / name for name in sandbox.export(output)] if output else []
     if as_json:

@@ -56,6 +56,7 @@ from agent.model.settings import ModelSettings
 from agent.seams import Model, Terminated
 from sandbox import InputError, Inputs, SandboxPool
 from sandbox.errors import SandboxUnavailable
+from sandbox.wheelhouse import on_this_machine
 
 RESOURCE = "sandcell"  # the custom resource a sandbox node declares: sandboxes at once
 MAX_INPUT_MB = 512  # a job's inputs through the object store, at most
@@ -93,6 +94,10 @@ class NodeRunner:
     """One per node: its warm pool and the jobs running there (so a stop reaches them)."""
 
     def __init__(self, pool_size: int, settings: Settings, key_box: list | None):
+        # each node mounts its own wheelhouse: the driver's folder when this node has it
+        limits = settings.job.limits
+        limits = replace(limits, wheelhouse=on_this_machine(limits.wheelhouse))
+        settings = replace(settings, job=replace(settings.job, limits=limits))
         self.settings, self.key_box = settings, key_box
         remove_dead_scratch()
         self.pool = SandboxPool(size=pool_size, limits=settings.job.limits)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import io
+import json
 import re
 import tokenize
 from dataclasses import dataclass, field
@@ -20,10 +21,11 @@ import libcst as cst
 from agent.events import ChecksRun, Event, Final, Reset, Step
 from agent.jobs.fingerprint import Layout
 from agent.records.trace import all_inputs, read_events
-from sandbox.boundary import DATA
+from sandbox.boundary import DATA, REQUIREMENT, pip_install_requirements
 
 CELL = "# %%"
 FINGERPRINT = "# fingerprint: "  # a header line: the layout of the inputs it was made for (JSON)
+PACKAGES = "# packages: "  # a header line: what its cells `pip install`ed (a JSON list)
 PARAMETERS = '# %% tags=["parameters"]'  # Jupytext's (and papermill's) parameters cell
 PARAMETER = "INPUTS"
 
@@ -41,6 +43,7 @@ class Recipe:
     checks: dict = field(default_factory=dict)  # OUTPUT -> the sha256 that passed its checks
     left_out: int = 0  # cells that failed or were stopped
     layout: Layout | None = None  # its inputs' shape, when they could be read
+    packages: list[str] = field(default_factory=list)  # what its cells pip installed
 
     def script(self) -> str:
         header = [  # every name repr()ed: a newline in one cannot end the comment
@@ -52,6 +55,7 @@ class Recipe:
             "# Checks the output passed:",
             *(f"#   {out!r}  {digest}" for out, digest in sorted(self.checks.items())),
             *_layout_lines(self.layout),
+            *([f"{PACKAGES}{json.dumps(self.packages)}"] if self.packages else []),
         ]  # fmt: skip
         origin = parameters_cell([f"{DATA}/{item['name']}" for item in self.inputs])
         parts = ["\n".join(header), f"{PARAMETERS}\n{origin}"]
@@ -85,6 +89,16 @@ def successful_cells(events: list[Event]) -> tuple[list[str], int]:
                     elif ex.code.strip() and not _sets_parameters(ex.code):
                         cells.append(ex.code)
     return cells, left_out
+
+
+def installed_packages(cells: list[str]) -> list[str]:
+    """The requirements the cells' `%pip install` / `!pip install` lines asked for, in order,
+    each once: a recipe job installs them (from the wheelhouse) before its cells run."""
+    found: list[str] = []
+    for code in cells:
+        for match in MAGIC.finditer(code):
+            found += pip_install_requirements(match.group(2)[1:]) or []
+    return list(dict.fromkeys(found))
 
 
 def _sets_parameters(code: str) -> bool:
@@ -267,6 +281,7 @@ def from_run(folder: Path, layout: Layout | None = None) -> Recipe:
         checks=checks,
         left_out=left_out,
         layout=layout or _layout_of(inputs),
+        packages=installed_packages(ran),
     )
     try:
         ast.parse(recipe.script())
@@ -287,6 +302,7 @@ class Loaded:
     parameters: str = ""  # that cell as written: a job runs it, then its own INPUTS
     layout: Layout | None = None  # from the header's fingerprint line, when it has one
     made_from: str = ""  # the header's first line's run folder
+    packages: tuple[str, ...] = ()  # from the header's packages line: installed first
 
 
 def _cells(text: str) -> tuple[str, list[tuple[str, str]]]:
@@ -327,7 +343,25 @@ def load(path: Path) -> Loaded:
     count = _inputs_count(parameters, path)
     layout = _header_layout(header, path)
     code = [c.strip() for _, c in cells[1:] if c.strip()]
-    return Loaded(code, count, parameters, layout, _made_from(header))
+    packages = _header_packages(header, path)
+    return Loaded(code, count, parameters, layout, _made_from(header), packages)
+
+
+def _header_packages(header: str, path: Path) -> tuple[str, ...]:
+    """The packages line's requirements, each one a requirement and nothing else (a job
+    passes them to pip)."""
+    for line in header.splitlines():
+        if line.startswith(PACKAGES):
+            try:
+                found = json.loads(line[len(PACKAGES) :])
+            except ValueError:
+                found = None
+            if not isinstance(found, list) or not all(
+                isinstance(r, str) and REQUIREMENT.fullmatch(r) for r in found
+            ):
+                raise RecipeError(f"{path}: its packages line is not a list of requirements")
+            return tuple(found)
+    return ()
 
 
 def _header_layout(header: str, path: Path) -> Layout | None:

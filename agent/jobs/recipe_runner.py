@@ -8,6 +8,8 @@ were tried and how each failed."""
 from __future__ import annotations
 
 import os
+import shlex
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +88,10 @@ def try_recipe(
     if len(paths) != recipe.inputs:
         why = f"it takes {recipe.inputs} input(s) and this job has {len(paths)}"
         return None, {"cell": None, "error": why}, why
+    if recipe.packages:
+        failed = _install(session, recipe.packages)
+        if failed is not None:
+            return None, {"cell": None, "error": "packages"}, failed
     cells = [parameters_cell(paths, recipe.parameters), *recipe.cells]
     stopped = session.run_cells(cells)
     if session.loop.cancelled:  # Ctrl-C or SIGTERM: the job ends here, as interrupted
@@ -114,6 +120,19 @@ def try_recipe(
         return session.settle(RunResult(answer, stops.ANSWERED, checks=checks)), None, ""
     said = "\n".join(outcome_lines(checks["outputs"]))
     return None, {"cell": None, "checks": checks}, f"its outputs failed their checks:\n{said}"
+
+
+def _install(session: Session, packages: tuple[str, ...]) -> str | None:
+    """`%pip install` the packages the recipe's cells installed (from this machine's
+    wheelhouse); None when they were, else how it failed, naming this machine (a Ray node)."""
+    stopped = session.run_cells([f"%pip install -q {' '.join(map(shlex.quote, packages))}"])
+    if stopped is None:
+        return None
+    said = render(stopped[1], SHOWN_CHARS)
+    return (
+        f"the packages it needs ({', '.join(packages)}) could not be installed on "
+        f"{socket.gethostname()} (its wheelhouse: {session.agent.limits.wheelhouse or 'none'}):\n{said}"
+    )
 
 
 def _handover(failed: list[_Failed]) -> str:
