@@ -8,6 +8,7 @@ SECTIONS = (
     "batch",
     "recipe",
     "library",
+    "packages",
     "session",
     "serve",
     "mcp",

@@ -75,22 +75,20 @@ def offered() -> list[str]:
         return []
 
 
-def installed() -> set[str]:
-    return {
-        boundary.requirement_name(d.metadata["Name"] or "")
-        for d in importlib.metadata.distributions()
-    }
+def installed(name: str) -> bool:
+    """Whether the image (or an earlier install) has the project: one lookup by name, not a
+    read of every package's metadata (slow under gVisor)."""
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def check(names: list[str]) -> None:
     """Raise PackageNotOffered for names neither installed nor in the wheelhouse."""
-    there = installed()
     index = offered()
-    missing = [
-        n
-        for n in names
-        if boundary.requirement_name(n) not in there and boundary.requirement_name(n) not in index
-    ]
+    missing = [n for n in names if n not in index and not installed(n)]
     if not missing:
         return
     said = ", ".join(missing[:MAX_LISTED])
