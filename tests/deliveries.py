@@ -112,10 +112,13 @@ def delivery(folder, counts: dict[str, int], start: int = 1) -> dict[str, str]:
     return family_of
 
 
-def library_recipe(folder, name: str, layout: Layout, cells: list[str]) -> None:
+def library_recipe(
+    folder, name: str, layout: Layout, cells: list[str], packages: list[str] | None = None
+) -> None:
+    installs = f"# packages: {json.dumps(packages)}\n" if packages else ""
     text = (
         "# sandcell recipe, made by hand\n"
-        f"# fingerprint: {layout.to_json()}\n\n"
+        f"# fingerprint: {layout.to_json()}\n{installs}\n"
         "# %% tags=[\"parameters\"]\nINPUTS = ['/data/x.csv']\n\n"
         + "\n\n".join(f"# %%\n{cell}" for cell in cells)
         + "\n"

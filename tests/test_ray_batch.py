@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -19,6 +20,7 @@ import pytest
 from agent.jobs.fingerprint import Layout
 from agent.records.trace import read_trace
 from sandbox.container import owner
+from sandbox.wheelhouse import Wheelhouse, add
 from tests.cli_runner import sandcell, sandcell_process
 from tests.containers import container_labels
 from tests.deliveries import (
@@ -32,6 +34,7 @@ from tests.missing import IN_CI
 from tests.polling import kill_after_results, wait_for
 from tests.realdata import CSVS
 from tests.scripted_server import ScriptedServer
+from tests.wheels import make_wheel
 
 try:
     from ray import cluster_utils as ray_cluster_utils
@@ -351,6 +354,40 @@ def test_a_library_s_recipes_are_tried_on_the_nodes_and_nothing_is_learnt(cluste
     assert model.asked == {"E": 2}  # only the family the library has no recipe for
     assert {p.name: p.read_bytes() for p in lib.iterdir()} == before
     assert not (tmp_path / "out" / "recipes").exists()  # on Ray nothing is learnt
+
+
+@pytest.mark.timeout(BATCH_S + 40)
+def test_a_recipe_s_packages_come_from_each_node_s_wheelhouse(cluster, tmp_path, monkeypatch):
+    # family A's recipe needs a package the wheelhouse has; family E's one it lacks: E's job
+    # fails its recipe naming the node and the package, and the agent answers it
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # the wheelhouse is made from a local wheel
+    house = Wheelhouse(tmp_path / "wh")
+    add(house, [], [], [make_wheel(tmp_path, "tinyclean")], "3.11")
+    family_of = delivery(tmp_path, {"A": 2, "E": 1})
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for family, needs in (("A", ["tinyclean"]), ("E", ["notthere"])):
+        first = next(name for name, f in family_of.items() if f == family)
+        layout = Layout.of([tmp_path / first])
+        cleaning = FAMILIES[family][2].replace("'{path}'", "INPUTS[0]") + SAVE
+        library_recipe(lib, f"{layout.key}-1.py", layout, [cleaning], packages=needs)
+    model = FamilyModel(family_of)
+    with ScriptedServer([model] * 2) as server:
+        run = sandcell(
+            *batch_args(tmp_path / "jobs.jsonl", tmp_path / "out", cluster, "--recipe", str(lib)),
+            "--wheelhouse", str(house.path), "--base-url", server.url, "--api-key", "k",
+            "--model", "m", "--protocol", "tools", timeout=BATCH_S, cwd=tmp_path,
+        )  # fmt: skip
+        told = [m["content"] for m in server.requests[0]["messages"] if m["role"] == "user"][0]
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = {r["id"]: r for r in records(tmp_path / "out")}
+    by_family = {family_of[f"{i}.csv"]: r for i, r in lines.items()}
+    assert [r["solved_by"] for i, r in lines.items() if family_of[f"{i}.csv"] == "A"] == [
+        "recipe"
+    ] * 2
+    assert by_family["E"]["solved_by"] == "agent" and model.asked == {"E": 2}
+    assert by_family["E"]["recipe_failure"] == {"cell": None, "error": "packages"}
+    assert f"could not be installed on {socket.gethostname()}" in told and "notthere" in told
 
 
 @pytest.mark.timeout(240)

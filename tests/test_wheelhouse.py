@@ -330,3 +330,29 @@ def test_doctor_says_when_the_wheelhouse_does_not_fit_the_image(tmp_path, no_ind
     said = sandcell("doctor", env=env, timeout=120).stdout
     line = next(x for x in said.splitlines() if "packages" in x)
     assert line.startswith("warn") and "made for Python 3.12" in line and "not mounted" in line
+
+
+def test_pip_install_lines_as_the_kernel_and_a_recipe_read_them():
+    from sandbox.boundary import pip_install_requirements as asked
+    from sandbox.boundary import requirement_name
+
+    assert asked("/opt/venv/bin/python -m pip install rapidfuzz") == ["rapidfuzz"]
+    assert asked("pip install -q 'a>=1' b[x]==2 -r r.txt -i URL ./x.whl c && ls") == [
+        "a>=1",
+        "b[x]==2",
+        "c",
+    ]
+    assert asked("ls && pip3 install Rapid_Fuzz") == ["Rapid_Fuzz"]
+    assert requirement_name("Rapid_Fuzz>=1") == "rapid-fuzz"
+    assert asked("echo pip install x") is None and asked("pip --version") is None
+    assert asked("pip install 'unclosed") is None
+
+
+@pytest.mark.docker
+def test_the_default_wheelhouse_is_used_unless_none(house):
+    env = {**os.environ, "SANDCELL_WHEELHOUSE": str(house)}
+    code = "%pip install -q tinyclean\nimport tinyclean\nprint(tinyclean.VERSION)"
+    used = sandcell("exec", "-c", code, env=env, timeout=180)
+    assert used.returncode == 0 and used.stdout.strip().endswith("0.3"), used.stdout + used.stderr
+    off = sandcell("exec", "--wheelhouse", "none", "-c", code, env=env, timeout=180)
+    assert off.returncode == 1 and "no wheelhouse is mounted" in off.stdout + off.stderr
