@@ -20,7 +20,7 @@ import requests
 
 from sandbox import boundary, image_build, kernel
 from sandbox import container as ctr
-from sandbox.errors import SandboxError
+from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.execution import Execution
 from sandbox.inputs import Inputs
 from sandbox.limits import Limits
@@ -36,7 +36,7 @@ def wheelhouse_offer(client, image: str | None, folder: str | None) -> Offer:
         platform = image_build.image_platform(client or ctr.engine(), image or ctr.DEFAULT_IMAGE)
     except docker.errors.ImageNotFound:
         return Offer()  # the start says the image is missing
-    except image_build.BuildError as error:
+    except (SandboxUnavailable, docker.errors.DockerException) as error:  # BuildError is one
         return Offer(
             refused=f"the image's Python is unknown ({error}): the wheelhouse is not mounted"
         )

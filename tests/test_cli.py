@@ -34,7 +34,18 @@ def sandcell(*args: str, env: dict | None = None, stdin: str | None = None):
 def test_help_lists_every_command():
     helped = sandcell("--help")
     assert helped.exit_code == 0 and "Usage:" in helped.stdout
-    names = ["batch", "chat", "doctor", "exec", "gc", "image", "mcp", "packages", "recipe", "replay"]
+    names = [
+        "batch",
+        "chat",
+        "doctor",
+        "exec",
+        "gc",
+        "image",
+        "mcp",
+        "packages",
+        "recipe",
+        "replay",
+    ]
     names += ["report", "run", "serve", "tool"]
     assert sorted(COMMANDS) == names
     for name in COMMANDS:
@@ -49,7 +60,14 @@ HELP = {
     "tool": ["NAME [ARGS]", "--input"],
     "replay": ["TRACE", "--input", "--image", "1 some differ"],
     "run": ["--task", "--input", "--output", *MODEL_OPTIONS, *LIMIT_OPTIONS],
-    "batch": ["JOBS_FILE", "--output", "--workers", "--no-progress", *MODEL_OPTIONS, "--wheelhouse"],
+    "batch": [
+        "JOBS_FILE",
+        "--output",
+        "--workers",
+        "--no-progress",
+        *MODEL_OPTIONS,
+        "--wheelhouse",
+    ],
     "chat": ["--input", "--output", *MODEL_OPTIONS, *LIMIT_OPTIONS],
     "mcp": ["--input", "--output", "--http", "--host", "--port", "--users", "--timeout", "--cpus"]
     + ["--max-rich-outputs", "--max-rich-mb", "--wheelhouse"],
