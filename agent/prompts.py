@@ -51,7 +51,7 @@ def packages_note(offer: Offer, cap: int = PROMPT_NAMES) -> str:
         return ""
     image = f"Installed in the sandbox: {', '.join(MAIN_PACKAGES)} and more."
     if offer.refused:
-        return f"{image} No other package can be installed: {offer.refused}."
+        return f"{image} No other package can be installed: {offer.refused.rstrip('.')}."
     names = ", ".join(offer.packages[:cap])
     more = f" and {len(offer.packages) - cap} more" if len(offer.packages) > cap else ""
     return (

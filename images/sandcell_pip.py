@@ -24,6 +24,11 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 class PackageInstallError(RuntimeError):
     """pip could not install a package."""
 
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows this instead of a traceback: the one line is the whole story (the
+        frames would be the kernel extension's, not the cell's)."""
+        return [f"{type(self).__name__}: {self}"]
+
 
 class PackageNotOffered(PackageInstallError):
     """A package the sandbox cannot install offline (checked before pip starts)."""

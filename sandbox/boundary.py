@@ -38,9 +38,11 @@ PIP_VALUE_OPTIONS = {
     "--implementation", "--abi", "--only-binary", "--no-binary", "--src", "-C",
     "--config-settings", "--global-option", "--log", "--cache-dir", "--report",
     "--trusted-host", "--proxy", "--timeout", "--retries", "--exists-action", "--cert",
-    "--client-cert", "--python",
+    "--client-cert", "--python", "--use-feature", "--root-user-action", "--keyring-provider",
+    "--group", "--log-file", "--use-deprecated", "--hash",
 }  # fmt: skip
 _SHELL_OPERATORS = {"&&", "||", ";", "|", "&"}
+_PIP = re.compile(r"pip(3(\.\d+)?)?")
 REQUIREMENT = re.compile(
     r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._ -]*\])?([<>=!~][=<>!~A-Za-z0-9.*+,_ -]*)?"
 )
@@ -56,11 +58,14 @@ def pip_install_requirements(line: str) -> list[str] | None:
         return None
     for at, word in enumerate(words[:-1]):
         starts = at == 0 or words[at - 1] in _SHELL_OPERATORS  # a command's first word
-        named = (starts and word.rsplit("/", 1)[-1] in ("pip", "pip3")) or (
+        named = (starts and _PIP.fullmatch(word.rsplit("/", 1)[-1])) or (
             word == "pip" and words[at - 1 : at] == ["-m"]
         )
-        if named and words[at + 1] == "install":
-            return _requirements(words[at + 2 :])
+        command = at + 1
+        while command < len(words) and words[command].startswith("-"):  # pip -q install
+            command += 1
+        if named and words[command : command + 1] == ["install"]:
+            return _requirements(words[command + 1 :])
     return None
 
 

@@ -24,22 +24,29 @@ from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.execution import Execution
 from sandbox.inputs import Inputs
 from sandbox.limits import Limits
-from sandbox.wheelhouse import Offer, offer
+from sandbox.wheelhouse import Offer, offer, resolve
 
 
 def wheelhouse_offer(client, image: str | None, folder: str | None) -> Offer:
-    """What a sandbox of `image` gets of the wheelhouse `folder`: mounted when it was made for
-    the image's Python and machine, else not, with why. `client`: None asks a new one."""
+    """What a sandbox of `image` gets of the wheelhouse `folder` (or wheelhouse.DEFAULT):
+    mounted when it was made for the image's Python and machine, else not, with why.
+    `client`: None asks a client of its own, closed after."""
+    folder = resolve(folder)
     if folder is None:
         return Offer()
+    own = client is None
     try:
-        platform = image_build.image_platform(client or ctr.engine(), image or ctr.DEFAULT_IMAGE)
+        client = client or ctr.engine()
+        platform = image_build.image_platform(client, image or ctr.DEFAULT_IMAGE)
     except docker.errors.ImageNotFound:
-        return Offer()  # the start says the image is missing
-    except (SandboxUnavailable, docker.errors.DockerException) as error:  # BuildError is one
+        return Offer(refused="the image is not built, so its Python is unknown")
+    except (SandboxUnavailable, docker.errors.DockerException, requests.RequestException) as error:
         return Offer(
             refused=f"the image's Python is unknown ({error}): the wheelhouse is not mounted"
         )
+    finally:
+        if own and client is not None:
+            client.close()
     return offer(folder, *platform)
 
 

@@ -18,6 +18,7 @@ import hashlib
 import html
 import json
 import os
+import re
 import shutil
 import tempfile
 import zipfile
@@ -48,6 +49,18 @@ def default_dir() -> Path:
     if os.environ.get(ENV):
         return Path(os.environ[ENV])
     return image_build.cache_dir() / "wheelhouse"
+
+
+DEFAULT = "default"  # Limits.wheelhouse: this machine's default one, when it exists
+
+
+def resolve(given: str | None) -> str | None:
+    """Limits.wheelhouse as a folder: DEFAULT is this machine's default wheelhouse when it
+    exists (else none); a folder is itself."""
+    if given != DEFAULT:
+        return given
+    here = Wheelhouse(default_dir())
+    return str(here.path) if here.exists() else None
 
 
 def on_this_machine(given: str | None) -> str | None:
@@ -124,17 +137,38 @@ class Wheelhouse:
 
     def stray_files(self) -> list[str]:
         """What the folder holds beyond its manifest, its wheels and their index: such a
-        folder is not mounted (the sandbox would see it)."""
+        folder is not mounted (the sandbox would see it). Only regular files count as ours:
+        wheels by a valid wheel name, and index pages where the index puts them."""
         allowed = {MANIFEST, WHEELS, INDEX}
         stray = [p.name for p in self.path.iterdir() if p.name not in allowed]
-        for folder in (WHEELS, INDEX):
-            for path in (self.path / folder).rglob("*"):
-                if path.is_symlink() or not (path.is_dir() or path.is_file()):
-                    stray.append(str(path.relative_to(self.path)))
-        wheels = self.path / WHEELS
-        if wheels.is_dir():
-            stray += [p.name for p in wheels.iterdir() if not p.name.endswith(".whl")]
+        projects = set(self.packages())
+        pages = {f"{INDEX}/index.html"} | {f"{INDEX}/{p}/index.html" for p in projects}
+        folders = {INDEX, WHEELS} | {f"{INDEX}/{p}" for p in projects}
+        for path in self.path.rglob("*"):
+            name = str(path.relative_to(self.path))
+            if name == MANIFEST or not (
+                name.startswith(f"{INDEX}/") or name.startswith(f"{WHEELS}/") or name in folders
+            ):
+                continue
+            if path.is_symlink():
+                stray.append(name)
+            elif path.is_dir():
+                stray += [] if name in folders else [name]
+            elif not path.is_file():
+                stray.append(name)
+            elif name.startswith(f"{WHEELS}/"):
+                stray += [] if _wheel_name(path.name) and path.parent.name == WHEELS else [name]
+            elif name not in pages:
+                stray.append(name)
         return sorted(stray)
+
+
+def _wheel_name(name: str) -> bool:
+    try:
+        parse_wheel_filename(name)
+    except InvalidWheelFilename:
+        return False
+    return True
 
 
 # -- the index -----------------------------------------------------------------------------
@@ -230,6 +264,8 @@ def add(
     """Resolve what was asked (and what it needs) for `python` on x86_64 Linux, held to the
     image's pins, and move the new wheels in. Only wheels: a package with none for this
     Python is refused (sandcell builds nothing from source)."""
+    if not re.fullmatch(r"3\.\d{1,2}", python):
+        raise WheelhouseError(f"--python {python!r} is not a Python version such as 3.11")
     for path in local_wheels:
         _check_local_wheel(path)
     with _locked(house):
@@ -280,16 +316,21 @@ def _refusal(pip_said: str, python: str) -> str:
 
 def _move_in(house: Wheelhouse, staging: Path, python: str) -> Added:
     pins, added = image_pins(), Added()
-    have = {w.path.name for w in house.wheels()}
+    have = {w.path.name: w.path for w in house.wheels()}
     new = []
     for path in sorted(staging.glob("*.whl")):
         name, version, _, _ = parse_wheel_filename(path.name)
         if pins.get(str(name)) == str(version):
             added.in_image.append(f"{name}=={version}")
-        elif path.name in have:
-            added.already.append(path.name)
-        else:
+        elif path.name not in have:
             new.append(path)
+        elif _sha256(path) == _sha256(have[path.name]):
+            added.already.append(path.name)
+        else:  # never two files of one name: the index would say the old hash
+            raise WheelhouseError(
+                f"nothing was added: {path.name} is in the wheelhouse already with other bytes; "
+                f"remove it first (`sandcell packages remove {name}`) if the new one is right"
+            )
     wheels = house.path / WHEELS
     wheels.mkdir(mode=0o755, parents=True, exist_ok=True)
     os.chmod(house.path, 0o755)
@@ -337,6 +378,7 @@ class Offer:
 
 def offer(folder: str | Path | None, python: str, machine: str) -> Offer:
     """Whether the wheelhouse `folder` fits an image with this Python (X.Y) and machine."""
+    folder = resolve(str(folder) if folder is not None else None)
     if folder is None:
         return Offer()
     house = Wheelhouse(Path(folder))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import DockerSandbox, Limits
+from sandbox import DockerSandbox, Limits, render
 from sandbox import container as ctr
 from sandbox.boundary import PACKAGES_DIR, WHEELHOUSE
 from sandbox.wheelhouse import Wheelhouse, WheelhouseError, add, offer, remove
@@ -65,10 +65,14 @@ def test_a_conflicting_pin_is_refused_and_the_wheelhouse_is_unchanged(tmp_path, 
     house = Wheelhouse(tmp_path / "wh")
     add(house, [], [], [make_wheel(tmp_path, "tinyclean")], "3.11")
     before = snapshot(house.path)
+    # numpy 1.0 is there to be had (a local wheel): only the image's pin refuses it
     clash = make_wheel(tmp_path, "oldnumpyuser", requires=("numpy==1.0",))
+    old_numpy = make_wheel(tmp_path, "numpy", "1.0")
     with pytest.raises(WheelhouseError) as refused:
-        add(house, [], [], [clash], "3.11")
-    assert "wheelhouse is unchanged" in str(refused.value) and "numpy" in str(refused.value)
+        add(house, [], [], [clash, old_numpy], "3.11")
+    said = str(refused.value)
+    assert "conflicts with a package the image pins" in said and "numpy" in said, said
+    assert "wheelhouse is unchanged" in said
     assert snapshot(house.path) == before
     assert not list(tmp_path.glob(".wh-staging-*"))  # the staging folder is gone too
 
@@ -78,6 +82,20 @@ def test_another_python_is_refused_into_the_same_wheelhouse(tmp_path, no_index):
     add(house, [], [], [make_wheel(tmp_path, "tinyclean")], "3.11")
     with pytest.raises(WheelhouseError, match="is for Python 3.11, not 3.12"):
         add(house, [], [], [make_wheel(tmp_path, "other")], "3.12")
+
+
+def test_a_wheel_of_the_same_name_with_other_bytes_is_refused(tmp_path, no_index):
+    house = Wheelhouse(tmp_path / "wh")
+    add(house, [], [], [make_wheel(tmp_path, "tinyclean")], "3.11")
+    assert add(house, [], [], [make_wheel(tmp_path, "tinyclean")], "3.11").already
+    before = snapshot(house.path)
+    (tmp_path / "other").mkdir()
+    other = make_wheel(tmp_path / "other", "tinyclean", code="X = 2\n")
+    with pytest.raises(WheelhouseError, match="already with other bytes"):
+        add(house, [], [], [other], "3.11")
+    assert snapshot(house.path) == before
+    with pytest.raises(WheelhouseError, match="not a Python version"):
+        add(house, [], [], [other], "3.11; rm -rf /")
 
 
 def test_remove_and_close_names(tmp_path, no_index):
@@ -98,9 +116,17 @@ def test_offer_mounts_only_a_clean_wheelhouse_made_for_the_image(tmp_path, no_in
     assert offer(house.path, "3.11", "x86_64").mount == house.path.resolve()
     other = offer(house.path, "3.12", "x86_64")
     assert other.mount is None and "made for Python 3.11" in other.refused
-    (house.path / "notes.txt").write_text("a secret the sandbox must not see")
-    stray = offer(house.path, "3.11", "x86_64")
-    assert stray.mount is None and "notes.txt" in stray.refused
+    for name in ("notes.txt", "simple/notes.txt", "wheels/notawheel.whl", "simple/gone/index.html"):
+        (house.path / name).parent.mkdir(exist_ok=True)
+        (house.path / name).write_text("a secret the sandbox must not see")
+        stray = offer(house.path, "3.11", "x86_64")
+        assert stray.mount is None and name.split("/")[-1] in stray.refused, name
+        (house.path / name).unlink()
+    (house.path / "simple" / "gone").rmdir()
+    (house.path / "wheels" / "x.whl").symlink_to("/etc/hostname")
+    assert offer(house.path, "3.11", "x86_64").mount is None
+    (house.path / "wheels" / "x.whl").unlink()
+    assert offer(house.path, "3.11", "x86_64").mount is not None
     assert offer(tmp_path / "nowhere", "3.11", "x86_64").refused
 
 
@@ -180,6 +206,9 @@ def test_pip_install_from_the_wheelhouse_and_what_it_cannot_do(house, runtime):
         took = time.monotonic() - started
         assert ex.error is not None and ex.error.name == "PackageNotOffered"
         assert "not available offline" in ex.error.value and "tinyfuzz" in ex.error.value
+        shown = render(ex)  # one line, no frames of the kernel's extension
+        assert shown.splitlines()[0].startswith("PackageNotOffered: tinyfuz: not available"), shown
+        assert "Traceback" not in shown and "sandcell_pip" not in shown
         assert took < 20, (
             took
         )  # checked before pip starts (the issue asks within 2 s; generous here)

@@ -33,6 +33,6 @@ def make_wheel(
     files[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
     wheel = folder / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path, data in files.items():
-            archive.writestr(path, data)
+        for path, data in files.items():  # a fixed time: the same project, the same bytes
+            archive.writestr(zipfile.ZipInfo(path, date_time=(2026, 1, 1, 0, 0, 0)), data)
     return wheel

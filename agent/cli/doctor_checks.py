@@ -208,7 +208,7 @@ def packages(client: docker.DockerClient | None, image: str = DEFAULT_IMAGE) -> 
     """The default wheelhouse (`sandcell packages`): what it offers, and whether it fits the
     image (its Python and machine), so that sandboxes mount it."""
     from sandbox.docker_sandbox import wheelhouse_offer
-    from sandbox.wheelhouse import Wheelhouse, default_dir
+    from sandbox.wheelhouse import Wheelhouse, WheelhouseError, default_dir
 
     house = Wheelhouse(default_dir())
     if not house.exists():
@@ -216,14 +216,15 @@ def packages(client: docker.DockerClient | None, image: str = DEFAULT_IMAGE) -> 
                      "(add more with `sandcell packages add NAME`)")  # fmt: skip
     try:
         count, size, made_for = len(house.packages()), house.size(), (house.python, house.machine)
-    except (OSError, ValueError) as error:
-        return Check("packages", FAIL, f"the wheelhouse {house.path} cannot be read ({error})")
+    except (OSError, ValueError, WheelhouseError) as error:
+        return Check("packages", FAIL, f"the wheelhouse {house.path} cannot be read ({error})",
+                     "remove the folder, then `sandcell packages add NAME` again")  # fmt: skip
     said = f"{house.path}: {count} package(s), {size / 1e6:.1f} MB, for Python {made_for[0]} on {made_for[1]}"
     if client is None:
         return Check("packages", WARN, f"{said}; the image's Python is unknown without the engine")
     offered = wheelhouse_offer(client, image, str(house.path))
     if offered.mount is None:
-        fix = "make a wheelhouse for the image's Python: `sandcell packages add --python X.Y`"
+        fix = "build the image, or make a wheelhouse for its Python (`sandcell packages add`)"
         return Check("packages", WARN, f"{said}; not mounted: {offered.refused}", fix)
     return Check("packages", OK, f"{said}; mounted read-only into every sandbox")
 

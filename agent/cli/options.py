@@ -99,13 +99,12 @@ def runtime_option(command):
 
 
 def _wheelhouse(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """--wheelhouse as the folder a sandbox mounts, or None: `none` turns it off; not given,
-    the default one ($SANDCELL_WHEELHOUSE, else the cache's) when it exists."""
-    from sandbox.wheelhouse import Wheelhouse, default_dir
+    """--wheelhouse as Limits.wheelhouse: a folder; `none` turns it off; not given, DEFAULT
+    (each machine's default one when it exists: on Ray, each node's own)."""
+    from sandbox.wheelhouse import DEFAULT, Wheelhouse
 
     if value is None:
-        house = Wheelhouse(default_dir())
-        return str(house.path) if house.exists() else None
+        return DEFAULT
     if value.lower() == "none":
         return None
     house = Wheelhouse(Path(value).expanduser())

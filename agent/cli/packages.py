@@ -102,17 +102,23 @@ def _python_for(house) -> str:
 @exits.reported()
 def list_cmd(as_json: bool, wheelhouse: str | None) -> None:
     """The wheelhouse's packages and versions, its Python and size."""
+    from sandbox.wheelhouse import WheelhouseError
+
     house = _house(wheelhouse)
     if not house.exists():
         exits.fail(f"no wheelhouse at {house.path}; make one with `sandcell packages add NAME`", 1)
+    try:
+        made_for = (house.python, house.machine)
+    except WheelhouseError as error:
+        exits.fail(str(error), exits.STOPPED)
     packages = house.packages()
     if as_json:
-        click.echo(json.dumps({"wheelhouse": str(house.path), "python": house.python,
-                               "machine": house.machine, "packages": packages}, indent=1))  # fmt: skip
+        click.echo(json.dumps({"wheelhouse": str(house.path), "python": made_for[0],
+                               "machine": made_for[1], "packages": packages}, indent=1))  # fmt: skip
         return
     terminal.echo(
         f"{house.path}: {len(packages)} package(s), {house.size() / 1e6:.1f} MB, for Python "
-        f"{house.python} on {house.machine}"
+        f"{made_for[0]} on {made_for[1]}"
     )
     for name, versions in packages.items():
         terminal.echo(f"  {name} {', '.join(versions)}")

@@ -23,6 +23,7 @@ from agent.seams import RunResult
 from agent.session import Session
 from sandbox.boundary import DATA
 from sandbox.render import render
+from sandbox.wheelhouse import resolve
 
 RECIPE, AGENT = "recipe", "agent"  # a results line's "solved_by"
 SHOWN_CHARS = 2000  # of a failed cell's observation, in the agent's first message
@@ -131,7 +132,7 @@ def _install(session: Session, packages: tuple[str, ...]) -> str | None:
     said = render(stopped[1], SHOWN_CHARS)
     return (
         f"the packages it needs ({', '.join(packages)}) could not be installed on "
-        f"{socket.gethostname()} (its wheelhouse: {session.agent.limits.wheelhouse or 'none'}):\n{said}"
+        f"{socket.gethostname()} (its wheelhouse: {resolve(session.agent.limits.wheelhouse) or 'none'}):\n{said}"
     )
 
 
