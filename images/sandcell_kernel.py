@@ -442,6 +442,44 @@ def _offline_pip(ip) -> None:
     ip.register_magic_function(pip, "line", "pip")
 
 
+def _on_iopub_thread(change) -> bool:
+    """Run change(iopub_thread) on the IOPub thread's loop, which owns its sockets."""
+    thread = get_ipython().kernel.iopub_thread  # noqa: F821 (a kernel's builtin)
+    done = threading.Event()
+
+    def call():
+        try:
+            change(thread)
+        finally:
+            done.set()
+
+    thread.io_loop.add_callback(call)
+    return done.wait(10)
+
+
+def before_pause() -> bool:
+    """The host pauses this sandbox next: close ipykernel's TCP listener on 127.0.0.1 (the
+    pipe forked children print through), which gVisor cannot checkpoint while it waits."""
+
+    def close(thread):
+        if thread._pipe_flag:
+            thread._pipe_flag = False
+            thread._pipe_in.close()
+
+    return _on_iopub_thread(close)
+
+
+def after_resume() -> bool:
+    """Restored (or the pause failed): the pipe for forked children again."""
+
+    def reopen(thread):
+        if not thread._pipe_flag:
+            thread._pipe_flag = True
+            thread._setup_pipe_in()
+
+    return _on_iopub_thread(reopen)
+
+
 def load_ipython_extension(ip) -> None:
     _save_figures(ip)
     end_marker = _cap_rich(ip)  # around _save_figures: a display not sent is not saved

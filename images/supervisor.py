@@ -16,7 +16,11 @@ checker per request, with pandas and pandera loaded already, for the host's own 
 It makes itself non-dumpable so model code, which runs as the same uid, can neither
 ptrace it nor read its memory through /proc.
 
-Signals (boundary.RESTART, SWEEP, STOP) are sent by the host with `docker kill --signal`;
+Before a pause (boundary.QUIESCE) it stops the relay, the one process holding sockets in the
+host's folder, so gVisor can checkpoint the container; once restored (boundary.NEW_RELAY) it
+starts a new relay for the same kernel.
+
+Signals (boundary.RESTART, RENEW, SWEEP, QUIESCE, NEW_RELAY, STOP) are sent by the host with `docker kill --signal`;
 the same signals sent by a process inside the container carry its pid and are ignored.
 """
 
@@ -53,6 +57,8 @@ HANDLED = {
     boundary.RENEW,
     boundary.SWEEP,
     boundary.STOP,
+    boundary.QUIESCE,
+    boundary.NEW_RELAY,
     signal.SIGINT,
     signal.SIGIO,  # a connection to the checks socket
 }
@@ -251,9 +257,27 @@ def start(forked: bool) -> tuple[int, int]:
     info["ip"] = f"{INTERNAL_DIR}/k"
     with open(INTERNAL_FILE, "w") as f:
         json.dump(info, f)
-    if forked:
-        return spawn(RELAY_CMD, 500, run_relay), spawn(KERNEL_CMD, 1000, run_kernel)
-    return spawn(RELAY_CMD, 500), spawn(KERNEL_CMD, 1000)
+    return start_relay(forked), spawn(KERNEL_CMD, 1000, run_kernel if forked else None)
+
+
+def start_relay(forked: bool) -> int:
+    return spawn(RELAY_CMD, 500, run_relay if forked else None)
+
+
+def stop_relay(relay: int) -> None:
+    """The relay killed and reaped, then its socket files removed from the host's folder
+    (unsealed by the host for this): their absence tells the host nothing in the container
+    holds a host socket any more."""
+    try:
+        os.kill(relay, signal.SIGKILL)
+        os.waitpid(relay, 0)
+    except (OSError, ChildProcessError):
+        pass  # gone already
+    for port in boundary.CHANNELS.values():
+        try:
+            os.unlink(f"{boundary.CONNECTION_DIR}/{boundary.socket_name(port)}")
+        except OSError:
+            pass
 
 
 def reap() -> list[tuple[int, int]]:
@@ -424,6 +448,12 @@ def main() -> None:
                 if forked:
                     preload_checker(listener)
             relay, kernel = start(forked)
+        elif sig == boundary.QUIESCE:  # a pause: the host checkpoints the container next
+            stop_relay(relay)
+            relay = -1
+        elif sig == boundary.NEW_RELAY:  # restored from a checkpoint: the kernel is as it was
+            if relay == -1:
+                relay = start_relay(forked)
         elif sig == boundary.SWEEP:  # a timed-out cell's strays: the host's helpers are not
             kill_all({1, kernel, relay}, spare_helpers=True)
         else:

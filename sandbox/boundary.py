@@ -148,6 +148,10 @@ RESTART = signal.SIGUSR1  # kill everything but PID 1, start a fresh kernel and 
 # a process outlives the kill or a file stays
 RENEW = signal.SIGHUP
 SWEEP = signal.SIGUSR2  # kill everything but PID 1, the kernel and the relay
+# before a checkpoint (a pause): stop the relay, the one process holding sockets in the host's
+# connection folder (gVisor cannot save a host socket); the kernel runs on
+QUIESCE = signal.SIGPWR
+NEW_RELAY = signal.SIGURG  # after a restore: a new relay for the same kernel
 STOP = signal.SIGTERM  # kill everything and exit
 
 # -- kinds of file, as a file's stat names them on both sides ---------------------------------

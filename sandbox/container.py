@@ -18,6 +18,7 @@ from docker.types import LogConfig, Ulimit
 
 from sandbox import boundary, landing
 from sandbox.boundary import HOST_DIR_LABEL, LABEL, OWNER_LABEL, SESSION_LABEL, WORKSPACE
+from sandbox.checkpoint import restore_into
 from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.kernel import CONN_PREFIX
 from sandbox.limits import Limits
@@ -147,8 +148,10 @@ def start(
     staging_dir: Path | None = None,
     gvisor: bool = False,
     wheelhouse: Path | None = None,
+    checkpoint: Path | None = None,
 ):
-    """Start a sealed container whose PID 1 (the supervisor) starts the kernel."""
+    """Start a sealed container whose PID 1 (the supervisor) starts the kernel; or, from a
+    paused sandbox's `checkpoint`, restore it (the kernel as it was)."""
     check_image(client, image)  # and DockerSandbox has checked limits.runtime
     volumes = _mounts(conn_dir, inputs, staging_dir, wheelhouse)
     options = dict(
@@ -182,15 +185,26 @@ def start(
         runtime=limits.runtime,
         stop_signal=boundary.STOP.name,
     )
+    return _created(client, options, conn_dir, checkpoint)
+
+
+def _created(client: docker.DockerClient, options: dict, conn_dir: str, saved: Path | None):
+    """The container made and started, or restored from the checkpoint `saved` (a failed
+    restore is the PauseError it raised); nothing left behind when it fails."""
     container = None
     try:
         container = client.containers.create(**options)
-        container.start()
+        if saved is None:
+            container.start()
+        else:
+            restore_into(client, container.id, saved)
     # e.g. a mount refused, a runtime that fails, an engine that stopped answering
-    except (docker.errors.APIError, requests.exceptions.RequestException) as error:
+    except (docker.errors.APIError, requests.exceptions.RequestException, SandboxError) as error:
         if container is not None:
             container.remove(force=True)
         remove_host_dirs(conn_dir)
+        if saved is not None:
+            raise
         raise SandboxError(
             f"the sandbox container would not start: {getattr(error, 'explanation', None) or error}. "
             "Check `docker info` (runtimes, storage) and the input paths."

@@ -18,7 +18,7 @@ from pathlib import Path
 import docker.errors
 import requests
 
-from sandbox import boundary, image_build, kernel
+from sandbox import boundary, checkpoint, image_build, kernel
 from sandbox import container as ctr
 from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.execution import Execution
@@ -78,7 +78,10 @@ class DockerSandbox:
         runtime: str | None = None,
         session: str | None = None,
         staging: bool = False,
+        resume_from: str | Path | None = None,
     ):
+        """A new sandbox; with `resume_from`, the one paused into that folder (pause()),
+        restored with its kernel as it was: PauseError (nothing started) when it cannot be."""
         self.limits = limits or Limits()
         if runtime is not None:  # the same as Limits(runtime=...): one place holds it
             self.limits = replace(self.limits, runtime=runtime)
@@ -89,10 +92,14 @@ class DockerSandbox:
         self.gvisor = ctr.check_runtime(self.client, self.limits.runtime)
         ctr.reap_orphans(self.client)
         self.wheelhouse = wheelhouse_offer(self.client, self.image, self.limits.wheelhouse)
-        self.conn_dir, info = kernel.make_connection_dir()
+        paused = self._restorable(Path(resume_from), staging) if resume_from else None
+        self.conn_dir, info = kernel.make_connection_dir(paused.connection if paused else None)
         # A pool sandbox gets its inputs later: it mounts a private, empty staging folder.
         self.staging_dir = ctr.make_staging(self.conn_dir) if staging else None
         mounts = self.inputs.mounts()
+        if paused is not None and self.staging_dir is not None:  # as they were at the pause
+            _place(self.staging_dir, self.inputs)
+            mounts = {}
         self._info = info
         self._client = None
         # The live kernel client, also held by the finalizer: a sandbox dropped without
@@ -102,6 +109,15 @@ class DockerSandbox:
         self.container = None
         self._finalizer = weakref.finalize(self, _cleanup, None, self.conn_dir, self._live)
         started = time.monotonic()
+        self._start(mounts, Path(resume_from) / checkpoint.SAVED if paused else None)
+        self.start_seconds = time.monotonic() - started
+        self.container.reload()  # the attributes from `run` predate the start: no PID yet
+        # found once: each cell reads only the counter, not /proc and the cgroup tree
+        self._oom_file = _oom_counter_file(self.container.attrs.get("State", {}).get("Pid"))
+
+    # -- lifecycle -------------------------------------------------------------------
+    def _start(self, mounts: dict[str, Path], saved: Path | None) -> None:
+        """The container started (or restored from the checkpoint `saved`) and connected."""
         self.container = ctr.start(
             self.client,
             self.image,
@@ -112,18 +128,18 @@ class DockerSandbox:
             staging_dir=self.staging_dir,
             gvisor=self.gvisor,
             wheelhouse=self.wheelhouse.mount,
+            checkpoint=saved,
         )
         self._finalizer.detach()
         self._finalizer = weakref.finalize(
             self, _cleanup, self.container, self.conn_dir, self._live
         )
+        if saved is not None:  # the restored supervisor starts a relay for its kernel
+            ctr.send_signal(self.container, boundary.NEW_RELAY.name)
         self._set_client(self._connect())
-        self.start_seconds = time.monotonic() - started
-        self.container.reload()  # the attributes from `run` predate the start: no PID yet
-        # found once: each cell reads only the counter, not /proc and the cgroup tree
-        self._oom_file = _oom_counter_file(self.container.attrs.get("State", {}).get("Pid"))
+        if saved is not None:
+            self._in_kernel("after_resume()")
 
-    # -- lifecycle -------------------------------------------------------------------
     def _connect(self, replacing: list | None = None):
         """Connect once the kernel answers; after a restart, only to the new relay."""
         check = self._stopped_while_waiting
@@ -271,6 +287,110 @@ class DockerSandbox:
         before = kernel.socket_files(self.conn_dir, self._info)
         ctr.send_signal(self.container, boundary.RESTART.name)
         self._set_client(self._connect(replacing=before))
+
+    # -- pausing (gVisor) ----------------------------------------------------------------
+    def pause(self, folder: str | Path) -> None:
+        """Checkpoint this sandbox into `folder` (made here, owner-only) and remove its
+        container: DockerSandbox(..., resume_from=folder) brings it back, every variable
+        with it. Only under gVisor, with an engine that has checkpoints. On PauseError the
+        sandbox runs on as it was, and `folder` is not left."""
+        self._check_open()
+        if not self.gvisor:
+            raise checkpoint.PauseError(
+                "only a sandbox under gVisor (--runtime runsc) can be paused: runc's checkpoints "
+                "need CRIU, which fails on this kernel"
+            )
+        folder = Path(folder)
+        folder.mkdir(mode=0o700, parents=True)
+        paused = checkpoint.Paused(
+            connection=self._info,
+            image_id=self.client.images.get(self.image).id,
+            runsc=checkpoint.runsc_version(self.client, self._runtime_name()),
+            mounts=self._mounts_record(),
+            limits=self.limits.to_dict(),
+        )
+        if not self._in_kernel("before_pause()"):
+            raise checkpoint.PauseError("the kernel did not make ready for a pause (busy?)")
+        self._set_client(None)  # no host socket may be connected at the checkpoint
+        try:
+            self._quiesce()
+            checkpoint.create(self.client, self.container.id, folder / checkpoint.SAVED)
+            paused.write(folder)
+        except BaseException as error:
+            shutil.rmtree(folder, ignore_errors=True)
+            try:
+                self._relay_again()
+            except SandboxError as ended:  # runsc can end a sandbox whose checkpoint failed
+                self.close()
+                raise checkpoint.PauseError(
+                    f"{error}; the sandbox ended with it ({ended})"
+                ) from None
+            raise
+        self.close()
+
+    def _quiesce(self) -> None:
+        """The relay stopped and its sockets gone from the connection folder: a checkpoint
+        tried while a host socket is still open fails and ends the whole sandbox (runsc)."""
+        kernel.unseal(self.conn_dir)
+        ctr.send_signal(self.container, boundary.QUIESCE.name)
+        deadline = time.monotonic() + 30
+        while any(kernel.socket_files(self.conn_dir, self._info)):
+            if time.monotonic() > deadline:
+                raise checkpoint.PauseError("the sandbox's relay did not stop within 30 s")
+            ctr.check_running(self.container)
+            time.sleep(0.02)
+
+    def _relay_again(self) -> None:
+        """After a failed pause: a new relay, and the host connected to it again."""
+        ctr.check_running(self.container)
+        kernel.unseal(self.conn_dir)
+        before = kernel.socket_files(self.conn_dir, self._info)
+        ctr.send_signal(self.container, boundary.NEW_RELAY.name)
+        self._set_client(self._connect(replacing=before))
+        self._in_kernel("after_resume()")
+
+    def _in_kernel(self, call: str) -> bool:
+        """Call one of the kernel extension's own functions, silently (no history, no
+        output, no execution count): True once it answered ok and returned True."""
+        code = f"import {boundary.KERNEL_EXTENSION} as _s\nassert _s.{call}\ndel _s"
+        msg_id = self._client.execute(code, silent=True, store_history=False)
+        reply = kernel.await_reply(self._client, msg_id, 30)
+        return reply is not None and reply["content"].get("status") == "ok"
+
+    def _runtime_name(self) -> str:
+        return self.limits.runtime or self.client.info().get("DefaultRuntime", "runc")
+
+    def _mounts_record(self) -> dict:
+        """What a restore must mount again, as it was (gVisor restores the same mounts)."""
+        return {
+            "inputs": {item.name: item.sha256 for item in self.inputs},
+            "staging": self.staging_dir is not None,
+            "wheelhouse": str(self.wheelhouse.mount) if self.wheelhouse.mount else None,
+        }
+
+    def _restorable(self, folder: Path, staging: bool) -> checkpoint.Paused:
+        """The pause in `folder`, once it is this machine's and matches what this sandbox
+        would mount and run: PauseError (said why) otherwise."""
+        paused = checkpoint.Paused.read(folder)
+        if not self.gvisor:
+            raise checkpoint.PauseError("a paused sandbox resumes only under gVisor (runsc)")
+        now = {
+            "image": self.client.images.get(self.image).id,
+            "runsc": checkpoint.runsc_version(self.client, self._runtime_name()),
+            "mounts": {
+                "inputs": {item.name: item.sha256 for item in self.inputs},
+                "staging": staging,
+                "wheelhouse": str(self.wheelhouse.mount) if self.wheelhouse.mount else None,
+            },
+        }
+        was = {"image": paused.image_id, "runsc": paused.runsc, "mounts": paused.mounts}
+        differ = [what for what in now if now[what] != was[what]]
+        if differ:
+            raise checkpoint.PauseError(
+                f"the paused sandbox in {folder} was made with another {' and '.join(differ)}: "
+                "it is not restored"
+            )
+        return paused
 
     def renew(self, inputs: Inputs | list[str | Path] = ()) -> None:
         """Make this sandbox what a fresh one would be for a new job, in the same container
@@ -453,22 +573,27 @@ class DockerSandbox:
             )
         more = Inputs.from_paths(paths)
         combined = self.inputs.extended(more)  # a name taken already is refused here
-        placed: list[Path] = []
-        try:
-            for name, path in more.mounts().items():
-                target = self.staging_dir / name
-                try:
-                    os.link(path, target)  # same filesystem: no copy at all
-                except OSError:
-                    shutil.copyfile(path, target)
-                placed.append(target)
-                # No chmod: a hard link shares the user's inode (and its mode). The folder
-                # is mounted read-only, which is what protects the file.
-        except BaseException:  # re-raised: a failed add leaves the sandbox as it was
-            for target in placed:
-                target.unlink(missing_ok=True)
-            raise
+        _place(self.staging_dir, more)
         self.inputs = combined
+
+
+def _place(staging_dir: Path, inputs: Inputs) -> None:
+    """Inputs into a pool sandbox's staging folder; all of them or none."""
+    placed: list[Path] = []
+    try:
+        for name, path in inputs.mounts().items():
+            target = staging_dir / name
+            try:
+                os.link(path, target)  # same filesystem: no copy at all
+            except OSError:
+                shutil.copyfile(path, target)
+            placed.append(target)
+            # No chmod: a hard link shares the user's inode (and its mode). The folder
+            # is mounted read-only, which is what protects the file.
+    except BaseException:  # re-raised: a failed add leaves the sandbox as it was
+        for target in placed:
+            target.unlink(missing_ok=True)
+        raise
 
 
 def _oom_counter_file(host_pid: int | None) -> Path | None:

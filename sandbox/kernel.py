@@ -35,11 +35,12 @@ CONN_PREFIX = "sandcell-conn-"  # the host folders sandcell made, and may delete
 OnOutput = Callable[[StreamChunk], None]
 
 
-def make_connection_dir() -> tuple[str, dict]:
-    """A host-owned directory the container's kernel binds its ipc sockets in."""
+def make_connection_dir(info: dict | None = None) -> tuple[str, dict]:
+    """A host-owned directory the container's kernel binds its ipc sockets in; `info` is a
+    restored kernel's connection (its key), else a new one."""
     path = tempfile.mkdtemp(prefix=CONN_PREFIX)
     unseal(path)  # the kernel's uid creates its sockets here until sealed
-    info = dict(
+    info = info or dict(
         transport="ipc",
         ip=f"{boundary.CONNECTION_DIR}/{boundary.SOCKET_BASE}",
         **{f"{name}_port": port for name, port in boundary.CHANNELS.items()},

@@ -68,17 +68,25 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+starting=no
+pgrep -x dockerd >/dev/null 2>&1 || starting=yes
 if [ "$RUNTIME" = runsc ]; then
     # Merge the entry into daemon.json, keeping everything else; write only on a change.
-    changed=$(python3 - "$DAEMON_JSON" "$(command -v runsc)" "$RUNSC_ARGS" <<'PY'
+    # A daemon this script starts also gets "experimental": true, which Docker's checkpoints
+    # (paused sandboxes under gVisor) need; a running daemon is never switched: that needs a
+    # restart of dockerd, which stops every container (see `sandcell doctor`).
+    changed=$(python3 - "$DAEMON_JSON" "$(command -v runsc)" "$RUNSC_ARGS" "$starting" <<'PY'
 import json, os, sys
-path, binary, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+path, binary, args, starting = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 config = json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else {}
 entry = {"path": binary, "runtimeArgs": args}
-if config.get("runtimes", {}).get("runsc") == entry:
+experimental = starting == "yes" and config.get("experimental") is not True
+if config.get("runtimes", {}).get("runsc") == entry and not experimental:
     print("no")
 else:
     config.setdefault("runtimes", {})["runsc"] = entry
+    if experimental:
+        config["experimental"] = True
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".sandcell-new", "w") as f:
         json.dump(config, f, indent=2)
@@ -89,6 +97,11 @@ PY
 )
     if [ "$changed" = yes ]; then
         echo "sandcell: registered runsc in $DAEMON_JSON" >&2
+        if [ "$starting" = yes ]; then
+            echo "sandcell: and \"experimental\": true there, for checkpoints (paused sandboxes under gVisor)" >&2
+        else
+            echo "sandcell: checkpoints stay off on the running dockerd (they need \"experimental\": true and a restart; see \`sandcell doctor\`)" >&2
+        fi
         updated=yes
     fi
 fi

@@ -229,6 +229,30 @@ def packages(client: docker.DockerClient | None, image: str = DEFAULT_IMAGE) -> 
     return Check("packages", OK, f"{said}; mounted read-only into every sandbox")
 
 
+def pausing(info: dict) -> Check:
+    """Whether a paused sandbox can keep its kernel: gVisor's runsc registered, the engine's
+    experimental setting on (Docker's checkpoints), and its data root reachable from here (the
+    checkpoint is copied in and out: a local engine, root)."""
+    if "runsc" not in (info.get("Runtimes") or {}):
+        return Check("pausing", OK, "off: without runsc an idle or restarted session gets a "
+                     "fresh kernel, or its cells replayed")  # fmt: skip
+    if not info.get("ExperimentalBuild"):
+        return Check(
+            "pausing", WARN, 'the engine\'s checkpoints are off (no "experimental": true): '
+            "sessions under runsc fall back to a fresh kernel or a replay",
+            'add "experimental": true to /etc/docker/daemon.json and restart dockerd '
+            "(`sudo systemctl restart docker`: it stops every running container)",
+        )  # fmt: skip
+    root = Path(info.get("DockerRootDir") or "/var/lib/docker")
+    if not os.access(root / "containers", os.W_OK):
+        return Check("pausing", WARN, f"checkpoints are on, but {root} is not writable from "
+                     "here (a remote engine, or not root): paused sessions fall back",
+                     "run sandcell as root on the engine's host")  # fmt: skip
+    return Check(
+        "pausing", OK, "checkpoints work under runsc: idle and restarted sessions keep their kernel"
+    )
+
+
 def checks(
     settings: ModelSettings, runtime: str | None, endpoint_given: bool = False
 ) -> Iterator[Check]:
@@ -237,7 +261,7 @@ def checks(
     yield found
     info = None
     if client is None:
-        for name in ("image", "runtime", "cgroups"):
+        for name in ("image", "runtime", "pausing", "cgroups"):
             yield Check(name, SKIP, "needs the engine")
         yield packages(None)
     else:
@@ -251,6 +275,7 @@ def checks(
         yield image(client)
         yield packages(client)
         yield runtimes(info, runtime)
+        yield pausing(info)
         yield cgroups(info)
     yield model(settings, dict(os.environ), endpoint_given)
     yield disk(info)

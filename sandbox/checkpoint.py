@@ -1,0 +1,163 @@
+"""A paused sandbox on disk: its container's checkpoint (gVisor saves the whole sandbox, the
+kernel's memory with it) kept in a folder the caller owns, and what a restore must match.
+
+    FOLDER/checkpoint/   the engine's checkpoint, copied out of its data root (owner-only)
+    FOLDER/pause.json    the kernel's connection (its key), the image, runsc's version, the
+                         mounts, the limits: a restore into a new container uses them
+    FOLDER/pause.hmac    HMAC-SHA256 over both, with a key kept outside every session folder:
+                         a restore refuses a checkpoint this machine did not write
+
+Docker's checkpoints need the engine's `experimental` setting and a local engine (the folder is
+copied in and out of its data root, which takes root), and runsc: CRIU, which runc would use,
+fails on kernels like this machine's."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+import requests
+
+from sandbox import image_build
+from sandbox.errors import SandboxError
+
+NAME = "sandcell-pause"  # the checkpoint's name in the engine
+STATE = "pause.json"
+SEAL = "pause.hmac"
+SAVED = "checkpoint"
+KEY_FILE = "checkpoint.key"
+
+
+class PauseError(SandboxError):
+    """A pause or a resume could not be done; the message says why (the caller falls back)."""
+
+
+def key() -> bytes:
+    """This machine's checkpoint key: made once, owner-only, beside the image cache (never
+    in a session folder, where a digest would protect nothing)."""
+    path = image_build.cache_dir() / KEY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    except FileExistsError:
+        pass
+    return path.read_bytes().strip()
+
+
+def runsc_version(client: docker.DockerClient, runtime: str) -> str:
+    """The version the engine's runsc says: a restore under another one is refused."""
+    entry = (client.info().get("Runtimes") or {}).get(runtime) or {}
+    binary = entry.get("path") or "runsc"
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"unknown ({error})"
+    return done.stdout.strip().splitlines()[0] if done.stdout.strip() else "unknown"
+
+
+def _engine_folder(client: docker.DockerClient, container_id: str) -> Path:
+    return Path(client.info()["DockerRootDir"]) / "containers" / container_id / "checkpoints"
+
+
+def _api_error(error: Exception) -> str:
+    return str(getattr(error, "explanation", None) or error)
+
+
+def create(client: docker.DockerClient, container_id: str, into: Path) -> None:
+    """Checkpoint the container (it stops) and copy the checkpoint into `into`."""
+    api = client.api
+    try:
+        response = api._post_json(
+            api._url("/containers/{0}/checkpoints", container_id),
+            data={"CheckpointID": NAME, "Exit": True},
+        )
+        api._raise_for_status(response)
+    except (docker.errors.APIError, requests.RequestException) as error:
+        raise PauseError(
+            f"the engine could not checkpoint the sandbox: {_api_error(error)}"
+        ) from None
+    saved = _engine_folder(client, container_id) / NAME
+    if not saved.is_dir():
+        raise PauseError(f"the checkpoint is not where a local engine keeps it ({saved})")
+    shutil.copytree(saved, into)
+    _owner_only(into)
+
+
+def restore_into(client: docker.DockerClient, container_id: str, saved: Path) -> None:
+    """Start the created container from the checkpoint in `saved` (copied into the engine's
+    data root: this engine refuses a checkpoint folder of its own choosing)."""
+    target = _engine_folder(client, container_id) / NAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(saved, target)
+    api = client.api
+    try:
+        response = api._post(
+            api._url("/containers/{0}/start", container_id), params={"checkpoint": NAME}
+        )
+        api._raise_for_status(response)
+    except (docker.errors.APIError, requests.RequestException) as error:
+        raise PauseError(f"the engine could not restore the sandbox: {_api_error(error)}") from None
+
+
+def _owner_only(folder: Path) -> None:
+    os.chmod(folder, 0o700)
+    for path in folder.rglob("*"):
+        os.chmod(path, 0o700 if path.is_dir() else 0o600)
+
+
+def _digest(folder: Path, secret: bytes) -> str:
+    mac = hmac.new(secret, digestmod=hashlib.sha256)
+    paths = [folder / STATE, *sorted(p for p in (folder / SAVED).rglob("*") if p.is_file())]
+    for path in paths:
+        name = str(path.relative_to(folder)).encode()
+        mac.update(len(name).to_bytes(8, "big") + name + path.stat().st_size.to_bytes(8, "big"))
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                mac.update(block)
+    return mac.hexdigest()
+
+
+@dataclass(frozen=True)
+class Paused:
+    """What a restore needs and must match, as pause.json holds it."""
+
+    connection: dict  # the kernel's connection info, its key with it
+    image_id: str
+    runsc: str
+    mounts: dict  # inputs (name -> sha256) and the wheelhouse, as mounted
+    limits: dict
+
+    def write(self, folder: Path) -> None:
+        path = folder / STATE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.__dict__, f)
+        (folder / SEAL).write_text(_digest(folder, key()))
+        os.chmod(folder / SEAL, 0o600)
+
+    @classmethod
+    def read(cls, folder: Path) -> Paused:
+        """The pause in `folder`, once its HMAC holds; PauseError otherwise."""
+        try:
+            said = (folder / SEAL).read_text().strip()
+            ok = hmac.compare_digest(said, _digest(folder, key()))
+            state = json.loads((folder / STATE).read_text()) if ok else None
+        except (OSError, ValueError) as error:
+            raise PauseError(f"the paused sandbox in {folder} cannot be read ({error})") from None
+        if not ok:
+            raise PauseError(
+                f"the checkpoint in {folder} was not written by this machine's sandcell (its "
+                "HMAC does not hold): it is not restored"
+            )
+        return cls(**state)
