@@ -90,16 +90,21 @@ def test_a_tampered_checkpoint_is_refused(runsc, tmp_path):
 
 def test_a_checkpoint_that_fails_is_said_and_leaves_nothing(runsc, tmp_path):
     # The kernel not readied: ipykernel's TCP listener stays open and waited on, which runsc
-    # (2022-12) refuses to save, and a failed checkpoint ends the whole gVisor sandbox. The
-    # pause says so, leaves no folder and no container: a session falls back to its recorded
-    # cells (replay), which is what keeps its work.
+    # (2022-12) refuses to save. Such a failure has ended the whole gVisor sandbox here: the
+    # pause then says so and leaves no folder and no container (a session falls back to its
+    # recorded cells); should the sandbox survive it, it runs on with its state.
     with DockerSandbox(runsc) as sandbox:
         sandbox.run("x = 41")
         sandbox._in_kernel = lambda call: True
         container = sandbox.container.id
-        with pytest.raises(checkpoint.PauseError, match="waiters upon save.*the sandbox ended"):
+        with pytest.raises(checkpoint.PauseError, match="waiters upon save") as failed:
             sandbox.pause(tmp_path / "paused")
-        assert sandbox.closed and not (tmp_path / "paused").exists()
+        assert not (tmp_path / "paused").exists()
+        if "the sandbox ended" in str(failed.value):
+            assert sandbox.closed
+        else:
+            del sandbox._in_kernel
+            assert sandbox.run("x + 1").text == "42"
     with pytest.raises(docker.errors.NotFound):
         ctr.engine().containers.get(container)
 
