@@ -268,6 +268,8 @@ def stop_relay(relay: int) -> None:
     """The relay killed and reaped, then its socket files removed from the host's folder
     (unsealed by the host for this): their absence tells the host nothing in the container
     holds a host socket any more."""
+    if relay <= 0:  # stopped already (a second QUIESCE): kill(-1) would end everything
+        return
     try:
         os.kill(relay, signal.SIGKILL)
         os.waitpid(relay, 0)

@@ -19,6 +19,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,17 +43,32 @@ class PauseError(SandboxError):
 
 
 def key() -> bytes:
-    """This machine's checkpoint key: made once, owner-only, beside the image cache (never
-    in a session folder, where a digest would protect nothing)."""
+    """This machine's checkpoint key: made once (whole: written aside, then linked into
+    place), owner-only, beside the image cache (never in a session folder, where a digest
+    would protect nothing). A key file not of this shape is refused."""
     path = image_build.cache_dir() / KEY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    if not path.exists():
+        temp = path.with_name(f".{KEY_FILE}.{secrets.token_hex(4)}")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32))
-    except FileExistsError:
-        pass
-    return path.read_bytes().strip()
+        try:
+            os.link(temp, path)  # fails if another process made it first: theirs is used
+        except FileExistsError:
+            pass
+        finally:
+            temp.unlink()
+    st = path.lstat()
+    secret = path.read_bytes().strip()
+    if (
+        not stat.S_ISREG(st.st_mode)
+        or st.st_mode & 0o077
+        or st.st_uid != os.getuid()
+        or len(secret) != 64
+    ):
+        raise PauseError(f"{path} is not this user's owner-only checkpoint key: remove it")
+    return secret
 
 
 def runsc_version(client: docker.DockerClient, runtime: str) -> str:
@@ -74,8 +90,8 @@ def _api_error(error: Exception) -> str:
     return str(getattr(error, "explanation", None) or error)
 
 
-def create(client: docker.DockerClient, container_id: str, into: Path) -> None:
-    """Checkpoint the container (it stops) and copy the checkpoint into `into`."""
+def create(client: docker.DockerClient, container_id: str) -> None:
+    """Checkpoint the container into the engine's folder (the container stops)."""
     api = client.api
     try:
         response = api._post_json(
@@ -87,19 +103,36 @@ def create(client: docker.DockerClient, container_id: str, into: Path) -> None:
         raise PauseError(
             f"the engine could not checkpoint the sandbox: {_api_error(error)}"
         ) from None
+
+
+def copy_out(client: docker.DockerClient, container_id: str, into: Path) -> None:
+    """The engine's checkpoint copied into `into`, owner-only."""
     saved = _engine_folder(client, container_id) / NAME
-    if not saved.is_dir():
-        raise PauseError(f"the checkpoint is not where a local engine keeps it ({saved})")
-    shutil.copytree(saved, into)
-    _owner_only(into)
+    try:
+        shutil.copytree(saved, into, symlinks=True)
+        _owner_only(into)
+    except OSError as error:
+        raise PauseError(f"the checkpoint could not be copied out of {saved}: {error}") from None
 
 
-def restore_into(client: docker.DockerClient, container_id: str, saved: Path) -> None:
-    """Start the created container from the checkpoint in `saved` (copied into the engine's
-    data root: this engine refuses a checkpoint folder of its own choosing)."""
-    target = _engine_folder(client, container_id) / NAME
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(saved, target)
+def forget(client: docker.DockerClient, container_id: str) -> None:
+    """The engine's copy of a checkpoint removed (a later pause makes its own, same name)."""
+    shutil.rmtree(_engine_folder(client, container_id) / NAME, ignore_errors=True)
+
+
+def engine_reachable(client: docker.DockerClient, container_id: str) -> None:
+    """PauseError unless the engine's checkpoint folder can be reached from here (a local
+    engine, and root): said before anything is stopped."""
+    folder = _engine_folder(client, container_id).parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PauseError(
+            f"the engine's folder {folder} cannot be written from here (a remote engine, or not "
+            "root): checkpoints are copied in and out of it"
+        )
+
+
+def start_from(client: docker.DockerClient, container_id: str) -> None:
+    """Start the container from the checkpoint in its engine folder."""
     api = client.api
     try:
         response = api._post(
@@ -110,6 +143,24 @@ def restore_into(client: docker.DockerClient, container_id: str, saved: Path) ->
         raise PauseError(f"the engine could not restore the sandbox: {_api_error(error)}") from None
 
 
+def restore_into(client: docker.DockerClient, container_id: str, saved: Path) -> None:
+    """Start the created container from the checkpoint in `saved` (copied into the engine's
+    data root: this engine refuses a checkpoint folder of its own choosing), then remove
+    that copy (a later pause makes its own, under the same name)."""
+    target = _engine_folder(client, container_id) / NAME
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(saved, target, symlinks=True)
+    except OSError as error:
+        raise PauseError(
+            f"the checkpoint could not be put where the engine reads it: {error}"
+        ) from None
+    try:
+        start_from(client, container_id)
+    finally:
+        forget(client, container_id)
+
+
 def _owner_only(folder: Path) -> None:
     os.chmod(folder, 0o700)
     for path in folder.rglob("*"):
@@ -118,7 +169,11 @@ def _owner_only(folder: Path) -> None:
 
 def _digest(folder: Path, secret: bytes) -> str:
     mac = hmac.new(secret, digestmod=hashlib.sha256)
-    paths = [folder / STATE, *sorted(p for p in (folder / SAVED).rglob("*") if p.is_file())]
+    found = sorted((folder / SAVED).rglob("*"))
+    odd = [p for p in found if p.is_symlink() or not (p.is_file() or p.is_dir())]
+    if odd:  # a link would be followed by the copy into the engine, unhashed
+        raise PauseError(f"the checkpoint in {folder} holds {odd[0].name}, not a plain file")
+    paths = [folder / STATE, *(p for p in found if p.is_file())]
     for path in paths:
         name = str(path.relative_to(folder)).encode()
         mac.update(len(name).to_bytes(8, "big") + name + path.stat().st_size.to_bytes(8, "big"))
@@ -150,8 +205,8 @@ class Paused:
     def read(cls, folder: Path) -> Paused:
         """The pause in `folder`, once its HMAC holds; PauseError otherwise."""
         try:
-            said = (folder / SEAL).read_text().strip()
-            ok = hmac.compare_digest(said, _digest(folder, key()))
+            said = (folder / SEAL).read_bytes().strip()
+            ok = hmac.compare_digest(said, _digest(folder, key()).encode())
             state = json.loads((folder / STATE).read_text()) if ok else None
         except (OSError, ValueError) as error:
             raise PauseError(f"the paused sandbox in {folder} cannot be read ({error})") from None

@@ -292,8 +292,9 @@ class DockerSandbox:
     def pause(self, folder: str | Path) -> None:
         """Checkpoint this sandbox into `folder` (made here, owner-only) and remove its
         container: DockerSandbox(..., resume_from=folder) brings it back, every variable
-        with it. Only under gVisor, with an engine that has checkpoints. On PauseError the
-        sandbox runs on as it was, and `folder` is not left."""
+        with it. Only under gVisor, with a local engine that has checkpoints. On PauseError
+        `folder` is not left, and the sandbox runs on as it was unless the error says it
+        ended (runsc ends a sandbox whose checkpoint failed)."""
         self._check_open()
         if not self.gvisor:
             raise checkpoint.PauseError(
@@ -301,7 +302,10 @@ class DockerSandbox:
                 "need CRIU, which fails on this kernel"
             )
         folder = Path(folder)
-        folder.mkdir(mode=0o700, parents=True)
+        if folder.exists():
+            raise checkpoint.PauseError(f"{folder} exists already: pause into a new folder")
+        checkpoint.engine_reachable(self.client, self.container.id)
+        checkpoint.key()  # made (or refused) now, before anything stops
         paused = checkpoint.Paused(
             connection=self._info,
             image_id=self.client.images.get(self.image).id,
@@ -310,23 +314,36 @@ class DockerSandbox:
             limits=self.limits.to_dict(),
         )
         if not self._in_kernel("before_pause()"):
+            self._in_kernel("after_resume()")
             raise checkpoint.PauseError("the kernel did not make ready for a pause (busy?)")
         self._set_client(None)  # no host socket may be connected at the checkpoint
+        checkpointed = False
         try:
             self._quiesce()
-            checkpoint.create(self.client, self.container.id, folder / checkpoint.SAVED)
+            checkpoint.create(self.client, self.container.id)
+            checkpointed = True
+            folder.mkdir(mode=0o700, parents=True)
+            checkpoint.copy_out(self.client, self.container.id, folder / checkpoint.SAVED)
             paused.write(folder)
         except BaseException as error:
             shutil.rmtree(folder, ignore_errors=True)
-            try:
-                self._relay_again()
-            except SandboxError as ended:  # runsc can end a sandbox whose checkpoint failed
-                self.close()
-                raise checkpoint.PauseError(
-                    f"{error}; the sandbox ended with it ({ended})"
-                ) from None
+            self._recover(error, checkpointed)
             raise
         self.close()
+
+    def _recover(self, error: BaseException, checkpointed: bool) -> None:
+        """After a failed pause: the sandbox as it was (started again from the engine's
+        checkpoint if it had been taken), else PauseError saying it ended."""
+        try:
+            if checkpointed:
+                try:
+                    checkpoint.start_from(self.client, self.container.id)
+                finally:
+                    checkpoint.forget(self.client, self.container.id)
+            self._relay_again()
+        except SandboxError as ended:  # PauseError is one
+            self.close()
+            raise checkpoint.PauseError(f"{error}; the sandbox ended with it ({ended})") from None
 
     def _quiesce(self) -> None:
         """The relay stopped and its sockets gone from the connection folder: a checkpoint

@@ -51,6 +51,7 @@ def test_a_paused_sandbox_resumes_in_a_new_container_with_its_kernel_as_it_was(r
         ex = sandbox.run(STATE)
         assert ex.error is None, ex.error
         drawn = ex.stdout.strip()
+        total = sandbox.run("print(round(float(df.b.sum()), 6))").stdout.strip()
         old = sandbox.container.id
         sandbox.pause(folder)
         assert sandbox.closed
@@ -68,8 +69,12 @@ def test_a_paused_sandbox_resumes_in_a_new_container_with_its_kernel_as_it_was(r
         assert ex.error is None, ex.error
         fields = ex.stdout.split()
         assert fields[0] == drawn and fields[1] == "1000000" and fields[3] == "True", ex.stdout
+        assert fields[2] == total, ex.stdout
         assert "in the workspace" in ex.stdout and "in tmp" in ex.stdout
-        assert back.run("random.random() != drawn").text == "True"  # the kernel goes on
+        back.run("later = drawn * 2")
+        back.pause(tmp_path / "again")  # a resumed sandbox pauses again
+    with DockerSandbox(runsc, resume_from=tmp_path / "again") as twice:
+        assert twice.run("later == drawn * 2 and len(df)").text == "1000000"
 
 
 def test_a_tampered_checkpoint_is_refused(runsc, tmp_path):
