@@ -2,8 +2,8 @@
 kernel's memory with it) kept in a folder the caller owns, and what a restore must match.
 
     FOLDER/checkpoint/   the engine's checkpoint, copied out of its data root (owner-only)
-    FOLDER/pause.json    the kernel's connection (its key), the image, runsc's version, the
-                         mounts, the limits: a restore into a new container uses them
+    FOLDER/pause.json    the kernel's connection (its key), the image, runsc's version and
+                         the mounts (a restore must match them), and the limits (recorded)
     FOLDER/pause.hmac    HMAC-SHA256 over both, with a key kept outside every session folder:
                          a restore refuses a checkpoint this machine did not write
 
