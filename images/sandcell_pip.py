@@ -91,7 +91,8 @@ def installed(name: str) -> bool:
 
 
 def check(names: list[str]) -> None:
-    """Raise PackageNotOffered for names neither installed nor in the wheelhouse."""
+    """Raise PackageNotOffered for names (normalised, as requested() gives them) neither
+    installed nor in the wheelhouse."""
     index = offered()
     missing = [n for n in names if n not in index and not installed(n)]
     if not missing:
@@ -104,7 +105,7 @@ def check(names: list[str]) -> None:
         )
     close = []
     for name in missing:
-        close += difflib.get_close_matches(boundary.requirement_name(name), index, n=3, cutoff=0.6)
+        close += difflib.get_close_matches(name, index, n=3, cutoff=0.6)  # names normalised
     hint = (
         f"; the closest the wheelhouse offers: {', '.join(dict.fromkeys(close))}"
         if close

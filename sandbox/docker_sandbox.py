@@ -308,10 +308,8 @@ class DockerSandbox:
         checkpoint.key()  # made (or refused) now, before anything stops
         paused = checkpoint.Paused(
             connection=self._info,
-            image_id=self.client.images.get(self.image).id,
-            runsc=checkpoint.runsc_version(self.client, self._runtime_name()),
-            mounts=self._mounts_record(),
             limits=self.limits.to_dict(),
+            **self._identity(staging=self.staging_dir is not None),
         )
         if not self._in_kernel("before_pause()"):
             self._in_kernel("after_resume()")
@@ -350,12 +348,15 @@ class DockerSandbox:
         tried while a host socket is still open fails and ends the whole sandbox (runsc)."""
         kernel.unseal(self.conn_dir)
         ctr.send_signal(self.container, boundary.QUIESCE.name)
-        deadline = time.monotonic() + 30
-        while any(kernel.socket_files(self.conn_dir, self._info)):
-            if time.monotonic() > deadline:
-                raise checkpoint.PauseError("the sandbox's relay did not stop within 30 s")
-            ctr.check_running(self.container)
-            time.sleep(0.02)
+        gone = kernel.await_sockets(
+            self.conn_dir,
+            self._info,
+            lambda now: not any(now),
+            30,
+            check=self._stopped_while_waiting,
+        )
+        if not gone:
+            raise checkpoint.PauseError("the sandbox's relay did not stop within 30 s")
 
     def _relay_again(self) -> None:
         """After a failed pause: a new relay, and the host connected to it again."""
@@ -377,12 +378,17 @@ class DockerSandbox:
     def _runtime_name(self) -> str:
         return self.limits.runtime or self.client.info().get("DefaultRuntime", "runc")
 
-    def _mounts_record(self) -> dict:
-        """What a restore must mount again, as it was (gVisor restores the same mounts)."""
+    def _identity(self, staging: bool) -> dict:
+        """What a restore must match (Paused's fields): the image, runsc's version, and the
+        mounts as they were (gVisor restores the same mounts)."""
         return {
-            "inputs": {item.name: item.sha256 for item in self.inputs},
-            "staging": self.staging_dir is not None,
-            "wheelhouse": str(self.wheelhouse.mount) if self.wheelhouse.mount else None,
+            "image_id": self.client.images.get(self.image).id,
+            "runsc": checkpoint.runsc_version(self.client, self._runtime_name()),
+            "mounts": {
+                "inputs": {item.name: item.sha256 for item in self.inputs},
+                "staging": staging,
+                "wheelhouse": str(self.wheelhouse.mount) if self.wheelhouse.mount else None,
+            },
         }
 
     def _restorable(self, folder: Path, staging: bool) -> checkpoint.Paused:
@@ -391,17 +397,12 @@ class DockerSandbox:
         paused = checkpoint.Paused.read(folder)
         if not self.gvisor:
             raise checkpoint.PauseError("a paused sandbox resumes only under gVisor (runsc)")
-        now = {
-            "image": self.client.images.get(self.image).id,
-            "runsc": checkpoint.runsc_version(self.client, self._runtime_name()),
-            "mounts": {
-                "inputs": {item.name: item.sha256 for item in self.inputs},
-                "staging": staging,
-                "wheelhouse": str(self.wheelhouse.mount) if self.wheelhouse.mount else None,
-            },
-        }
-        was = {"image": paused.image_id, "runsc": paused.runsc, "mounts": paused.mounts}
-        differ = [what for what in now if now[what] != was[what]]
+        now = self._identity(staging)
+        differ = [
+            what.removesuffix("_id")
+            for what, value in now.items()
+            if getattr(paused, what) != value
+        ]
         if differ:
             raise checkpoint.PauseError(
                 f"the paused sandbox in {folder} was made with another {' and '.join(differ)}: "

@@ -84,13 +84,27 @@ def await_new_sockets(
 ) -> bool:
     """After a hard restart, wait until a new relay has bound every socket afresh. Connecting
     sooner can reach the old relay in its last moments: the old kernel answers the readiness
-    check, then dies, and the next cell's output is lost or runs in the old state. `check`,
-    called about once a second, raises to end the wait early (the container stopped)."""
+    check, then dies, and the next cell's output is lost or runs in the old state."""
+
+    def fresh(now: list) -> bool:
+        return all(new is not None and new != old for new, old in zip(now, before, strict=True))
+
+    return await_sockets(path, info, fresh, timeout, check)
+
+
+def await_sockets(
+    path: str,
+    info: dict,
+    done: Callable[[list], bool],
+    timeout: float,
+    check: Callable[[], None] | None = None,
+) -> bool:
+    """Wait until done(socket_files(...)) holds; False at the timeout. `check`, called about
+    once a second, raises to end the wait early (the container stopped)."""
     deadline = time.monotonic() + timeout
     next_check = time.monotonic() + 0.5
     while time.monotonic() < deadline:
-        now = socket_files(path, info)
-        if all(new is not None and new != old for new, old in zip(now, before, strict=True)):
+        if done(socket_files(path, info)):
             return True
         if check is not None and time.monotonic() >= next_check:
             check()
