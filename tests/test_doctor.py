@@ -29,7 +29,16 @@ def test_everything_there_exits_0_and_names_each_check():
         done = doctor(OPENAI_BASE_URL=server.url, SANDCELL_MODEL="scripted-model")
     assert done.returncode == 0, done.stdout + done.stderr
     checks = lines(done.stdout)
-    assert set(checks) == {"engine", "image", "packages", "runtime", "pausing", "cgroups", "model", "disk"}
+    assert set(checks) == {
+        "engine",
+        "image",
+        "packages",
+        "runtime",
+        "pausing",
+        "cgroups",
+        "model",
+        "disk",
+    }
     assert checks["engine"] == checks["image"] == checks["model"] == "ok", done.stdout
     assert "serves scripted-model" in done.stdout
     assert "everything a run needs is here" in done.stdout
