@@ -111,9 +111,10 @@ class Wheelhouse:
     def python(self) -> str:
         return self.manifest()["python"]
 
-    @property
-    def machine(self) -> str:
-        return str(self.manifest().get("machine", MACHINE))
+    def made_for(self) -> tuple[str, str]:
+        """The Python (X.Y) and machine it was made for, from one read of its manifest."""
+        manifest = self.manifest()
+        return manifest["python"], str(manifest.get("machine", MACHINE))
 
     def wheels(self) -> list[Wheel]:
         found = []
@@ -385,7 +386,7 @@ def offer(folder: str | Path | None, python: str, machine: str) -> Offer:
     if not house.exists():
         return Offer(refused=f"the wheelhouse {folder} is missing or has no {MANIFEST}")
     try:
-        made_for = (house.python, house.machine)
+        made_for = house.made_for()
         stray = house.stray_files()
     except (WheelhouseError, OSError) as error:
         return Offer(refused=f"the wheelhouse {folder} cannot be read ({error})")

@@ -215,7 +215,7 @@ def packages(client: docker.DockerClient | None, image: str = DEFAULT_IMAGE) -> 
         return Check("packages", OK, f"no wheelhouse at {house.path}: the image's packages only "
                      "(add more with `sandcell packages add NAME`)")  # fmt: skip
     try:
-        count, size, made_for = len(house.packages()), house.size(), (house.python, house.machine)
+        count, size, made_for = len(house.packages()), house.size(), house.made_for()
     except (OSError, ValueError, WheelhouseError) as error:
         return Check("packages", FAIL, f"the wheelhouse {house.path} cannot be read ({error})",
                      "remove the folder, then `sandcell packages add NAME` again")  # fmt: skip

@@ -108,7 +108,7 @@ def list_cmd(as_json: bool, wheelhouse: str | None) -> None:
     if not house.exists():
         exits.fail(f"no wheelhouse at {house.path}; make one with `sandcell packages add NAME`", 1)
     try:
-        made_for = (house.python, house.machine)
+        made_for = house.made_for()
     except WheelhouseError as error:
         exits.fail(str(error), exits.STOPPED)
     packages = house.packages()
