@@ -245,8 +245,33 @@ class InputsAdded(Event):
 
 @dataclass(frozen=True)
 class SandboxReleased(Event):
+    """A served session's container removed (`reason` "idle" or "shutdown"): its kernel is
+    gone. `not_paused`: why it was not paused instead (gVisor keeps a paused kernel)."""
+
     tag = "sandbox_released"
     reason: str
+    not_paused: str | None = None
+
+
+@dataclass(frozen=True)
+class SandboxPaused(Event):
+    """A served session's sandbox checkpointed into its folder and its container removed
+    (`reason` "idle" or "shutdown"): the next use resumes the kernel as it was."""
+
+    tag = "sandbox_paused"
+    reason: str
+    seconds: float
+    size: int  # the checkpoint's bytes on disk
+
+
+@dataclass(frozen=True)
+class SandboxResumed(Event):
+    """A paused sandbox restored (`error` None), or not (`error` says why: the fallback, a
+    Reset or a Rebuilt, follows)."""
+
+    tag = "sandbox_resumed"
+    seconds: float
+    error: str | None = None
 
 
 @dataclass(frozen=True)

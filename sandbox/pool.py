@@ -146,6 +146,14 @@ class SandboxPool:
                 raise
         return sandbox
 
+    def resume(self, folder: Path, inputs: Inputs) -> DockerSandbox:
+        """The sandbox paused into `folder` (DockerSandbox.pause), restored with this pool's
+        limits and image, `inputs` (those it had) in its staging folder: PauseError when it
+        cannot be (nothing is left running)."""
+        return DockerSandbox(
+            limits=self.limits, inputs=inputs, image=self.image, staging=True, resume_from=folder
+        )
+
     def release(self, sandbox: DockerSandbox) -> bool:
         """Give back a sandbox whose job is over, for a later acquire() (batch workers running
         job after job): it is renewed in the background, and handed out again only once

@@ -54,8 +54,8 @@ def claim_data(data: Path):
 @server_options(
     8765,
     sessions_help="Sessions holding a sandbox at once; more answer 503 with Retry-After.",
-    idle_help="An idle session's sandbox is released after this long (its next message "
-    "starts one).",
+    idle_help="An idle session's sandbox is paused (gVisor: its next message resumes the kernel) "
+    "or released (its next message starts a fresh one) after this long.",
 )
 @click.option(
     "--data",
@@ -84,6 +84,15 @@ def claim_data(data: Path):
     show_default=True,
     help="Cap on one upload request (413 above it).",
 )
+@click.option(
+    "--stop-grace",
+    type=click.FloatRange(0, 3600),
+    default=8.0,
+    show_default=True,
+    help="Seconds a stopping server (SIGTERM, Ctrl-C) gives its sessions' pauses (gVisor); "
+    "one not done by then is closed, and replayed after a restart. Keep it below your "
+    "supervisor's stop timeout (Docker's: 10 s).",
+)
 @agent_options
 @exits.reported()
 def serve_cmd(
@@ -98,6 +107,7 @@ def serve_cmd(
     idle_minutes,
     max_upload_mb,
     allowed_hosts,
+    stop_grace,
     opts,
 ):
     """Serve sessions over HTTP: a page for people (upload files, ask, see the code, outputs
@@ -123,6 +133,7 @@ def serve_cmd(
         max_user_mb=max_user_mb,
         pool=pool,
         idle_minutes=idle_minutes,
+        stop_grace_s=stop_grace,
         max_upload_mb=max_upload_mb,
         host=host,
         allowed_hosts=allowed_hosts,

@@ -1,7 +1,7 @@
 """trace.jsonl: one JSON object a line, appended and flushed as each step happens, so a crash
 loses no finished step. The writer is one subscriber of a session's events (agent.events:
-session, sandbox, question, step, protocol, reset, inputs, sandbox_released, rebuilt,
-export_failed, final); `read_events` parses a trace back into them."""
+session, sandbox, question, step, protocol, reset, inputs, sandbox_released, sandbox_paused,
+sandbox_resumed, rebuilt, export_failed, final); `read_events` parses a trace back into them."""
 
 from __future__ import annotations
 

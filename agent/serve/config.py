@@ -26,7 +26,8 @@ class ServeConfig:
     max_sessions_per_user: int | None = None
     max_user_mb: float = 2048.0  # one user's disk: uploads and session folders, DATA/<user>
     pool: int = 2  # warm sandboxes waiting
-    idle_minutes: float = 30.0  # then a session's sandbox is released
+    idle_minutes: float = 30.0  # then a session's sandbox is paused (gVisor) or released
+    stop_grace_s: float = 8.0  # a stopping server's sessions are paused within this
     max_upload_mb: float = 100.0  # one upload request, all its files together
     max_body_bytes: int = 1 << 20  # any other request body (a message, code to run)
     host: str = "127.0.0.1"  # the address listened on: which Host names are answered

@@ -14,9 +14,10 @@ class SessionInfo(BaseModel):
     )
     created: str = Field(description="when the session was made (ISO 8601)")
     running: bool = Field(description="a question or code is running now")
-    sandbox: Literal["live", "released"] = Field(
-        description="released: no container now (idle, or from before a restart); the next "
-        "message or code starts one"
+    sandbox: Literal["live", "paused", "released"] = Field(
+        description="paused: no container now, its kernel kept on disk (gVisor), restored as "
+        "it was by the next message or code; released: no container now (idle, or from "
+        "before a restart), the next message or code starts one"
     )
     inputs: list[str] = Field(description="the files under /data")
     questions: int = Field(description="questions asked so far")

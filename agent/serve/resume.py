@@ -4,15 +4,14 @@ that rebuild its kernel). The conversation is saved beside the trace after each 
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.events import Question
+from agent.events import Question, SandboxPaused, SandboxReleased
+from agent.records import history
 from agent.records.replay import Cell, recorded_cells
 from agent.records.trace import all_inputs, read_events
 from agent.serve import files, titles
@@ -20,7 +19,6 @@ from agent.serve.listing import SessionInfo
 from sandbox import Inputs
 
 log = logging.getLogger(__name__)
-HISTORY = "history.json"  # the messages after the system prompt, as of the last question
 SESSION_ID = re.compile(r"[0-9a-f]{16}")  # what Sessions.create names a session's folder
 
 
@@ -43,7 +41,7 @@ class Stored:
             title=titles.read(self.folder) or titles.clean(self.first_question),
             created=self.created,
             running=False,
-            sandbox="released",
+            sandbox="paused" if (self.folder / files.PAUSED_DIR).is_dir() else "released",
             inputs=self.inputs,
             questions=self.questions,
             resumed=True,
@@ -58,6 +56,7 @@ class Past:
     messages: list[dict]
     cells: list[Cell]
     first_question: str = ""
+    not_paused: str | None = None  # why its kernel was not paused when it last went
 
 
 def stored_sessions(data: Path) -> Iterator[Stored]:
@@ -101,26 +100,21 @@ def read_past(stored: Stored) -> Past:
         created=stored.created,
         inputs=Inputs.from_paths(paths),
         questions=stored.questions,
-        messages=_history(stored.folder / HISTORY),
+        messages=history.load(stored.folder),
         cells=recorded_cells(events),
         first_question=stored.first_question,
+        not_paused=_not_paused(events, stored.folder),
     )
 
 
-def save_history(folder: Path, messages: list[dict]) -> None:
-    """The conversation after the system prompt, whole or not at all."""
-    tmp = folder / f".{HISTORY}.tmp"
-    tmp.write_text(json.dumps(messages[1:], ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, folder / HISTORY)
-
-
-def _history(path: Path) -> list[dict]:
-    try:
-        messages = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return []  # no question finished before the restart
-    except (OSError, ValueError) as error:
-        log.warning("%s cannot be read (%s): the session goes on without its history", path, error)
-        return []
-    ok = isinstance(messages, list) and all(isinstance(m, dict) and "role" in m for m in messages)
-    return messages if ok else []
+def _not_paused(events: list, folder: Path) -> str | None:
+    """Why the session's last kernel is not waiting, paused, in its folder: what its last
+    release said, or that its checkpoint is gone; None when it is there (or nothing ran)."""
+    if (folder / files.PAUSED_DIR).is_dir():
+        return None
+    last = next(
+        (e for e in reversed(events) if isinstance(e, (SandboxPaused, SandboxReleased))), None
+    )
+    if isinstance(last, SandboxPaused):
+        return "its checkpoint is no longer in the session folder"
+    return last.not_paused if last is not None else None

@@ -1,21 +1,32 @@
 """One served session: a `Session` in DIR/<user>/<id>/ over a sandbox from the server's pool
-that is released when idle, and the one turn (a message or a cell) it takes at a time."""
+that is paused (gVisor) or released when idle, and the one turn (a message or a cell) it takes
+at a time."""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
 import os
+import shutil
 import stat
 import threading
 import time
 from pathlib import Path
 from urllib.parse import quote
 
-from agent.events import Event, OnEvent, Rebuilt, Reset, SandboxReleased
+from agent.events import (
+    Event,
+    OnEvent,
+    Rebuilt,
+    Reset,
+    SandboxPaused,
+    SandboxReleased,
+    SandboxResumed,
+)
+from agent.records import history
 from agent.records.replay import rerun
 from agent.seams import RunResult
-from agent.serve import files, resume, titles
+from agent.serve import files, titles
 from agent.serve.config import ServeConfig
 from agent.serve.listing import SessionInfo
 from agent.serve.resume import Past
@@ -27,6 +38,7 @@ from sandbox.renewable import RenewableSandbox
 
 log = logging.getLogger(__name__)
 MAX_FIGURE_BYTES = 64 << 20
+MB = 1 << 20
 STOP_WAIT_S = 30.0  # a cancelled question ends before its next model call
 
 
@@ -54,6 +66,9 @@ class ServedSession:
         # cells that bring a fresh kernel to where the session left off, run as it first starts
         self._rebuild = past.cells if past else []
         self._resuming = past is not None
+        # why the kernel was not paused when it last went (the next warning says it)
+        self._not_paused = past.not_paused if past else None
+        paused = folder / files.PAUSED_DIR
         self.resumed = past is not None  # continued after a server restart
         self.first_question = past.first_question if past else ""  # the default title
         self.url = f"/api/sessions/{sid}"
@@ -73,6 +88,8 @@ class ServedSession:
             prepare=self._restore,
             released=past is not None,  # no container until it is used
             check_export=self._check_collected,
+            resume=pool.resume,
+            paused=paused if past is not None and paused.is_dir() else None,
         )
         agent = Agent(
             config.model,
@@ -118,7 +135,7 @@ class ServedSession:
             return self.session.ask(question)
         finally:
             try:
-                resume.save_history(self.folder, self.session.messages)
+                history.save(self.folder, self.session.messages)
             except OSError as error:  # the answer stands; only a restart would miss it
                 log.warning("history of session %s not saved: %s", self.id, error)
             with self._turn_lock:
@@ -166,11 +183,16 @@ class ServedSession:
             title=titles.read(self.folder) or titles.clean(self.first_question),
             created=self.created,
             running=self.busy,
-            sandbox="live" if self.sandbox.live else "released",
+            sandbox=self.sandbox_state(),
             inputs=self.session.inputs.names,
             questions=self.session.loop.questions,
             resumed=self.resumed,
         )
+
+    def sandbox_state(self) -> str:
+        if self.sandbox.live:
+            return "live"
+        return "paused" if self.sandbox.paused is not None else "released"
 
     def url_of(self, host_path: str | Path) -> str:
         rel = Path(host_path).relative_to(self.folder).as_posix()
@@ -236,26 +258,67 @@ class ServedSession:
                 "delete sessions you no longer need, or save less under /workspace"
             )
 
-    # -- idle release, renewal, end ----------------------------------------------------------
-    def release(self) -> None:
-        """Bring back what the code made, then give the container back (the caller holds
-        the session's turn)."""
+    # -- idle pause or release, renewal, end ------------------------------------------------
+    def release(self, reason: str = "idle") -> None:
+        """Bring back what the code made, then pause the sandbox (gVisor: the next use
+        resumes its kernel) or give its container back (the caller holds the turn). At a
+        server's stop (`reason` "shutdown") nothing is brought back: after a restart a failed
+        resume is followed by a replay, which makes the files again."""
         self._releasing.set()
+        why = None  # why the kernel was not paused
         try:
             if self.sandbox.used:  # every failure here is a warning: the release must happen
-                for problem in self.session.bring_back()[1]:
-                    log.warning("session %s: %s", self.id, problem)
+                if reason != "shutdown":
+                    for problem in self.session.bring_back()[1]:
+                        log.warning("session %s: %s", self.id, problem)
+                why = self._pause(reason)
         finally:
             try:
-                if self.sandbox.release():
-                    self.session.publish(SandboxReleased(reason="idle"))
+                if self.sandbox.release() or why is not None:
+                    self._not_paused = why
+                    self.session.publish(SandboxReleased(reason=reason, not_paused=why))
             finally:
                 self._releasing.clear()
 
-    def renewed(self) -> str | None:
-        """Called as a message or cell begins; a warning when its sandbox is a fresh one."""
-        if not self.sandbox.wake():
+    def _pause(self, reason: str) -> str | None:
+        """Checkpoint the kernel into the session folder (counted in the user's disk); None
+        once it is kept, else why not (the caller then releases the sandbox)."""
+        folder = self.folder / files.PAUSED_DIR
+        budget = f"your {self.config.max_user_mb:g} MB (--max-user-mb)"
+        if self._room() <= 0:
+            return f"your files already take {budget}: no room for its checkpoint"
+        began = time.monotonic()
+        try:
+            self.sandbox.pause(folder)
+        except Exception as error:  # SandboxError, or an engine's error: never lose the turn
+            log.info("session %s not paused: %s", self.id, error)
+            return str(error) or type(error).__name__
+        size = files.disk_usage(folder)
+        if self._room() < 0:
+            shutil.rmtree(folder, ignore_errors=True)
+            self.sandbox.paused = None
+            return f"its checkpoint ({size / MB:.0f} MB) would take your files past {budget}"
+        seconds = round(time.monotonic() - began, 2)
+        self.session.publish(SandboxPaused(reason=reason, seconds=seconds, size=size))
+        return None
+
+    def renewed(self, woke: bool) -> str | None:
+        """Called as a message or cell begins, after the sandbox's wake (`woke`: it began
+        one); a warning when the kernel is a fresh one. A paused kernel's restore is waited
+        for (a few seconds): its outcome decides the warning."""
+        if not woke:
             return None
+        attempt = self.sandbox.resuming
+        why = self._not_paused and f"it could not be paused: {self._not_paused}"
+        self._not_paused = None
+        if attempt is not None:
+            error = attempt.wait()
+            self.session.publish(SandboxResumed(seconds=attempt.seconds, error=error))
+            if error is None:
+                self._resuming, self._rebuild = False, []
+                return None
+            why = f"its paused kernel could not be restored: {error}"
+        because = f" ({why})" if why else ""
         if self._resuming:
             self._resuming = False
             if not self._rebuild:
@@ -263,13 +326,14 @@ class ServedSession:
             return (
                 "the server restarted since this session was last used: its kernel is rebuilt "
                 f"by re-running its {len(self._rebuild)} recorded cell(s) (a cell that had run "
-                "into its time limit or was stopped is not run again)"
+                f"into its time limit or was stopped is not run again){because}"
             )
         # a fresh kernel: recorded as chat's /reset is, so replay restarts its kernel here too
         self.session.publish(Reset(question=self.session.loop.questions, reason="idle"))
         return (
             "this session was idle, so its sandbox was released: the kernel starts fresh "
-            "(variables are gone; the input files and the files the code made are back in place)"
+            "(variables are gone; the input files and the files the code made are back in "
+            f"place){because}"
         )
 
     def _restore(self, sandbox: Sandbox) -> None:
@@ -285,16 +349,23 @@ class ServedSession:
         for host, inside in files.collected(self.folder):
             sandbox.write(inside, host.read_bytes())
 
-    def stop(self) -> None:
+    def stop(self, pause_by: float | None = None) -> None:
         """End the session: a running question is cancelled and waited for, then the
-        sandbox is closed (its container removed)."""
+        sandbox is closed (its container removed). With `pause_by` (a time.monotonic()
+        deadline: the server is stopping) the question is waited for until then, and the
+        kernel paused if it can be, for a restarted server to resume."""
         if self.asking:
             self.cancel()
         elif self.busy:
             self.session.interrupt()  # a cell of /execute
-        got = self._busy.acquire(timeout=STOP_WAIT_S)
+        wait = STOP_WAIT_S if pause_by is None else max(0.0, pause_by - time.monotonic())
+        got = self._busy.acquire(timeout=wait)
         try:
-            self.session.close()
+            if got and pause_by is not None:
+                self.release("shutdown")
         finally:
-            if got:
-                self._busy.release()
+            try:
+                self.session.close()
+            finally:
+                if got:
+                    self._busy.release()

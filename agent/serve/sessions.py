@@ -1,6 +1,6 @@
 """The served sessions, apart from HTTP: where each lives on disk, whose it is, and the
 server's limits: how many hold a sandbox at once (--max-sessions, --max-sessions-per-user),
-each user's disk (--max-user-mb), and the release of idle sandboxes (--idle-minutes).
+each user's disk (--max-user-mb), and the pause or release of idle sandboxes (--idle-minutes).
 Sessions left on disk by an earlier run of the server are listed again and continued when
 next used."""
 
@@ -17,7 +17,7 @@ from agent.serve import files, resume
 from agent.serve.config import ServeConfig
 from agent.serve.listing import SessionInfo
 from agent.serve.served import Busy, ServedSession
-from sandbox import SandboxError, SandboxPool
+from sandbox import SandboxPool
 from sandbox.container import REMOVAL_WAIT_S, engine, reap_orphans
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,8 @@ class Sessions:
         with self._lock:
             if not served.sandbox.live:
                 self._check_room(served.user)
-            return served.renewed()
+            woke = served.sandbox.wake()
+        return served.renewed(woke)  # not under the lock: it may wait for a restore
 
     def begin_turn(self, served: ServedSession) -> str | None:
         """Take the session's turn and make sure it has a sandbox, for a message or a cell;
@@ -216,7 +217,11 @@ class Sessions:
                     served.done()
 
     def close(self) -> None:
-        """Every session ends and every container goes: the server is stopping."""
+        """Every session ends and every container goes: the server is stopping. Each
+        session's kernel is paused where it can be (gVisor), all at once, within --stop-grace
+        (8 s: with no question streaming, which uvicorn gives GRACE_S first, the whole stop
+        fits Docker's usual 10 s); a session still pausing then has its container removed (a
+        restart replays it)."""
         if self._closed.is_set():
             return
         self._closed.set()
@@ -224,9 +229,26 @@ class Sessions:
             served, self._by_id = list(self._by_id.values()), {}
         for one in served:
             one.cancel()  # all at once: then each is waited for
-        for one in served:
-            try:
-                one.stop()
-            except SandboxError as error:
-                log.warning("session %s did not close cleanly: %s", one.id, error)
+        grace = self.config.stop_grace_s
+        deadline = time.monotonic() + grace
+        stopping = [
+            threading.Thread(target=self._stop, args=(one, deadline), name=f"stop-{one.id}")
+            for one in served
+        ]
+        for thread in stopping:
+            thread.start()
+        for thread, one in zip(stopping, served, strict=True):
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                log.warning("session %s was not paused within %g s (--stop-grace)", one.id, grace)
+                one.sandbox.close()  # the pause under way fails; its folder goes with it
+        for thread in stopping:
+            thread.join(REMOVAL_WAIT_S)
         self.pool.close()
+
+    @staticmethod
+    def _stop(one: ServedSession, pause_by: float) -> None:
+        try:
+            one.stop(pause_by)
+        except Exception as error:  # SandboxError, an engine's: the other sessions go on
+            log.warning("session %s did not close cleanly: %s", one.id, error)

@@ -73,6 +73,10 @@ function reopenNote(info) {
     return "A question or cell of this session is still running: its answer shows where it " +
       "was asked. Wait for it before you ask the next one.";
   }
+  if (info.sandbox === "paused") {
+    return "This session's kernel was paused: the next question or cell restores it with " +
+      "every variable as it was.";
+  }
   if (info.resumed) {
     return "This session is from before the server restarted: its kernel is rebuilt by " +
       "re-running its recorded cells when you ask the next question or run a cell.";
