@@ -24,6 +24,7 @@ from agent.events import (
     OnEvent,
     Output,
     Reset,
+    SandboxPaused,
     SandboxReady,
     SessionStarted,
     executed_cell,
@@ -53,6 +54,7 @@ from sandbox import (
     Sandbox,
 )
 from sandbox.boundary import WORKSPACE
+from sandbox.checkpoint import PauseError
 from sandbox.container import DEFAULT_IMAGE
 from sandbox.docker_sandbox import wheelhouse_offer
 from sandbox.execution import StreamChunk
@@ -65,6 +67,7 @@ from tools.python import python_tool
 OUTPUT_DIR = "output"  # /workspace/output: what a job hands back
 FIGURES_DIR = "figures"  # /workspace/figures: every chart a cell showed
 WORKSPACE_DIR = "workspace"  # every other file the code wrote under /workspace
+PAUSED_DIR = ".paused"  # a paused kernel's checkpoint (its memory): hidden, owner-only
 BACKGROUND, ON_DEMAND = "background", "on_demand"  # when a session's own sandbox starts
 InputPaths = Inputs | list[str | Path]
 
@@ -442,6 +445,22 @@ class Session:
                 self.hand_back(self._inner_sandbox())  # closes it when it cannot take it
             else:
                 self.sandbox.close()
+
+    def pause(self, reason: str) -> SandboxPaused:
+        """Checkpoint the kernel into the session folder's PAUSED_DIR and remove its
+        container (gVisor; `sandcell chat --resume` continues it); PauseError says why not
+        (then the sandbox runs on, unless the error says it ended)."""
+        if not self.sandbox_used:
+            raise PauseError("no code ran in this session: there is no kernel to keep")
+        sandbox = self._inner_sandbox()
+        if not isinstance(sandbox, DockerSandbox):
+            raise PauseError("only a Docker sandbox can be paused")
+        began, folder = time.monotonic(), self.folder / PAUSED_DIR
+        sandbox.pause(folder)
+        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        paused = SandboxPaused(reason, round(time.monotonic() - began, 2), size)
+        self.publish(paused)
+        return paused
 
     def _inner_sandbox(self) -> Sandbox:
         if isinstance(self.sandbox, BackgroundSandbox):

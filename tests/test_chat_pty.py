@@ -198,3 +198,80 @@ def test_chat_shows_a_wide_table_at_the_terminal_s_width_and_the_model_its_own(t
     trace = [json.loads(line) for line in (folder / "trace.jsonl").open()]
     (seen,) = [o["text"] for r in trace for o in r.get("observations", [])]
     assert "column_6  \\" in seen and "column_10" not in seen.splitlines()[0]  # pandas' 80
+
+
+def drawing(word: str) -> list[dict]:
+    code = "import random\ndrawn = globals().get('drawn') or random.random()\nprint('" + word + "', drawn)"  # fmt: skip
+    return [
+        {"tool_calls": [{"name": "python", "arguments": {"code": code}}]},
+        {"content": f"Final Answer: {word}."},
+    ]
+
+
+def chatting(tmp_path, name: str, *args: str) -> pexpect.spawn:
+    (tmp_path / f"{name}.json").write_text(json.dumps(drawing(name)))
+    child = sandcell_terminal(
+        "chat", *args, "--replay", str(tmp_path / f"{name}.json"), "--timeout", "120",
+        env={"PATH": "/usr/bin:/bin", "TERM": "dumb", "COLUMNS": "200", "HOME": str(tmp_path)},
+        encoding="utf-8", timeout=120, cwd=str(tmp_path),
+    )  # fmt: skip
+    child.str_last_chars = 4000
+    return child
+
+
+def drawn_in(child: pexpect.spawn, word: str) -> str:
+    child.expect("you> ")
+    child.sendline("Draw a number, or show the one drawn.")
+    child.expect(word + r" (0\.\d+)")
+    value = child.match.group(1)
+    child.expect("you> ")
+    return value
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(300)
+@pytest.mark.xdist_group("chat")
+@pytest.mark.parametrize("runtime", ["runsc", "runc"])
+def test_quit_pauses_and_resume_brings_the_kernel_back_or_replays_its_cells(tmp_path, runtime):
+    """Under gVisor /quit pauses the kernel and --resume restores it: the same draw, with no
+    cell run again. Under runc (no checkpoints) --resume re-runs the cells: a new draw."""
+    from tests.missing import cannot_run
+    from tests.test_pause import checkpoints_problem
+
+    problem = checkpoints_problem() if runtime == "runsc" else None
+    if problem:
+        cannot_run(problem, "chat pause test")
+    folder = tmp_path / "session"
+    child = chatting(tmp_path, "first", "--output", str(folder), "--runtime", runtime)
+    try:
+        first = drawn_in(child, "first")
+        child.sendline("/quit")
+        if runtime == "runsc":
+            child.expect("kernel paused in")
+        else:
+            child.expect(r"its kernel was not paused \(only a sandbox under gVisor")
+        child.expect("continue it with  sandcell chat --resume")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    assert (folder / ".paused").is_dir() == (runtime == "runsc")
+
+    child = chatting(tmp_path, "again", "--resume", str(folder), "--runtime", runtime)
+    try:
+        if runtime == "runsc":
+            child.expect("its kernel is back as it was")
+        else:
+            child.expect(r"rebuilt by re-running its 1 recorded cell\(s\)")
+        again = drawn_in(child, "again")
+        child.sendline("/quit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    assert (again == first) == (runtime == "runsc")
+    events = [json.loads(line) for line in (folder / "trace.jsonl").open()]
+    kinds = [e["type"] for e in events]
+    assert ("rebuilt" in kinds) == (runtime == "runc")
+    assert [e["question"] for e in events if e["type"] == "question"] == [1, 2]
+    assert json.loads((folder / "history.json").read_text())[0]["role"] == "user"

@@ -2,8 +2,12 @@
 
 Questions share one sandbox (kernel state, files) and one history. Ctrl-C while the agent
 works interrupts the running cell; a second Ctrl-C (or one at the prompt) ends the session
-cleanly, leaving trace.jsonl, notebook.ipynb and the workspace in the session folder."""
+cleanly, leaving trace.jsonl, notebook.ipynb and the workspace in the session folder. Under
+gVisor, /quit and Ctrl-D pause the kernel into the folder first: `sandcell chat --resume
+DIR` restores it and the conversation (elsewhere it re-runs the session's cells)."""
 
+import shlex
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -25,10 +29,15 @@ from agent.cli.options import (
     overwrite_option,
 )
 from agent.cli.terminal import for_terminal
+from agent.events import Question, Rebuilt, SandboxResumed
+from agent.records import history
+from agent.records.replay import recorded_cells, rerun
+from agent.records.trace import all_inputs, read_events
 from agent.seams import ModelError, RunResult, Terminated
-from agent.session import FIGURES_DIR, Session
-from sandbox import SandboxError
+from agent.session import FIGURES_DIR, PAUSED_DIR, Agent, Session
+from sandbox import DockerSandbox, SandboxError
 from sandbox.inputs import Inputs
+from sandbox.pool import warmed
 
 
 def escape(console: Console, text: object) -> str:
@@ -134,51 +143,144 @@ def _slash(command: str, session: Session, console: Console) -> bool:
 @input_option("A file to talk about, read-only at /data/<name> (repeatable).")
 @output_option("Session folder [default: sandcell-out/chat-<time>].")
 @overwrite_option
+@click.option(
+    "--resume",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Continue the session in this folder: its kernel as /quit paused it (gVisor), else "
+    "rebuilt by re-running its cells; its conversation and input files as they were.",
+)
 @agent_options
 @exits.reported()
-def chat_cmd(inputs, output, overwrite, opts):
+def chat_cmd(inputs, output, overwrite, resume, opts):
     """Talk with the agent about your files."""
     console = Console(highlight=False)
-    folder = output or Path("sandcell-out") / time.strftime("chat-%Y%m%d-%H%M%S")
-    checked = Inputs.from_paths(inputs)  # a bad input is refused before anything is made
-    check_output_folder(folder, overwrite)
-    agent = build_agent(opts, EventPrinter(console))  # checked before --overwrite clears
-    output_folder(folder, overwrite)
-    exits.keep_details_in(folder)
-    session = agent.session(checked, folder)
+    if resume is not None:
+        if inputs or output or overwrite:
+            raise click.UsageError(
+                "--resume continues a session with its own folder and input files: leave out "
+                "--input, --output and --overwrite"
+            )
+        folder = resume
+        session = continued(build_agent(opts, EventPrinter(console)), folder, console)
+    else:
+        folder = output or Path("sandcell-out") / time.strftime("chat-%Y%m%d-%H%M%S")
+        checked = Inputs.from_paths(inputs)  # a bad input is refused before anything is made
+        check_output_folder(folder, overwrite)
+        agent = build_agent(opts, EventPrinter(console))  # checked before --overwrite clears
+        output_folder(folder, overwrite)
+        exits.keep_details_in(folder)
+        session = agent.session(checked, folder)
     names = ", ".join(item.sandbox_path for item in session.inputs) or "no input files"
     console.print(f"sandcell chat: {names}. /help for commands, Ctrl-D to leave.")
-    shown: set[str] = set()
     try:
-        while True:
-            try:
-                question = input("you> ").strip()
-            except EOFError:
-                console.print()
-                break
-            except KeyboardInterrupt as stop:
-                console.print()
-                if isinstance(stop, Terminated):
-                    raise
-                break
-            if not question:
-                continue
-            if question.startswith("/"):
-                if not slash(question, session, console):
-                    break
-                continue
-            try:
-                result = ask_interruptibly(session, question, console)
-            except KeyboardInterrupt as stop:
-                console.print("\n[yellow]ending the session...[/yellow]")
-                if isinstance(stop, Terminated):
-                    raise
-                break
-            if result is not None:
-                show_new_charts(result, folder, shown, console)
+        if converse(session, folder, console):
+            pause(session, console)
     finally:
         session.close()
         console.print(
-            f"session saved in {folder}: trace.jsonl, notebook.ipynb, and what the code made "
-            "(output/, figures/, workspace/)"
+            f"session saved in {escape(console, folder)}: trace.jsonl, notebook.ipynb, and "
+            "what the code made (output/, figures/, workspace/); continue it with  sandcell "
+            f"chat --resume {escape(console, shlex.quote(str(folder)))}"
         )
+
+
+def converse(session: Session, folder: Path, console: Console) -> bool:
+    """Questions and /commands until the user leaves: True by /quit or Ctrl-D (the kernel
+    is then paused where it can be), False by Ctrl-C."""
+    shown: set[str] = set()
+    while True:
+        try:
+            question = input("you> ").strip()
+        except EOFError:
+            console.print()
+            return True
+        except KeyboardInterrupt as stop:
+            console.print()
+            if isinstance(stop, Terminated):
+                raise
+            return False
+        if not question:
+            continue
+        if question.startswith("/"):
+            if not slash(question, session, console):
+                return True
+            continue
+        try:
+            result = ask_interruptibly(session, question, console)
+        except KeyboardInterrupt as stop:
+            console.print("\n[yellow]ending the session...[/yellow]")
+            if isinstance(stop, Terminated):
+                raise
+            return False
+        finally:
+            try:
+                history.save(folder, session.messages)  # what --resume continues
+            except OSError as error:
+                console.print(f"[yellow]history not saved: {escape(console, error)}[/yellow]")
+        if result is not None:
+            show_new_charts(result, folder, shown, console)
+
+
+def pause(session: Session, console: Console) -> None:
+    """Keep the kernel for --resume, where it can be (gVisor); else say why not."""
+    if not session.sandbox_used:
+        return  # no code ran: a fresh kernel is where it left off
+    try:
+        paused = session.pause("quit")
+    except SandboxError as error:  # PauseError: runc, an engine without checkpoints, ...
+        console.print(
+            f"[yellow]its kernel was not paused ({escape(console, error)}); --resume re-runs "
+            "its cells[/yellow]"
+        )
+        return
+    console.print(f"kernel paused in {paused.seconds:.1f} s ({paused.size / (1 << 20):.0f} MB)")
+
+
+def continued(agent: Agent, folder: Path, console: Console) -> Session:
+    """The session in `folder` again: its inputs, its conversation, and its kernel (restored
+    from its pause, else rebuilt by re-running its cells)."""
+    try:
+        events = read_events(folder / "trace.jsonl")
+    except (OSError, ValueError) as error:
+        raise click.UsageError(f"--resume {folder}: no session trace there ({error})") from None
+    recorded = {item["name"]: Path(item["path"]) for item in all_inputs(events)}
+    inputs = Inputs.from_paths(recorded)  # one gone or unreadable: said (InputError)
+    exits.keep_details_in(folder)
+    cells = recorded_cells(events)
+    began, kept = time.monotonic(), (folder / PAUSED_DIR).is_dir()
+    sandbox, why = restored(agent, folder, inputs)
+    resumed = SandboxResumed(seconds=round(time.monotonic() - began, 2), error=why)
+    happened = [resumed] if kept else []
+    if sandbox is not None:
+        console.print(f"its kernel is back as it was (restored in {resumed.seconds:.1f} s)")
+    elif cells:
+        console.print(
+            f"[yellow]its kernel is rebuilt by re-running its {len(cells)} recorded cell(s) "
+            f"({escape(console, why or 'no paused kernel was kept')})...[/yellow]"
+        )
+        sandbox = warmed(DockerSandbox(agent.limits, inputs, agent.image))
+        try:
+            skipped = rerun(sandbox, cells, rebuild=True)
+        except BaseException:  # Ctrl-C too: the sandbox must not outlive the command
+            sandbox.close()
+            raise
+        happened.append(Rebuilt(cells=len(cells), skipped=len(skipped), reason="resume"))
+    session = agent.session(inputs, folder, sandbox=sandbox)
+    for event in happened:
+        session.publish(event)
+    session.loop.restore(history.load(folder), sum(isinstance(e, Question) for e in events))
+    return session
+
+
+def restored(agent: Agent, folder: Path, inputs: Inputs) -> tuple[DockerSandbox | None, str | None]:
+    """The sandbox /quit paused into the folder, restored; or None and why not (None: no
+    pause was kept). The pause is used once: the kernel moves on from it."""
+    paused = folder / PAUSED_DIR
+    if not paused.is_dir():
+        return None, None
+    try:
+        return DockerSandbox(agent.limits, inputs, agent.image, resume_from=paused), None
+    except SandboxError as error:  # PauseError: another image, runc, a tampered checkpoint
+        return None, str(error)
+    finally:
+        shutil.rmtree(paused, ignore_errors=True)

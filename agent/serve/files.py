@@ -19,7 +19,6 @@ from sandbox.boundary import WORKSPACE
 from tools.paths import Refused, open_confined
 
 INPUTS_DIR = "inputs"  # the session's uploads, each mounted at /data/<name>
-PAUSED_DIR = ".paused"  # a paused kernel's checkpoint (its memory): hidden, no route serves it
 KINDS = {
     INPUTS_DIR: "input",
     OUTPUT_DIR: "output",

@@ -16,6 +16,7 @@ from agent.records.replay import Cell, recorded_cells
 from agent.records.trace import all_inputs, read_events
 from agent.serve import files, titles
 from agent.serve.listing import SessionInfo
+from agent.session import PAUSED_DIR
 from sandbox import Inputs
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class Stored:
             title=titles.read(self.folder) or titles.clean(self.first_question),
             created=self.created,
             running=False,
-            sandbox="paused" if (self.folder / files.PAUSED_DIR).is_dir() else "released",
+            sandbox="paused" if (self.folder / PAUSED_DIR).is_dir() else "released",
             inputs=self.inputs,
             questions=self.questions,
             resumed=True,
@@ -110,7 +111,7 @@ def read_past(stored: Stored) -> Past:
 def _not_paused(events: list, folder: Path) -> str | None:
     """Why the session's last kernel is not waiting, paused, in its folder: what its last
     release said, or that its checkpoint is gone; None when it is there (or nothing ran)."""
-    if (folder / files.PAUSED_DIR).is_dir():
+    if (folder / PAUSED_DIR).is_dir():
         return None
     last = next(
         (e for e in reversed(events) if isinstance(e, (SandboxPaused, SandboxReleased))), None

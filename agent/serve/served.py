@@ -30,7 +30,7 @@ from agent.serve import files, titles
 from agent.serve.config import ServeConfig
 from agent.serve.listing import SessionInfo
 from agent.serve.resume import Past
-from agent.session import FIGURES_DIR, Agent
+from agent.session import FIGURES_DIR, PAUSED_DIR, Agent
 from sandbox import Execution, Inputs, SandboxError, SandboxPool
 from sandbox.boundary import FIGURES
 from sandbox.protocol import Sandbox
@@ -68,7 +68,7 @@ class ServedSession:
         self._resuming = past is not None
         # why the kernel was not paused when it last went (the next warning says it)
         self._not_paused = past.not_paused if past else None
-        paused = folder / files.PAUSED_DIR
+        paused = folder / PAUSED_DIR
         self.resumed = past is not None  # continued after a server restart
         self.first_question = past.first_question if past else ""  # the default title
         self.url = f"/api/sessions/{sid}"
@@ -283,7 +283,7 @@ class ServedSession:
     def _pause(self, reason: str) -> str | None:
         """Checkpoint the kernel into the session folder (counted in the user's disk); None
         once it is kept, else why not (the caller then releases the sandbox)."""
-        folder = self.folder / files.PAUSED_DIR
+        folder = self.folder / PAUSED_DIR
         budget = f"your {self.config.max_user_mb:g} MB (--max-user-mb)"
         if self._room() <= 0:
             return f"your files already take {budget}: no room for its checkpoint"
