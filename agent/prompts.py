@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 
 from agent.vision import text_of
 from sandbox.inputs import Inputs
@@ -40,8 +41,18 @@ def system_prompt(
     inputs = f"\n{described}\n" if described else ""
     protocol = f"\n{protocol_block.strip()}" if protocol_block.strip() else ""
     return SYSTEM.format(
-        today=(today or dt.date.today()).isoformat(), inputs=inputs, protocol=protocol
+        today=(today or _today()).isoformat(), inputs=inputs, protocol=protocol
     ).strip()
+
+
+def _today() -> dt.date:
+    """Today, or the day SOURCE_DATE_EPOCH names (the reproducible-builds convention): where
+    a prompt must not change with the calendar (a small real model's tests: its replies turn
+    on every token, the date's too)."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
+    if epoch.isdigit():
+        return dt.datetime.fromtimestamp(int(epoch), dt.UTC).date()
+    return dt.date.today()
 
 
 def packages_note(offer: Offer, cap: int = PROMPT_NAMES) -> str:

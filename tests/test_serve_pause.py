@@ -183,3 +183,29 @@ def test_sigterm_pauses_and_a_restarted_server_resumes_with_no_replay(tmp_path):
     print(
         f"stopped (pausing one session) in {stopping:.1f} s; resumed with a cell in {resuming:.1f} s"
     )
+
+
+def test_a_checkpoint_that_fails_falls_back_and_loses_nothing(model, tmp_path):
+    """A cell left a thread waiting on a loopback listener, which runsc (2022-12) cannot save:
+    the idle pause fails for real (it has ended the whole sandbox here), the session is
+    released instead, and its next cell gets a fresh kernel with its files back, and why."""
+    data = tmp_path / "d"
+    with serving(config(model, data, limits=RUNSC, idle_minutes=0.05)) as base, client(base) as api:
+        sid = new_session(api)
+        code = (
+            "import os, socket, threading\n"
+            "listener = socket.socket()\nlistener.bind(('127.0.0.1', 0))\nlistener.listen()\n"
+            "threading.Thread(target=listener.accept, daemon=True).start()\n"
+            "os.makedirs('/workspace/output', exist_ok=True)\n"
+            "open('/workspace/output/kept.txt', 'w').write('kept')"
+        )
+        assert execute(api, sid, code).json()["error"] is None
+        wait_for(lambda: "sandbox_released" in [e["type"] for e in trace(api, sid)][-1:], 90)
+        released = [e for e in trace(api, sid) if e["type"] == "sandbox_released"][-1]
+        assert "waiters" in released["not_paused"], released
+        assert not (data / "alice" / sid / ".paused").exists()
+        assert (data / "alice" / sid / "output" / "kept.txt").read_text() == "kept"
+        r = execute(api, sid, "open('/workspace/output/kept.txt').read(), 'listener' in dir()")
+        warning = r.headers["x-sandcell-warning"]
+        assert "could not be paused" in warning and "kernel starts fresh" in warning, warning
+        assert value(r) == "('kept', False)"
