@@ -186,16 +186,17 @@ def test_sigterm_pauses_and_a_restarted_server_resumes_with_no_replay(tmp_path):
 
 
 def test_a_checkpoint_that_fails_falls_back_and_loses_nothing(model, tmp_path):
-    """A cell left a thread waiting on a loopback listener, which runsc (2022-12) cannot save:
+    """A cell left a thread in epoll on a loopback listener, which runsc (2022-12) cannot save:
     the idle pause fails for real (it has ended the whole sandbox here), the session is
     released instead, and its next cell gets a fresh kernel with its files back, and why."""
     data = tmp_path / "d"
     with serving(config(model, data, limits=RUNSC, idle_minutes=0.05)) as base, client(base) as api:
         sid = new_session(api)
         code = (
-            "import os, socket, threading\n"
+            "import os, select, socket, threading\n"
             "listener = socket.socket()\nlistener.bind(('127.0.0.1', 0))\nlistener.listen()\n"
-            "threading.Thread(target=listener.accept, daemon=True).start()\n"
+            "poller = select.epoll()\npoller.register(listener.fileno(), select.EPOLLIN)\n"
+            "threading.Thread(target=poller.poll, daemon=True).start()\n"
             "os.makedirs('/workspace/output', exist_ok=True)\n"
             "open('/workspace/output/kept.txt', 'w').write('kept')"
         )
