@@ -46,13 +46,13 @@ def system_prompt(
 
 
 def _today() -> dt.date:
-    """Today, or the day SOURCE_DATE_EPOCH names (the reproducible-builds convention): where
-    a prompt must not change with the calendar (a small real model's tests: its replies turn
-    on every token, the date's too)."""
-    epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
-    if epoch.isdigit():
-        return dt.datetime.fromtimestamp(int(epoch), dt.UTC).date()
-    return dt.date.today()
+    """Today, or the day SANDCELL_TODAY names (YYYY-MM-DD): where a prompt must not change
+    with the calendar (a small real model's tests: its replies turn on every token, the
+    date's too). A value that is not a date is ignored."""
+    try:
+        return dt.date.fromisoformat(os.environ.get("SANDCELL_TODAY", ""))
+    except ValueError:
+        return dt.date.today()
 
 
 def packages_note(offer: Offer, cap: int = PROMPT_NAMES) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sandbox import checkpoint
 from sandbox.background import BackgroundSandbox, Forwarder, OnReady
-from sandbox.errors import SandboxError
+from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.inputs import Inputs
 from sandbox.limits import Limits
 from sandbox.protocol import Sandbox
@@ -38,6 +38,7 @@ class ResumeAttempt:
     def __init__(self) -> None:
         self._done = threading.Event()
         self.error: str | None = None  # why it was not restored (a fresh sandbox starts)
+        self.kept = False  # nothing was tried (no engine, image or runtime): tried again later
         self.seconds = 0.0
 
     def finish(self, began: float, error: BaseException | None) -> None:
@@ -129,13 +130,19 @@ class RenewableSandbox(Forwarder):
             added = Inputs(i for i in inputs if i.name not in had)
             if added:
                 sandbox.add_inputs(added)
-        except Exception as caught:  # any failure: a fresh sandbox (the caller's fallback)
+        except SandboxUnavailable as caught:  # a fresh start would fail alike: the use says it
+            error, attempt.kept = caught, True
+            with self._lock:
+                self.paused = folder
+            raise
+        except Exception as caught:  # any other failure: a fresh sandbox (the caller's fallback)
             error = caught
             if sandbox is not None:
                 sandbox.close()
             sandbox = None
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            if not attempt.kept:
+                shutil.rmtree(folder, ignore_errors=True)
             attempt.finish(began, error)
         return sandbox
 
@@ -145,6 +152,8 @@ class RenewableSandbox(Forwarder):
         unless the error says it ended (the caller then releases it)."""
         with self._lock:
             current = self._current
+            if self._closed:
+                raise checkpoint.PauseError("the session's sandbox was closed before its pause")
             if current is None or not current.used or self._resume is None:
                 raise checkpoint.PauseError("no sandbox has run code here: nothing to keep")
             sandbox = current.ready()

@@ -257,7 +257,8 @@ def test_quit_pauses_and_resume_brings_the_kernel_back_or_replays_its_cells(tmp_
     assert child.exitstatus == 0
     assert (folder / ".paused").is_dir() == (runtime == "runsc")
 
-    child = chatting(tmp_path, "again", "--resume", str(folder), "--runtime", runtime)
+    # the printed command as it is: the runtime comes from the session's trace
+    child = chatting(tmp_path, "again", "--resume", str(folder))
     try:
         if runtime == "runsc":
             child.expect("its kernel is back as it was")

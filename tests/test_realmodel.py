@@ -46,14 +46,14 @@ def llama(tmp_path_factory):
 
 # The day the prompt says: SmolLM2-135M's replies turn on every token of it, and on other
 # days it wrote broken tool-call JSON where these tests expect a call that runs (2026-12-04).
-TODAY = "1796299200"  # 2026-12-03, SOURCE_DATE_EPOCH
+TODAY = "2026-12-03"
 
 
 def env() -> dict:
     """The CLI's environment: no reply cap from the user, so sandcell's default applies; the
     prompt's date fixed."""
     drop = ("SANDCELL_MAX_TOKENS", "COLUMNS")
-    return {**{k: v for k, v in os.environ.items() if k not in drop}, "SOURCE_DATE_EPOCH": TODAY}
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, "SANDCELL_TODAY": TODAY}
 
 
 def numbers(folder: Path) -> Path:

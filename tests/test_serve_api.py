@@ -18,7 +18,7 @@ import pytest
 from agent.hosting.users import UsersError, load_users
 from agent.serve.files import BadName, clean_name, parts_of
 from agent.serve.stream import table_html
-from sandbox import Execution
+from sandbox import Execution, Limits
 from tests.cli_runner import sandcell
 from tests.containers import container_labels, owner_label
 from tests.serve_helpers import (  # noqa: F401 (model: a fixture)
@@ -386,7 +386,11 @@ def test_past_max_sessions_503_with_retry_after_until_one_is_deleted(model, tmp_
 @pytest.mark.docker
 def test_an_idle_session_releases_its_container_and_the_next_cell_gets_a_fresh_one(model, tmp_path):
     engine = docker.from_env()
-    with serving(config(model, tmp_path / "d", idle_minutes=0.05)) as base, client(base) as api:
+    runc = Limits(timeout_s=30, runtime="runc")  # the engine's default may be runsc
+    with (
+        serving(config(model, tmp_path / "d", idle_minutes=0.05, limits=runc)) as base,
+        client(base) as api,
+    ):
         sid = new_session(api)
         assert upload(api, sid, ("sales.csv", SALES.read_bytes())).status_code == 201
         code = "import os\nos.makedirs('/workspace/output', exist_ok=True)\nopen('/workspace/output/kept.txt', 'w').write('kept')\nx = 1"  # fmt: skip
@@ -461,8 +465,8 @@ def test_sandcell_serve_on_sigterm_removes_every_container(tmp_path):
 def test_a_restarted_server_lists_its_sessions_and_continuing_one_rebuilds_the_kernel(
     model, tmp_path
 ):
-    data = tmp_path / "d"
-    with serving(config(model, data)) as base, client(base) as api:
+    data, runc = tmp_path / "d", Limits(timeout_s=30, runtime="runc")  # never paused
+    with serving(config(model, data, limits=runc)) as base, client(base) as api:
         sid = new_session(api)
         assert upload(api, sid, ("sales.csv", SALES.read_bytes())).status_code == 201
         code = "import pandas as pd\ndf = pd.read_csv('/data/sales.csv')\ntotal = int(df.units.sum())\nopen('/workspace/log.txt', 'a').write('x')"  # fmt: skip
@@ -474,7 +478,7 @@ def test_a_restarted_server_lists_its_sessions_and_continuing_one_rebuilds_the_k
         untouched = new_session(api)  # no cell ran: continued without a rebuild
     assert first == str(2 * int(pd.read_csv(SALES).units.sum()))
 
-    with serving(config(model, data)) as base, client(base) as api:
+    with serving(config(model, data, limits=runc)) as base, client(base) as api:
         listed = {s["id"]: s for s in api.get("/api/sessions").json()}
         assert set(listed) == {sid, untouched}
         assert listed[sid]["resumed"] and listed[sid]["questions"] == 1

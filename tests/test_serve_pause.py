@@ -210,3 +210,39 @@ def test_a_checkpoint_that_fails_falls_back_and_loses_nothing(model, tmp_path):
         warning = r.headers["x-sandcell-warning"]
         assert "could not be paused" in warning and "kernel starts fresh" in warning, warning
         assert value(r) == "('kept', False)"
+
+
+@pytest.mark.timeout(400)
+def test_a_pause_past_stop_grace_is_cut_short_and_the_restart_replays(tmp_path):
+    """--stop-grace bounds the pauses: one still going then has its container removed, the
+    server exits with nothing left running, and the restarted one replays the session (a
+    half-written checkpoint would be refused by its HMAC) and says so."""
+
+    def start(grace: str):
+        return serve_process(tmp_path, ["Final Answer: hello"], "--runtime", "runsc", "--pool", "0",
+                             "--stop-grace", grace)  # fmt: skip
+
+    proc, base = start("0.2")
+    try:
+        with client(base) as api:
+            sid = new_session(api)
+            started(api, sid)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert "was not paused within 0.2 s (--stop-grace)" in err
+    assert container_labels(owner_label(proc.pid)) == []
+
+    again, base = start("90")
+    try:
+        with client(base) as api:
+            r = execute(api, sid, "len(df), open('/workspace/kept.txt').read()")
+            assert value(r) == "(12, 'kept')"
+            assert "rebuilt by re-running its 1 recorded cell(s)" in r.headers["x-sandcell-warning"]
+        again.send_signal(signal.SIGTERM)
+        again.communicate(timeout=120)
+    finally:
+        again.kill()
+    assert container_labels(owner_label(again.pid)) == []

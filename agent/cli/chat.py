@@ -29,13 +29,14 @@ from agent.cli.options import (
     overwrite_option,
 )
 from agent.cli.terminal import for_terminal
-from agent.events import Question, Rebuilt, SandboxResumed
+from agent.events import Question, Rebuilt, SandboxResumed, SessionStarted
 from agent.records import history
 from agent.records.replay import recorded_cells, rerun
 from agent.records.trace import all_inputs, read_events
 from agent.seams import ModelError, RunResult, Terminated
 from agent.session import FIGURES_DIR, PAUSED_DIR, Agent, Session
 from sandbox import DockerSandbox, SandboxError
+from sandbox.errors import SandboxUnavailable
 from sandbox.inputs import Inputs
 from sandbox.pool import warmed
 
@@ -160,8 +161,11 @@ def chat_cmd(inputs, output, overwrite, resume, opts):
                 "--resume continues a session with its own folder and input files: leave out "
                 "--input, --output and --overwrite"
             )
-        folder = resume
-        session = continued(build_agent(opts, EventPrinter(console)), folder, console)
+        folder, events = resume, recorded(resume)
+        if not opts["runtime"]:  # the runtime it ran under: a paused kernel needs it again
+            started = next((e for e in events if isinstance(e, SessionStarted)), None)
+            opts = {**opts, "runtime": started and started.limits.get("runtime")}
+        session = continued(build_agent(opts, EventPrinter(console)), folder, events, console)
     else:
         folder = output or Path("sandcell-out") / time.strftime("chat-%Y%m%d-%H%M%S")
         checked = Inputs.from_paths(inputs)  # a bad input is refused before anything is made
@@ -174,6 +178,7 @@ def chat_cmd(inputs, output, overwrite, resume, opts):
     console.print(f"sandcell chat: {names}. /help for commands, Ctrl-D to leave.")
     try:
         if converse(session, folder, console):
+            save_history(session, folder, console)  # a /reset since the last question too
             pause(session, console)
     finally:
         session.close()
@@ -213,12 +218,17 @@ def converse(session: Session, folder: Path, console: Console) -> bool:
                 raise
             return False
         finally:
-            try:
-                history.save(folder, session.messages)  # what --resume continues
-            except OSError as error:
-                console.print(f"[yellow]history not saved: {escape(console, error)}[/yellow]")
+            save_history(session, folder, console)
         if result is not None:
             show_new_charts(result, folder, shown, console)
+
+
+def save_history(session: Session, folder: Path, console: Console) -> None:
+    """The conversation, for --resume; a failure is said, not fatal."""
+    try:
+        history.save(folder, session.messages)
+    except OSError as error:
+        console.print(f"[yellow]history not saved: {escape(console, error)}[/yellow]")
 
 
 def pause(session: Session, console: Console) -> None:
@@ -227,7 +237,8 @@ def pause(session: Session, console: Console) -> None:
         return  # no code ran: a fresh kernel is where it left off
     try:
         paused = session.pause("quit")
-    except SandboxError as error:  # PauseError: runc, an engine without checkpoints, ...
+    # PauseError (runc, an engine without checkpoints), or the engine's, the disk's: said
+    except Exception as error:
         console.print(
             f"[yellow]its kernel was not paused ({escape(console, error)}); --resume re-runs "
             "its cells[/yellow]"
@@ -236,15 +247,22 @@ def pause(session: Session, console: Console) -> None:
     console.print(f"kernel paused in {paused.seconds:.1f} s ({paused.size / (1 << 20):.0f} MB)")
 
 
-def continued(agent: Agent, folder: Path, console: Console) -> Session:
-    """The session in `folder` again: its inputs, its conversation, and its kernel (restored
-    from its pause, else rebuilt by re-running its cells)."""
+def recorded(folder: Path) -> list:
+    """The events of the session in `folder`: UsageError when it holds none."""
     try:
         events = read_events(folder / "trace.jsonl")
     except (OSError, ValueError) as error:
         raise click.UsageError(f"--resume {folder}: no session trace there ({error})") from None
-    recorded = {item["name"]: Path(item["path"]) for item in all_inputs(events)}
-    inputs = Inputs.from_paths(recorded)  # one gone or unreadable: said (InputError)
+    if not events:
+        raise click.UsageError(f"--resume {folder}: its trace is empty")
+    return events
+
+
+def continued(agent: Agent, folder: Path, events: list, console: Console) -> Session:
+    """The session in `folder` again: its inputs, its conversation, and its kernel (restored
+    from its pause, else rebuilt by re-running its cells)."""
+    named = {item["name"]: Path(item["path"]) for item in all_inputs(events)}
+    inputs = Inputs.from_paths(named)  # one gone or unreadable: said (InputError)
     exits.keep_details_in(folder)
     cells = recorded_cells(events)
     began, kept = time.monotonic(), (folder / PAUSED_DIR).is_dir()
@@ -274,13 +292,17 @@ def continued(agent: Agent, folder: Path, console: Console) -> Session:
 
 def restored(agent: Agent, folder: Path, inputs: Inputs) -> tuple[DockerSandbox | None, str | None]:
     """The sandbox /quit paused into the folder, restored; or None and why not (None: no
-    pause was kept). The pause is used once: the kernel moves on from it."""
+    pause was kept). The pause is used once: the kernel moves on from it, or from the one
+    rebuilt instead. An engine, image or runtime missing (nothing tried) keeps it: exit 3."""
     paused = folder / PAUSED_DIR
     if not paused.is_dir():
         return None, None
     try:
-        return DockerSandbox(agent.limits, inputs, agent.image, resume_from=paused), None
+        sandbox = DockerSandbox(agent.limits, inputs, agent.image, resume_from=paused)
+    except SandboxUnavailable:
+        raise
     except SandboxError as error:  # PauseError: another image, runc, a tampered checkpoint
-        return None, str(error)
-    finally:
         shutil.rmtree(paused, ignore_errors=True)
+        return None, str(error)
+    shutil.rmtree(paused, ignore_errors=True)
+    return sandbox, None

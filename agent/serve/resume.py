@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.events import Question, SandboxPaused, SandboxReleased
+from agent.events import Question, SandboxPaused, SandboxReleased, SandboxResumed
 from agent.records import history
 from agent.records.replay import Cell, recorded_cells
 from agent.records.trace import all_inputs, read_events
@@ -110,12 +110,14 @@ def read_past(stored: Stored) -> Past:
 
 def _not_paused(events: list, folder: Path) -> str | None:
     """Why the session's last kernel is not waiting, paused, in its folder: what its last
-    release said, or that its checkpoint is gone; None when it is there (or nothing ran)."""
-    if (folder / PAUSED_DIR).is_dir():
+    release said, that its checkpoint is gone, or that the server stopped without pausing it;
+    None when it is there, or when no cell ran."""
+    if (folder / PAUSED_DIR).is_dir() or not recorded_cells(events):
         return None
-    last = next(
-        (e for e in reversed(events) if isinstance(e, (SandboxPaused, SandboxReleased))), None
-    )
+    kinds = (SandboxPaused, SandboxReleased, SandboxResumed)
+    last = next((e for e in reversed(events) if isinstance(e, kinds)), None)
     if isinstance(last, SandboxPaused):
         return "its checkpoint is no longer in the session folder"
-    return last.not_paused if last is not None else None
+    if isinstance(last, SandboxReleased):
+        return last.not_paused
+    return "the server stopped without pausing it (killed, or a question still ran at --stop-grace)"

@@ -111,11 +111,14 @@ class ServedSession:
 
     # -- one message or cell at a time -----------------------------------------------------
     def claim(self) -> None:
-        """Take the session's one turn; Busy if a message or cell has it. An idle release
-        under way is waited for (a second or so): the request then gets a fresh sandbox."""
-        if not self._busy.acquire(blocking=False) and not (
-            self._releasing.is_set() and self._busy.acquire(timeout=STOP_WAIT_S)
-        ):
+        """Take the session's one turn; Busy if a message or cell has it. An idle pause or
+        release under way is waited for: the request then resumes or renews the sandbox."""
+        got = self._busy.acquire(blocking=False)
+        if not got and self._releasing.is_set():
+            while not got and self._releasing.is_set():  # a pause of a big kernel: its time
+                got = self._busy.acquire(timeout=1)
+            got = got or self._busy.acquire(timeout=1)  # the reaper lets go just after
+        if not got:
             raise Busy("a message or cell is running in this session; wait for its answer")
         self._turn += 1
 
@@ -294,7 +297,7 @@ class ServedSession:
             log.info("session %s not paused: %s", self.id, error)
             return str(error) or type(error).__name__
         size = files.disk_usage(folder)
-        if self._room() < 0:
+        if self._room() <= 0:  # as begin_turn counts: no room left refuses the next message
             shutil.rmtree(folder, ignore_errors=True)
             self.sandbox.paused = None
             return f"its checkpoint ({size / MB:.0f} MB) would take your files past {budget}"
@@ -314,6 +317,8 @@ class ServedSession:
         if attempt is not None:
             error = attempt.wait()
             self.session.publish(SandboxResumed(seconds=attempt.seconds, error=error))
+            if attempt.kept:
+                return None  # no engine now: the use fails and says so; the pause waits
             if error is None:
                 self._resuming, self._rebuild = False, []
                 return None

@@ -232,18 +232,26 @@ class Sessions:
         grace = self.config.stop_grace_s
         deadline = time.monotonic() + grace
         stopping = [
-            threading.Thread(target=self._stop, args=(one, deadline), name=f"stop-{one.id}")
+            threading.Thread(
+                target=self._stop, args=(one, deadline), name=f"stop-{one.id}", daemon=True
+            )
             for one in served
         ]
         for thread in stopping:
             thread.start()
+        late = []
         for thread, one in zip(stopping, served, strict=True):
             thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
                 log.warning("session %s was not paused within %g s (--stop-grace)", one.id, grace)
-                one.sandbox.close()  # the pause under way fails; its folder goes with it
-        for thread in stopping:
-            thread.join(REMOVAL_WAIT_S)
+                # the pause under way fails and its folder goes; all at once, never waited on
+                # past REMOVAL_WAIT_S (a restore or replay under way ends with its container)
+                closing = threading.Thread(target=one.sandbox.close, daemon=True)
+                closing.start()
+                late += [closing, thread]
+        until = time.monotonic() + REMOVAL_WAIT_S
+        for thread in late:
+            thread.join(max(0.0, until - time.monotonic()))
         self.pool.close()
 
     @staticmethod
