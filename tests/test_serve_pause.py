@@ -72,7 +72,10 @@ def started(api, sid: str) -> str:
 
 def test_an_idle_session_pauses_and_its_next_cell_finds_every_variable(model, tmp_path):
     data = tmp_path / "d"
-    with serving(config(model, data, limits=RUNSC, idle_minutes=0.05)) as base, client(base) as api:
+    with (
+        serving(config(model, data, limits=RUNSC, idle_minutes=0.05, stop_grace_s=0)) as base,
+        client(base) as api,
+    ):
         sid = new_session(api)
         drawn = started(api, sid)
         first = container_of(api, sid)
@@ -109,7 +112,10 @@ def test_an_idle_session_pauses_and_its_next_cell_finds_every_variable(model, tm
 
 def test_a_tampered_checkpoint_falls_back_to_a_fresh_kernel_and_says_why(model, tmp_path):
     data = tmp_path / "d"
-    with serving(config(model, data, limits=RUNSC, idle_minutes=0.05)) as base, client(base) as api:
+    with (
+        serving(config(model, data, limits=RUNSC, idle_minutes=0.05, stop_grace_s=0)) as base,
+        client(base) as api,
+    ):
         sid = new_session(api)
         started(api, sid)
         wait_for(lambda: api.get(f"/api/sessions/{sid}").json()["sandbox"] == "paused", 60)
@@ -127,7 +133,7 @@ def test_a_tampered_checkpoint_falls_back_to_a_fresh_kernel_and_says_why(model, 
 
 def test_a_checkpoint_past_the_users_disk_budget_is_not_kept(model, tmp_path):
     data = tmp_path / "d"
-    cfg = config(model, data, limits=RUNSC, idle_minutes=0.05, max_user_mb=5)
+    cfg = config(model, data, limits=RUNSC, idle_minutes=0.05, stop_grace_s=0, max_user_mb=5)
     with serving(cfg) as base, client(base) as api:
         sid = new_session(api)
         started(api, sid)
@@ -190,7 +196,10 @@ def test_a_checkpoint_that_fails_falls_back_and_loses_nothing(model, tmp_path):
     the idle pause fails for real (it has ended the whole sandbox here), the session is
     released instead, and its next cell gets a fresh kernel with its files back, and why."""
     data = tmp_path / "d"
-    with serving(config(model, data, limits=RUNSC, idle_minutes=0.05)) as base, client(base) as api:
+    with (
+        serving(config(model, data, limits=RUNSC, idle_minutes=0.05, stop_grace_s=0)) as base,
+        client(base) as api,
+    ):
         sid = new_session(api)
         code = (
             "import os, select, socket, threading\n"

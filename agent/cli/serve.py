@@ -90,8 +90,8 @@ def claim_data(data: Path):
     default=8.0,
     show_default=True,
     help="Seconds a stopping server (SIGTERM, Ctrl-C) gives its sessions' pauses (gVisor); "
-    "one not done by then is closed, and replayed after a restart. Keep it below your "
-    "supervisor's stop timeout (Docker's: 10 s).",
+    "one not done by then is closed, and replayed after a restart (0: none is paused). Keep "
+    "it below your supervisor's stop timeout (Docker's: 10 s).",
 )
 @agent_options
 @exits.reported()

@@ -366,7 +366,7 @@ class ServedSession:
         wait = STOP_WAIT_S if pause_by is None else max(0.0, pause_by - time.monotonic())
         got = self._busy.acquire(timeout=wait)
         try:
-            if got and pause_by is not None:
+            if got and pause_by is not None and time.monotonic() < pause_by:  # 0: no pause
                 self.release("shutdown")
         finally:
             try:

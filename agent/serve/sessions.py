@@ -203,7 +203,12 @@ class Sessions:
         while not self._closed.wait(self._interval()):
             for served in list(self._by_id.values()):
                 idle = time.monotonic() - served.last_used
-                if idle < self.config.idle_s or not served.sandbox.live:
+                # an upload under way (it may wait for the sandbox's start) is use, not idleness
+                if (
+                    idle < self.config.idle_s
+                    or not served.sandbox.live
+                    or served.uploading.locked()
+                ):
                     continue
                 try:
                     served.claim()
@@ -243,7 +248,10 @@ class Sessions:
         for thread, one in zip(stopping, served, strict=True):
             thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
-                log.warning("session %s was not paused within %g s (--stop-grace)", one.id, grace)
+                if grace:
+                    log.warning(
+                        "session %s was not paused within %g s (--stop-grace)", one.id, grace
+                    )
                 # the pause under way fails and its folder goes; all at once, never waited on
                 # past REMOVAL_WAIT_S (a restore or replay under way ends with its container)
                 closing = threading.Thread(target=one.sandbox.close, daemon=True)
