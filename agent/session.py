@@ -52,9 +52,9 @@ from sandbox import (
     Inputs,
     Limits,
     Sandbox,
+    checkpoint,
 )
 from sandbox.boundary import WORKSPACE
-from sandbox.checkpoint import PauseError
 from sandbox.container import DEFAULT_IMAGE
 from sandbox.docker_sandbox import wheelhouse_offer
 from sandbox.execution import StreamChunk
@@ -451,14 +451,13 @@ class Session:
         container (gVisor; `sandcell chat --resume` continues it); PauseError says why not
         (then the sandbox runs on, unless the error says it ended)."""
         if not self.sandbox_used:
-            raise PauseError("no code ran in this session: there is no kernel to keep")
+            raise checkpoint.PauseError("no code ran in this session: there is no kernel to keep")
         sandbox = self._inner_sandbox()
         if not isinstance(sandbox, DockerSandbox):
-            raise PauseError("only a Docker sandbox can be paused")
+            raise checkpoint.PauseError("only a Docker sandbox can be paused")
         began, folder = time.monotonic(), self.folder / PAUSED_DIR
         sandbox.pause(folder)
-        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-        paused = SandboxPaused(reason, round(time.monotonic() - began, 2), size)
+        paused = SandboxPaused(reason, round(time.monotonic() - began, 2), checkpoint.size(folder))
         self.publish(paused)
         return paused
 

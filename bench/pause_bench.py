@@ -12,12 +12,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import docker
-
 from agent.records.replay import Cell, rerun
-from sandbox import DockerSandbox, Limits
+from bench import gvisor_bench
+from sandbox import DockerSandbox, Limits, checkpoint
 from sandbox import container as ctr
-from sandbox.errors import SandboxUnavailable
 from sandbox.pool import WARMUP
 
 LIMITS = Limits(timeout_s=120, memory_mb=1024, runtime="runsc")
@@ -31,18 +29,11 @@ SLOW = [  # about 10 s of cells, each leaving state behind
 
 
 def missing() -> str | None:
-    try:
-        client = ctr.engine()
-        ctr.check_runtime(client, "runsc")
-    except (SandboxUnavailable, docker.errors.DockerException) as error:
-        return str(error)
-    if not client.info().get("ExperimentalBuild"):
+    """Why this engine cannot checkpoint: the gVisor rows' reason, or no experimental."""
+    reason = gvisor_bench.missing()
+    if reason is None and not ctr.engine().info().get("ExperimentalBuild"):
         return 'the engine has no "experimental": true (its checkpoints need it)'
-    return None
-
-
-def _size(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    return reason
 
 
 def paused_and_resumed(cells: list[str], folder: Path) -> dict:
@@ -55,7 +46,7 @@ def paused_and_resumed(cells: list[str], folder: Path) -> dict:
         started = time.perf_counter()
         sandbox.pause(folder)
         pause_s = time.perf_counter() - started
-    size = _size(folder)
+    size = checkpoint.size(folder)
     started = time.perf_counter()
     with DockerSandbox(LIMITS, resume_from=folder) as sandbox:
         ex = sandbox.run("1 + 1")

@@ -31,7 +31,7 @@ from agent.serve.config import ServeConfig
 from agent.serve.listing import SessionInfo
 from agent.serve.resume import Past
 from agent.session import FIGURES_DIR, PAUSED_DIR, Agent
-from sandbox import Execution, Inputs, SandboxError, SandboxPool
+from sandbox import Execution, Inputs, SandboxError, SandboxPool, checkpoint
 from sandbox.boundary import FIGURES
 from sandbox.protocol import Sandbox
 from sandbox.renewable import RenewableSandbox
@@ -296,7 +296,7 @@ class ServedSession:
         except Exception as error:  # SandboxError, or an engine's error: never lose the turn
             log.info("session %s not paused: %s", self.id, error)
             return str(error) or type(error).__name__
-        size = files.disk_usage(folder)
+        size = checkpoint.size(folder)
         if self._room() <= 0:  # as begin_turn counts: no room left refuses the next message
             shutil.rmtree(folder, ignore_errors=True)
             self.sandbox.paused = None
