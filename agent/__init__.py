@@ -1,40 +1,51 @@
-"""agent: the ReAct loop over any OpenAI-compatible model, its protocols, stop rules, budgets
-and traces. The Python API:
+"""The agent core: the ReAct loop over any OpenAI-compatible model, its protocols, stop rules,
+budgets and traces. `from sandcell import Agent, Session, OpenAIModel` is the front door.
 
-    from agent import Agent, OpenAIModel
-    result = Agent(model=OpenAIModel()).run("How many rows?", inputs=["sales.csv"])
-    with Agent(model=...).session(inputs=[...]) as s: s.ask(...); s.ask(...)
+OpenAIModel loads on first use (PEP 562): a command that needs no model client (e.g.
+`sandcell exec`) does not pay for importing `openai`. A type checker sees it through the
+TYPE_CHECKING import."""
 
-The names load on first use (PEP 562), so a command that needs no model client (e.g.
-`sandcell exec`) does not pay for importing it.
-"""
+from typing import TYPE_CHECKING, Any
 
-import importlib
+from sandcell.agent.loop import Loop
+from sandcell.agent.model.scripted import ScriptedModel
+from sandcell.agent.seams import (
+    Action,
+    Model,
+    ModelError,
+    Parsed,
+    Reply,
+    RunResult,
+    ToolCall,
+    Usage,
+)
+from sandcell.agent.session import Agent, Session
+from sandcell.agent.stops import Rules
 
-_HOMES = {
-    "Loop": "agent.loop",
-    "OpenAIModel": "agent.model.openai_model",
-    "ScriptedModel": "agent.model.scripted",
-    "Action": "agent.seams",
-    "Model": "agent.seams",
-    "ModelError": "agent.seams",
-    "Parsed": "agent.seams",
-    "Reply": "agent.seams",
-    "RunResult": "agent.seams",
-    "ToolCall": "agent.seams",
-    "Usage": "agent.seams",
-    "Agent": "agent.session",
-    "Session": "agent.session",
-    "Rules": "agent.stops",
-}
-# Deprecated, kept for one version: `agent.Result` is `agent.RunResult` (a run's result;
-# `sandbox.Result` is one MIME output of a cell, as in E2B's SDK).
-_RENAMED = {"Result": "RunResult"}
-__all__ = sorted(_HOMES)
+if TYPE_CHECKING:
+    from sandcell.agent.model.openai_model import OpenAIModel
+
+__all__ = [
+    "Action",
+    "Agent",
+    "Loop",
+    "Model",
+    "ModelError",
+    "OpenAIModel",
+    "Parsed",
+    "Reply",
+    "Rules",
+    "RunResult",
+    "ScriptedModel",
+    "Session",
+    "ToolCall",
+    "Usage",
+]
 
 
-def __getattr__(name: str):
-    name = _RENAMED.get(name, name)
-    if name not in _HOMES:
-        raise AttributeError(f"module 'agent' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOMES[name]), name)
+def __getattr__(name: str) -> Any:
+    if name == "OpenAIModel":
+        from sandcell.agent.model.openai_model import OpenAIModel
+
+        return OpenAIModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

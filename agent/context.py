@@ -5,7 +5,7 @@ pairing never change, so any endpoint accepts the result."""
 
 from __future__ import annotations
 
-from agent.vision import IMAGE_CHARS, drop_images, image_count, text_of
+from sandcell.agent.vision import IMAGE_CHARS, drop_images, image_count, text_of
 
 COMPACTED = "[compacted]"
 

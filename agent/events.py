@@ -17,9 +17,9 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agent.seams import Action
-from sandbox.execution import Execution
-from tools import ToolOutcome
+from sandcell.agent.seams import Action
+from sandcell.sandbox.execution import Execution
+from sandcell.tools import ToolOutcome
 
 REGISTRY: dict[str, type[Event]] = {}  # type tag -> class, filled as each class is defined
 _BASE = ("time", "extra")  # fields every event has; not the event's own
@@ -377,11 +377,11 @@ class Notice(Event):
 # -- helpers for building the step records -------------------------------------------------
 
 
-def observation_record(action: Any, obs: Any) -> dict:
+def observation_record(action: Any, outcome: Any) -> dict:
     """One action and its observation as the trace keeps them (the Execution in full)."""
-    execution = obs.data.to_dict() if hasattr(obs.data, "to_dict") else None
+    execution = outcome.data.to_dict() if hasattr(outcome.data, "to_dict") else None
     return {"tool": action.tool, "args": action.args, "call_id": action.call_id, "how": action.how,
-            "ok": obs.ok, "text": obs.text, "execution": execution}  # fmt: skip
+            "ok": outcome.ok, "text": outcome.text, "execution": execution}  # fmt: skip
 
 
 def executed_cell(question: int, code: str, ex: Execution) -> Step:

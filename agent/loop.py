@@ -2,16 +2,18 @@
 check the stop rules; repeat until a final answer or a rule ends the question.
 
 Parsing lives in agent.protocols/parsing, stop rules in agent.stops, the context budget in
-agent.context, words in agent.prompts. Control leaves a step by three exceptions (Submitted,
-LimitReached, and ModelError/SandboxError); every step is in the trace before the next starts."""
+agent.context, words in agent.prompts. Control leaves a step by exceptions from agent.seams
+(Submitted, LimitReached, Terminated, ModelError) or a SandboxError; every step is in the trace
+before the next starts."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from agent import context, prompts, stops
-from agent.events import (
+from sandcell.agent import context, prompts, stops
+from sandcell.agent.events import (
     ActionStarted,
     Final,
     Notice,
@@ -25,8 +27,9 @@ from agent.events import (
     VisionOff,
     observation_record,
 )
-from agent.protocols import ActionProtocol, ReactProtocol, answer_from_text, make_protocol
-from agent.seams import (
+from sandcell.agent.protocols import ActionProtocol, ReactProtocol, answer_from_text, make_protocol
+from sandcell.agent.seams import (
+    Action,
     FormatError,
     ImagesUnsupported,
     LimitReached,
@@ -39,13 +42,25 @@ from agent.seams import (
     ToolsUnsupported,
     Usage,
 )
-from agent.stops import Rules, Watch
-from agent.vision import MODES as VISION_MODES
-from agent.vision import figures_message, without_images
-from sandbox import Execution, SandboxError
-from tools import Registry, ToolOutcome
+from sandcell.agent.stops import Rules, Watch
+from sandcell.agent.vision import MODES as VISION_MODES
+from sandcell.agent.vision import figures_message, without_images
+from sandcell.sandbox import Execution, SandboxError
+from sandcell.tools import Registry, ToolOutcome
 
 __all__ = ["Loop", "OnEvent"]
+
+
+@dataclass
+class Ran:
+    """What one step's actions gave: the texts the model reads, the observations' records,
+    the limit reached if one was, the Executions, the repeat warnings."""
+
+    texts: list[str] = field(default_factory=list)
+    observations: list[dict] = field(default_factory=list)
+    stop: LimitReached | None = None
+    executions: list[Execution] = field(default_factory=list)
+    repeats: list[str] = field(default_factory=list)
 
 
 class Loop:
@@ -183,45 +198,48 @@ class Loop:
             return self._answer(watch, question, parsed.answer, record)
         self.publish(Thought(text=parsed.thought))
         warnings = [w for w in [watch.thought(parsed.thought)] if w]
-        texts, observations, stop, executions, repeats = self._execute(parsed.actions, watch)
-        warnings += repeats
+        ran = self._execute(parsed.actions, watch)
+        warnings += ran.repeats
+        texts = ran.texts
         if warnings and not any(warnings[0] in t for t in texts):
             texts[-1] += "\n\n" + warnings[0]
         self.messages += self.protocol.observation_messages(parsed.actions, texts)
-        figures = figures_message(executions) if self.vision != "off" else None
+        figures = figures_message(ran.executions) if self.vision != "off" else None
         if figures:
             self._show(figures)
-        self.publish(Step(**record, observations=observations, warnings=warnings))
-        if stop is not None:
-            raise stop
-        failed = [o for o in observations if not o["ok"]]
+        self.publish(Step(**record, observations=ran.observations, warnings=warnings))
+        if ran.stop is not None:
+            raise ran.stop
+        failed = [o for o in ran.observations if not o["ok"]]
         watch.failed(failed[-1]["text"][:200]) if failed else watch.succeeded()
         return warnings
 
-    def _execute(self, actions: list, watch: Watch) -> tuple:
+    def _execute(self, actions: list[Action], watch: Watch) -> Ran:
         """Each action run (or, past a limit or a cancel, answered "not run": every call id
-        gets its answer, so the history stays valid): the texts the model reads, the
-        observations' records, the limit reached if one was, the Executions, the warnings."""
-        texts, observations, stop, executions, repeats = [], [], None, [], []
+        gets its answer, so the history stays valid)."""
+        ran = Ran()
         for action in actions:
             self.publish(ActionStarted(tool=action.tool, args=action.args))
             try:
                 repeat = watch.action(action.key())
             except LimitReached as exc:
-                stop, obs, repeat = stop or exc, ToolOutcome(False, f"not run: {exc.detail}"), None
+                ran.stop = ran.stop or exc
+                outcome, repeat = ToolOutcome(False, f"not run: {exc.detail}"), None
             else:
-                obs = (
+                outcome = (
                     ToolOutcome(False, "not run")
-                    if stop or self.cancelled  # stopped from outside: start nothing more
+                    if ran.stop or self.cancelled  # stopped from outside: start nothing more
                     else self.registry.call(action.tool, action.args)
                 )
-            texts.append(obs.text + (f"\n\n{repeat}" if repeat else ""))
-            observations.append(observation_record(action, obs))
-            ex = obs.data if isinstance(obs.data, Execution) else None
-            executions += [ex] if ex else []
-            self.publish(Observation(tool=action.tool, ok=obs.ok, text=obs.text, execution=ex))
-            repeats += [repeat] if repeat else []
-        return texts, observations, stop, executions, repeats
+            ran.texts.append(outcome.text + (f"\n\n{repeat}" if repeat else ""))
+            ran.observations.append(observation_record(action, outcome))
+            ex = outcome.data if isinstance(outcome.data, Execution) else None
+            ran.executions += [ex] if ex else []
+            self.publish(
+                Observation(tool=action.tool, ok=outcome.ok, text=outcome.text, execution=ex)
+            )
+            ran.repeats += [repeat] if repeat else []
+        return ran
 
     def _answer_open_calls(self) -> None:
         """Tool calls cut short by an interrupt still get an answer: the history stays valid

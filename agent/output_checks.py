@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from sandbox.boundary import WORKSPACE
-from tools import tables
-from tools.profile import DELIMITED_EXTS, build_profile, error_text
+from sandcell.sandbox.boundary import WORKSPACE
+from sandcell.tools import tables
+from sandcell.tools.profile import DELIMITED_EXTS, build_profile, error_text
 
 SCHEMA_FORMS = {".yaml": "yaml", ".yml": "yaml", ".json": "json"}
 HEAD_BYTES = 1 << 20  # what the profile reads to say how a file is written
@@ -342,7 +342,7 @@ class Checker:
         self.attempts, self.question = 0, 0
 
     def __call__(self, question: int) -> str | None:
-        from agent.events import ChecksRun  # events import nothing from jobs
+        from sandcell.agent.events import ChecksRun  # events import nothing from jobs
 
         if question != self.question:  # each question gets its own retries
             self.attempts, self.question = 0, question

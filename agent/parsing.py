@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import json_repair
 
-from agent.seams import Action, FormatError, Parsed
+from sandcell.agent.seams import Action, FormatError, Parsed
 
 # After the colon only the markers that touch it (`**Final Answer:** x`): an answer that
 # starts with Markdown emphasis (`Final Answer: **East**`) keeps it.

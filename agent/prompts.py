@@ -5,12 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import os
 
-from agent.vision import text_of
-from sandbox.inputs import Inputs
-from sandbox.render import MAIN_PACKAGES, MEMORY_ADVICE
-from sandbox.wheelhouse import PROMPT_NAMES, Offer
-from tools.file_metadata import profile_inputs
-from tools.profile import human_size
+from sandcell.agent.vision import text_of
+from sandcell.sandbox.inputs import Inputs
+from sandcell.sandbox.render import MAIN_PACKAGES, MEMORY_ADVICE
+from sandcell.sandbox.wheelhouse import PROMPT_NAMES, Offer
+from sandcell.tools.file_metadata import profile_inputs
+from sandcell.tools.profile import human_size
 
 SYSTEM = """You are sandcell, a careful data analyst. Answer questions about the user's files by \
 running Python in a sandboxed Jupyter kernel (no network; state persists). Today is {today}.

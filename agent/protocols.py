@@ -12,10 +12,10 @@ from typing import Protocol
 
 import json_repair
 
-from agent.parsing import THINK, parse_react
-from agent.seams import Action, FormatError, Parsed, Reply
-from tools import Registry
-from tools.registry import single_string_arg
+from sandcell.agent.parsing import THINK, parse_react
+from sandcell.agent.seams import Action, FormatError, Parsed, Reply
+from sandcell.tools import Registry
+from sandcell.tools.registry import single_string_arg
 
 # Stop sequences for text mode: the model must not write the observation itself.
 REACT_STOP = ["\nObservation:", "\nObservation：", "\n观察:", "\n观察："]

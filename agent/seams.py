@@ -36,7 +36,7 @@ class Usage:
 
 def estimated_usage(messages: list[dict], completion_chars: int) -> Usage:
     """For endpoints (and scripts) that report no usage: characters / 4."""
-    from agent.vision import IMAGE_CHARS, image_count, text_of
+    from sandcell.agent.vision import IMAGE_CHARS, image_count, text_of
 
     # an image counts as its fixed estimate, not as the characters of its data URL
     prompt = sum(len(text_of(m)) + IMAGE_CHARS * image_count(m) for m in messages)
@@ -98,7 +98,9 @@ class Action:
     tool: str
     args: dict | str  # a dict, or JSON text the registry repairs
     call_id: str | None = None  # native tool calls answer with this id
-    how: str = "tool_call"  # tool_call, label, json_block, python_block, call
+    # where it came from: tool_call (native), label, json_block, python_block, call (text
+    # ReAct, agent.parsing), execute (a cell run without the model: serve's /execute)
+    how: str = "tool_call"
 
     def key(self) -> str:
         """Identity for the repeated-action rule: tool name and canonical arguments."""
@@ -174,8 +176,8 @@ class ImagesUnsupported(ModelError):
 
 @dataclass
 class RunResult:
-    """What `Agent.run` and `Session.ask` return. (Named `Result` before 0.3, and still
-    importable as `agent.Result` for this version: deprecated.)"""
+    """What `Agent.run` and `Session.ask` return (a whole question's outcome; `Result` is one
+    MIME output of a cell, as in E2B's SDK)."""
 
     answer: str | None  # None when the run stopped without one
     stop_reason: str  # agent.stops: answered, max_steps, repeated_action, model_error, ...

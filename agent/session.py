@@ -1,8 +1,10 @@
 """The Python API: `Agent(model=..., limits=...).run(task, inputs=[...]) -> RunResult`, and
 `agent.session(inputs=[...])` for several questions sharing one sandbox (kernel state, files,
 history). Each question leaves trace.jsonl and notebook.ipynb up to date in the session folder,
-and the files the code wrote under /workspace/output copied to <folder>/output. A session's
-sandbox starts in the background as the session is created."""
+and the files the code wrote under /workspace/output copied to <folder>/output. A session's own
+sandbox starts as `Agent(sandbox_start=)` says: in the background as the session is created (the
+first model request and the start overlap), or on demand at the first Python action; a sandbox
+given to it (`sandbox=`: a pool's, or a resumed one) is used as it is."""
 
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Self
 
-from agent import stops
-from agent.events import (
+from sandcell.agent import stops
+from sandcell.agent.events import (
     ATTEMPT,
     Event,
     ExportFailed,
@@ -30,8 +32,8 @@ from agent.events import (
     executed_cell,
     fan_out,
 )
-from agent.loop import Loop
-from agent.output_checks import (
+from sandcell.agent.loop import Loop
+from sandcell.agent.output_checks import (
     Checker,
     Expect,
     Schema,
@@ -40,12 +42,12 @@ from agent.output_checks import (
     not_checked,
     verify_copied,
 )
-from agent.prompts import inputs_profile, packages_note
-from agent.records.notebook import export_notebook
-from agent.records.trace import TraceWriter
-from agent.seams import Model, RunResult
-from agent.stops import Rules
-from sandbox import (
+from sandcell.agent.prompts import inputs_profile, packages_note
+from sandcell.agent.records.notebook import export_notebook
+from sandcell.agent.records.trace import TraceWriter
+from sandcell.agent.seams import Model, RunResult
+from sandcell.agent.stops import Rules
+from sandcell.sandbox import (
     BackgroundSandbox,
     DockerSandbox,
     Execution,
@@ -54,15 +56,15 @@ from sandbox import (
     Sandbox,
     checkpoint,
 )
-from sandbox.boundary import WORKSPACE
-from sandbox.container import DEFAULT_IMAGE
-from sandbox.docker_sandbox import wheelhouse_offer
-from sandbox.execution import StreamChunk
-from sandbox.landing import files_in, move_inside
-from sandbox.pool import warmed
-from tools import Registry, Tool, calculator_tool
-from tools.file_metadata import file_metadata_tool
-from tools.python import python_tool
+from sandcell.sandbox.boundary import WORKSPACE
+from sandcell.sandbox.container import DEFAULT_IMAGE
+from sandcell.sandbox.docker_sandbox import wheelhouse_offer
+from sandcell.sandbox.execution import StreamChunk
+from sandcell.sandbox.landing import files_in, move_inside
+from sandcell.sandbox.pool import warmed
+from sandcell.tools import Registry, Tool, calculator_tool
+from sandcell.tools.file_metadata import file_metadata_tool
+from sandcell.tools.python import python_tool
 
 OUTPUT_DIR = "output"  # /workspace/output: what a job hands back
 FIGURES_DIR = "figures"  # /workspace/figures: every chart a cell showed

@@ -10,7 +10,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from agent.seams import LimitReached
+from sandcell.agent.seams import LimitReached
 
 # Stop reasons, as RunResult.stop_reason reports them.
 ANSWERED = "answered"
@@ -32,7 +32,7 @@ class Rules:
     max_failures: int = 5  # consecutive failed actions or unusable replies
     max_repeats: int = 1  # identical (tool, args) repeats: the first warns, the next stops
     wall_s: float = 900.0  # per question
-    max_tokens: int = 400_000  # prompt + completion tokens per question
+    token_budget: int = 400_000  # prompt + completion tokens per question (not one reply's cap)
     quality_retries: int = 1  # empty, evasive or repeated answers get this many nudges
     context_chars: int = 60_000  # history size before older observations are compacted
     keep_recent: int = 3  # newest steps always kept whole
@@ -63,8 +63,10 @@ class Watch:
     def before_call(self) -> None:
         """Called before every model call: the budgets that need no reply to check."""
         self.check_wall()
-        if self.tokens > self.rules.max_tokens:
-            raise LimitReached(TOKENS, f"{self.tokens} tokens used, budget {self.rules.max_tokens}")
+        if self.tokens > self.rules.token_budget:
+            raise LimitReached(
+                TOKENS, f"{self.tokens} tokens used, budget {self.rules.token_budget}"
+            )
         if self.steps >= self.rules.max_steps:
             raise LimitReached(MAX_STEPS, f"{self.steps} steps", force_answer=True)
         self.steps += 1

@@ -16,8 +16,8 @@ import base64
 import binascii
 import io
 
-from sandbox.execution import Execution
-from sandbox.render import IMAGE_TYPES
+from sandcell.sandbox.execution import Execution
+from sandcell.sandbox.render import IMAGE_TYPES
 
 MODES = ("auto", "on", "off")
 VISION_ENV = "SANDCELL_VISION"

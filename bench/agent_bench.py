@@ -19,14 +19,14 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from agent import Agent, OpenAIModel, Rules, ScriptedModel
-from agent.events import Event
-from agent.loop import Loop
-from agent.records.trace import TraceWriter
-from agent.vision import IMAGE_TOKENS
 from bench.tasks import TASKS, Task, sandcell_script, sent_chars, smolagents_script
+from sandcell.agent import Agent, OpenAIModel, Rules, ScriptedModel
+from sandcell.agent.events import Event
+from sandcell.agent.loop import Loop
+from sandcell.agent.records.trace import TraceWriter
+from sandcell.agent.vision import IMAGE_TOKENS
+from sandcell.tools import Registry, calculator_tool
 from tests.scripted_server import ScriptedServer, image_parts
-from tools import Registry, calculator_tool
 
 SMOLAGENTS_IMPORTS = ["pandas", "numpy"]
 
@@ -72,7 +72,7 @@ def step_overhead(steps: int, protocol: str) -> dict:
     ]  # fmt: skip
     replies.append("Final Answer: the sum is done.")
     model = TimedModel(ScriptedModel(replies))
-    rules = Rules(max_steps=steps + 5, max_tokens=10**9)
+    rules = Rules(max_steps=steps + 5, token_budget=10**9)
     with tempfile.TemporaryDirectory(prefix="sandcell-bench-") as folder:
         trace = TimedTrace(Path(folder) / "trace.jsonl")
         try:

@@ -14,9 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent import ScriptedModel
-from agent.jobs.batch import Batch, Job, JobSettings, ThreadExecutor
 from bench.tasks import TASKS, Task, answer_text, batch_script, result_in
+from sandcell.agent import ScriptedModel
+from sandcell.agent.jobs.batch import Batch, Job, JobSettings, ThreadExecutor
 
 MODEL_WAIT_S = 1.0  # the late replies' wait, before each one
 

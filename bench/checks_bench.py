@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pandera.pandas as pa
 
-from agent.output_checks import load_schema, run_checks
 from bench.sandbox_bench import summary
-from sandbox import DockerSandbox
+from sandcell.agent.output_checks import load_schema, run_checks
+from sandcell.sandbox import DockerSandbox
 
 ROWS = 10_000
 WRITE = (

@@ -6,9 +6,9 @@ import sys
 import time
 
 from bench.sandbox_bench import cold_start_s, summary
-from sandbox import DockerSandbox
-from sandbox import container as ctr
-from sandbox.errors import SandboxUnavailable
+from sandcell.sandbox import DockerSandbox
+from sandcell.sandbox import container as ctr
+from sandcell.sandbox.errors import SandboxUnavailable
 
 RUNTIMES = ("runc", "runsc")
 

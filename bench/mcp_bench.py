@@ -13,7 +13,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from bench.sandbox_bench import summary
-from sandbox import DockerSandbox
+from sandcell.sandbox import DockerSandbox
 from tests.cli_runner import SANDCELL
 
 CELL = "1 + 1"

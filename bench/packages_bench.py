@@ -14,9 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandbox import DockerSandbox, Limits, image_build
-from sandbox import container as ctr
-from sandbox.wheelhouse import Wheelhouse, WheelhouseError, add
+from sandcell.sandbox import DockerSandbox, Limits, image_build
+from sandcell.sandbox import container as ctr
+from sandcell.sandbox.wheelhouse import Wheelhouse, WheelhouseError, add
 
 PACKAGE = "rapidfuzz==3.14.3"  # a real one a model reaches for; not in the image
 MODULE = "rapidfuzz"

@@ -12,11 +12,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.records.replay import Cell, rerun
 from bench import gvisor_bench
-from sandbox import DockerSandbox, Limits, checkpoint
-from sandbox import container as ctr
-from sandbox.pool import WARMUP
+from sandcell.agent.records.replay import Cell, rerun
+from sandcell.sandbox import DockerSandbox, Limits, checkpoint
+from sandcell.sandbox import container as ctr
+from sandcell.sandbox.pool import WARMUP
 
 LIMITS = Limits(timeout_s=120, memory_mb=1024, runtime="runsc")
 BIG = "import numpy as np\nbig = np.random.default_rng(1).random(25_000_000)  # 200 MB"

@@ -17,12 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent import ScriptedModel
-from agent.jobs.batch import Batch, Job, JobSettings, ThreadExecutor
-from agent.jobs.ray_batch import RayExecutor, Settings
-from agent.model.settings import ModelSettings
 from bench.batch_bench import check, jobs_for
 from bench.tasks import TASKS, batch_script
+from sandcell.agent import ScriptedModel
+from sandcell.agent.jobs.batch import Batch, Job, JobSettings, ThreadExecutor
+from sandcell.agent.jobs.ray_batch import RayExecutor, Settings
+from sandcell.agent.model.settings import ModelSettings
 
 NODE = {"num_cpus": 1, "resources": {"sandcell": 1}, "object_store_memory": 100 << 20}
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 
-from agent import Agent, OpenAIModel, Rules
 from bench.tasks import sent_chars
+from sandcell.agent import Agent, OpenAIModel, Rules
 from tests.llama_server import MODEL, LlamaServer, missing
 
 TASK = "What is the total of the column n in /data/numbers.csv?"

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pandera.pandas as pa
 
-from agent import ScriptedModel
-from agent.events import Step
-from agent.jobs.batch import Batch, Job, JobSettings, ThreadExecutor
-from agent.jobs.recipe_library import Library
-from agent.output_checks import load_expect
-from agent.records.trace import read_events
+from sandcell.agent import ScriptedModel
+from sandcell.agent.events import Step
+from sandcell.agent.jobs.batch import Batch, Job, JobSettings, ThreadExecutor
+from sandcell.agent.jobs.recipe_library import Library
+from sandcell.agent.output_checks import load_expect
+from sandcell.agent.records.trace import read_events
 
 CPU_TARGET_S = 0.7
 RATIO_TARGET = 3.0

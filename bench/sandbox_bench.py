@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 
-from sandbox import DockerSandbox, Limits, SandboxPool
+from sandcell.sandbox import DockerSandbox, Limits, SandboxPool
 
 
 def summary(samples: list[float]) -> dict:

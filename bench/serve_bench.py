@@ -19,7 +19,7 @@ import docker
 import psutil
 
 from bench.sandbox_bench import container_mb, summary
-from sandbox import DockerSandbox
+from sandcell.sandbox import DockerSandbox
 from tests.containers import owner_label
 from tests.serve_helpers import client, events, serve_process
 

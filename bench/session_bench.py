@@ -11,9 +11,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent import Agent, OpenAIModel
-from agent.events import Event, Observation
-from sandbox import DockerSandbox, Limits
+from sandcell.agent import Agent, OpenAIModel
+from sandcell.agent.events import Event, Observation
+from sandcell.sandbox import DockerSandbox, Limits
 from tests.scripted_server import ScriptedServer
 
 MODEL_DELAY_S = 1.0

@@ -1,35 +1,36 @@
 """Where code runs: sealed Docker containers hosting a Jupyter kernel.
 
-The names load on first use (PEP 562), so importing a light part (`sandbox.errors`,
-`sandbox.boundary`, `sandbox.inputs`) does not import the Docker client."""
+`from sandcell import DockerSandbox, Limits, render` is the front door; these are the same
+names, for code that wants only the sandbox's."""
 
-import importlib
+# render first: the function shares its module's name, and binding it after the submodule
+# keeps `sandcell.sandbox.render` the function (as it has always been).
+from sandcell.sandbox.render import render as render  # noqa: I001
+from sandcell.sandbox.background import BackgroundSandbox
+from sandcell.sandbox.docker_sandbox import DockerSandbox
+from sandcell.sandbox.errors import SandboxError, SandboxUnavailable
+from sandcell.sandbox.execution import Execution, ExecutionError, Result, StreamChunk
+from sandcell.sandbox.inputs import Input, InputError, Inputs
+from sandcell.sandbox.limits import Limits
+from sandcell.sandbox.pool import SandboxPool
+from sandcell.sandbox.protocol import Sandbox
+from sandcell.sandbox.renewable import RenewableSandbox
 
-# Loaded now, not lazily: the function shares its module's name, and a lazy name would be
-# shadowed by the submodule once anything imports `sandbox.render`.
-from sandbox.render import render as render
-
-_HOMES = {
-    "BackgroundSandbox": "sandbox.background",
-    "DockerSandbox": "sandbox.docker_sandbox",
-    "Error": "sandbox.execution",
-    "Execution": "sandbox.execution",
-    "Input": "sandbox.inputs",
-    "InputError": "sandbox.inputs",
-    "Inputs": "sandbox.inputs",
-    "Limits": "sandbox.limits",
-    "RenewableSandbox": "sandbox.renewable",
-    "Result": "sandbox.execution",
-    "Sandbox": "sandbox.protocol",
-    "SandboxError": "sandbox.errors",
-    "SandboxPool": "sandbox.pool",
-    "SandboxUnavailable": "sandbox.errors",
-    "StreamChunk": "sandbox.execution",
-}
-__all__ = sorted([*_HOMES, "render"])
-
-
-def __getattr__(name: str):
-    if name not in _HOMES:
-        raise AttributeError(f"module 'sandbox' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOMES[name]), name)
+__all__ = [
+    "BackgroundSandbox",
+    "DockerSandbox",
+    "Execution",
+    "ExecutionError",
+    "Input",
+    "InputError",
+    "Inputs",
+    "Limits",
+    "RenewableSandbox",
+    "Result",
+    "Sandbox",
+    "SandboxError",
+    "SandboxPool",
+    "SandboxUnavailable",
+    "StreamChunk",
+    "render",
+]

@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sandbox.errors import SandboxError
-from sandbox.execution import Execution, StreamChunk
-from sandbox.inputs import Inputs
-from sandbox.limits import Limits
-from sandbox.protocol import Sandbox
+from sandcell.sandbox.errors import SandboxError
+from sandcell.sandbox.execution import Execution, StreamChunk
+from sandcell.sandbox.inputs import Inputs
+from sandcell.sandbox.limits import Limits
+from sandcell.sandbox.protocol import Sandbox
 
 OnReady = Callable[[dict], None]
 

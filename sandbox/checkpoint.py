@@ -28,8 +28,8 @@ import docker
 import docker.errors
 import requests
 
-from sandbox import image_build
-from sandbox.errors import SandboxError
+from sandcell.sandbox import image_build
+from sandcell.sandbox.errors import SandboxError
 
 NAME = "sandcell-pause"  # the checkpoint's name in the engine
 STATE = "pause.json"

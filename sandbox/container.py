@@ -16,12 +16,12 @@ import docker.errors
 import requests
 from docker.types import LogConfig, Ulimit
 
-from sandbox import boundary, landing
-from sandbox.boundary import HOST_DIR_LABEL, LABEL, OWNER_LABEL, SESSION_LABEL, WORKSPACE
-from sandbox.checkpoint import restore_into
-from sandbox.errors import SandboxError, SandboxUnavailable
-from sandbox.kernel import CONN_PREFIX
-from sandbox.limits import Limits
+from sandcell.sandbox import boundary, landing
+from sandcell.sandbox.boundary import HOST_DIR_LABEL, LABEL, OWNER_LABEL, SESSION_LABEL, WORKSPACE
+from sandcell.sandbox.checkpoint import restore_into
+from sandcell.sandbox.errors import SandboxError, SandboxUnavailable
+from sandcell.sandbox.kernel import CONN_PREFIX
+from sandcell.sandbox.limits import Limits
 
 DEFAULT_IMAGE = os.environ.get("SANDCELL_IMAGE", "sandcell-sandbox:latest")
 REMOVAL_WAIT_S = 30  # a removal another process began, waited for
@@ -144,7 +144,7 @@ def start(
     limits: Limits,
     conn_dir: str,
     inputs: dict[str, Path],
-    session: str,
+    label: str,
     staging_dir: Path | None = None,
     gvisor: bool = False,
     wheelhouse: Path | None = None,
@@ -179,7 +179,7 @@ def start(
         labels={
             LABEL: "1",
             OWNER_LABEL: owner(),
-            SESSION_LABEL: session,
+            SESSION_LABEL: label,
             HOST_DIR_LABEL: conn_dir,
         },
         runtime=limits.runtime,

@@ -18,13 +18,13 @@ from pathlib import Path
 import docker.errors
 import requests
 
-from sandbox import boundary, checkpoint, image_build, kernel
-from sandbox import container as ctr
-from sandbox.errors import SandboxError, SandboxUnavailable
-from sandbox.execution import Execution
-from sandbox.inputs import Inputs
-from sandbox.limits import Limits
-from sandbox.wheelhouse import Offer, offer, resolve
+from sandcell.sandbox import boundary, checkpoint, image_build, kernel
+from sandcell.sandbox import container as ctr
+from sandcell.sandbox.errors import SandboxError, SandboxUnavailable
+from sandcell.sandbox.execution import Execution
+from sandcell.sandbox.inputs import Inputs
+from sandcell.sandbox.limits import Limits
+from sandcell.sandbox.wheelhouse import Offer, offer, resolve
 
 
 def wheelhouse_offer(client, image: str | None, folder: str | None) -> Offer:
@@ -76,7 +76,7 @@ class DockerSandbox:
         inputs: Inputs | list[str | Path] = (),
         image: str | None = None,
         runtime: str | None = None,
-        session: str | None = None,
+        label: str | None = None,
         staging: bool = False,
         resume_from: str | Path | None = None,
     ):
@@ -86,7 +86,7 @@ class DockerSandbox:
         if runtime is not None:  # the same as Limits(runtime=...): one place holds it
             self.limits = replace(self.limits, runtime=runtime)
         self.image = image or ctr.DEFAULT_IMAGE
-        self.session = session or uuid.uuid4().hex[:12]
+        self.label = label or uuid.uuid4().hex[:12]  # the container's sandcell.session label
         self.inputs = Inputs.from_paths(inputs)
         self.client = ctr.engine()
         self.gvisor = ctr.check_runtime(self.client, self.limits.runtime)
@@ -124,7 +124,7 @@ class DockerSandbox:
             self.limits,
             self.conn_dir,
             mounts,
-            self.session,
+            self.label,
             staging_dir=self.staging_dir,
             gvisor=self.gvisor,
             wheelhouse=self.wheelhouse.mount,

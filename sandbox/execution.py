@@ -2,7 +2,7 @@
 
 from dataclasses import asdict, dataclass, field
 
-from sandbox.boundary import PATH_KEY
+from sandcell.sandbox.boundary import PATH_KEY
 
 # Stands in the stream for the middle of the output the caps cut (see Execution.cut_at).
 CUT_NOTE = "\n[... {n} characters cut by the sandbox ...]\n"
@@ -29,7 +29,7 @@ class Result:
 
 
 @dataclass
-class Error:
+class ExecutionError:
     name: str
     value: str
     traceback: list[str]  # compact: ANSI stripped, frames in the user's code
@@ -40,7 +40,7 @@ class Execution:
     code: str = ""
     stream: list[StreamChunk] = field(default_factory=list)
     results: list[Result] = field(default_factory=list)
-    error: Error | None = None
+    error: ExecutionError | None = None
     execution_count: int | None = None
     duration_s: float = 0.0
     timed_out: bool = False
@@ -92,5 +92,5 @@ class Execution:
         d = dict(d)
         d["stream"] = [StreamChunk(**c) for c in d.get("stream", [])]
         d["results"] = [Result(**r) for r in d.get("results", [])]
-        d["error"] = Error(**d["error"]) if d.get("error") else None
+        d["error"] = ExecutionError(**d["error"]) if d.get("error") else None
         return cls(**d)

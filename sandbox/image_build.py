@@ -28,9 +28,9 @@ import docker
 import docker.errors
 import requests
 
-from sandbox.errors import SandboxUnavailable
+from sandcell.sandbox.errors import SandboxUnavailable
 
-SOURCES_DIR = Path(str(files("sandbox.image")))  # a wheel's copy, or images/ when editable
+SOURCES_DIR = Path(str(files("sandcell.images")))  # a wheel's copy, or images/ when editable
 CONTRACT = Path(__file__).parent / "boundary.py"  # the host-container contract, copied in
 PROGRAMS = (
     "supervisor.py", "sandcell_kernel.py", "sandcell_pip.py", "relay.py", "files.py", "checks.py"
@@ -471,7 +471,7 @@ def smoke(client: docker.DockerClient, name: str, runtime: str) -> None:
 
 def repin(python: str = "3.11") -> None:
     """Developer task: re-resolve requirements.in into requirements.txt, keeping today's pins
-    (delete a line from requirements.txt to upgrade it). `python -m sandbox.image_build`."""
+    (delete a line from requirements.txt to upgrade it). `python -m sandcell.sandbox.image_build`."""
     requirements = SOURCES_DIR / "requirements.txt"
     with tempfile.TemporaryDirectory() as pins:
         download_wheels(
@@ -483,7 +483,7 @@ def repin(python: str = "3.11") -> None:
         )
     header = (
         f"# Pinned closure of requirements.in for Python {python} (the debootstrap base). "
-        "Regenerate: python -m sandbox.image_build"
+        "Regenerate: python -m sandcell.sandbox.image_build"
     )
     requirements.write_text("\n".join([header, *names]) + "\n")
     print(json.dumps({"requirements.txt": len(names)}))

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.boundary import DATA
+from sandcell.sandbox.boundary import DATA
 
 
 class InputError(ValueError):

@@ -15,8 +15,8 @@ from queue import Empty
 import zmq
 from jupyter_client import BlockingKernelClient
 
-from sandbox import boundary, event_loops
-from sandbox.execution import CUT_NOTE, Error, Execution, Result, StreamChunk
+from sandcell.sandbox import boundary, event_loops
+from sandcell.sandbox.execution import CUT_NOTE, Execution, ExecutionError, Result, StreamChunk
 
 event_loops.install()  # the blocking client's per-thread loops, closed at exit
 
@@ -256,7 +256,7 @@ class Collector:
         elif kind in RICH_KINDS:
             self._rich(content, is_main=kind == "execute_result")
         elif kind == "error":
-            ex.error = Error(
+            ex.error = ExecutionError(
                 name=content["ename"],
                 value=content["evalue"],
                 traceback=compact_traceback(content.get("traceback", [])),

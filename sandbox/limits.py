@@ -3,7 +3,7 @@ that holds them, and the operator's wheelhouse it may install packages from."""
 
 from dataclasses import asdict, dataclass
 
-from sandbox.boundary import RICH_BYTES, RICH_OUTPUTS, SPILL_BYTES
+from sandcell.sandbox.boundary import RICH_BYTES, RICH_OUTPUTS, SPILL_BYTES
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ import time
 from collections import deque
 from pathlib import Path
 
-from sandbox.docker_sandbox import DockerSandbox
-from sandbox.errors import SandboxError
-from sandbox.inputs import Inputs
-from sandbox.limits import Limits
+from sandcell.sandbox.docker_sandbox import DockerSandbox
+from sandcell.sandbox.errors import SandboxError
+from sandcell.sandbox.inputs import Inputs
+from sandcell.sandbox.limits import Limits
 
 RETRY_AFTER_S = 5.0  # after a failed background start
 # A renewal under way is waited for this long at most (it takes a fraction of a second; one

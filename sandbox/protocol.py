@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from sandbox.execution import Execution, StreamChunk
-from sandbox.inputs import Inputs
-from sandbox.limits import Limits
+from sandcell.sandbox.execution import Execution, StreamChunk
+from sandcell.sandbox.inputs import Inputs
+from sandcell.sandbox.limits import Limits
 
 
 @runtime_checkable

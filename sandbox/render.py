@@ -3,8 +3,8 @@
 import re
 from dataclasses import dataclass, field
 
-from sandbox.boundary import ERROR_KEY, PACKAGES_FILE
-from sandbox.execution import Execution
+from sandcell.sandbox.boundary import ERROR_KEY, PACKAGES_FILE
+from sandcell.sandbox.execution import Execution
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/svg+xml")
 # The image's main packages, for the offline note (tests check them against requirements.in).

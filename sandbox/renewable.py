@@ -17,12 +17,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sandbox import checkpoint
-from sandbox.background import BackgroundSandbox, Forwarder, OnReady
-from sandbox.errors import SandboxError, SandboxUnavailable
-from sandbox.inputs import Inputs
-from sandbox.limits import Limits
-from sandbox.protocol import Sandbox
+from sandcell.sandbox import checkpoint
+from sandcell.sandbox.background import BackgroundSandbox, Forwarder, OnReady
+from sandcell.sandbox.errors import SandboxError, SandboxUnavailable
+from sandcell.sandbox.inputs import Inputs
+from sandcell.sandbox.limits import Limits
+from sandcell.sandbox.protocol import Sandbox
 
 Acquire = Callable[[Inputs], Sandbox]  # e.g. a pool's acquire
 Resume = Callable[[Path, Inputs], Sandbox]  # e.g. a pool's resume: the sandbox paused there

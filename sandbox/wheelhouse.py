@@ -30,7 +30,7 @@ from urllib.parse import quote
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
-from sandbox import image_build
+from sandcell.sandbox import image_build
 
 ENV = "SANDCELL_WHEELHOUSE"
 MANIFEST = "wheelhouse.json"

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pexpect
 
-SANDCELL = [sys.executable, "-m", "agent.cli"]
+SANDCELL = [sys.executable, "-m", "sandcell.agent.cli"]
 
 
 def sandcell(

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from sandbox.container import DEFAULT_IMAGE as IMAGE
+from sandcell.sandbox.container import DEFAULT_IMAGE as IMAGE
 from tests.missing import cannot_run
 
 

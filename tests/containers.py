@@ -2,7 +2,7 @@
 
 import docker
 
-from sandbox.container import OWNER_LABEL, owner
+from sandcell.sandbox.container import OWNER_LABEL, owner
 
 
 def container_labels(*labels: str, running_only: bool = False) -> list[dict]:

@@ -10,7 +10,7 @@ from collections import Counter
 import pandas as pd
 import pandera.pandas as pa
 
-from agent.jobs.fingerprint import Layout
+from sandcell.agent.jobs.fingerprint import Layout
 
 SAVE = "import os; os.makedirs('/workspace/output', exist_ok=True)\n"
 SAVE += "df[['id', 'amount', 'region']].to_csv('/workspace/output/clean.csv', index=False)\n"

@@ -16,10 +16,10 @@ import httpx
 import pytest
 import uvicorn
 
-from agent import OpenAIModel
-from agent.hosting.listening import listening_socket
-from agent.serve import ServeConfig, create_app
-from sandbox import Limits
+from sandcell.agent import OpenAIModel
+from sandcell.agent.hosting.listening import listening_socket
+from sandcell.agent.serve import ServeConfig, create_app
+from sandcell.sandbox import Limits
 from tests.cli_runner import free_port, sandcell_process
 from tests.polling import wait_for  # noqa: F401  (the serve tests import it from here)
 from tests.scripted_server import ScriptedServer

@@ -16,9 +16,9 @@ import nbformat
 import pandas as pd
 import pytest
 
-from agent import Agent, OpenAIModel, Rules, prompts
-from agent.events import Final, Observation, Token
-from agent.records.trace import read_trace
+from sandcell.agent import Agent, OpenAIModel, Rules, prompts
+from sandcell.agent.events import Final, Observation, Token
+from sandcell.agent.records.trace import read_trace
 from tests.cli_runner import sandcell
 from tests.scripted_server import ScriptedServer
 
@@ -320,7 +320,7 @@ def test_replay_resets_where_the_session_did_and_warns_of_a_changed_input(tmp_pa
 KILLED_RUN = textwrap.dedent(
     """
     from tests.scripted_server import ScriptedServer
-    from agent import Agent, OpenAIModel
+    from sandcell.agent import Agent, OpenAIModel
     LOAD = {load!r}
     script = [
         {{"tool_calls": [{{"name": "python", "arguments": {{"code": LOAD + "print(len(df))"}}}}]}},
@@ -365,7 +365,7 @@ def test_trace_of_a_run_killed_mid_way_holds_every_finished_step(tmp_path):
 
 def _reap():
     """The killed run's container: remove it now rather than at the next sandbox start."""
-    from sandbox.container import engine, reap_orphans
+    from sandcell.sandbox.container import engine, reap_orphans
 
     reap_orphans(engine())
 

@@ -11,12 +11,12 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from agent.cli import exits, main
-from agent.cli.options import agent_options, build_model
-from agent.model.openai_model import OpenAIModel
-from agent.model.scripted import ScriptedModel, ScriptError
-from agent.model.settings import DEFAULT_MAX_TOKENS, ModelSettings
-from agent.seams import ModelError, ToolsUnsupported
+from sandcell.agent.cli import exits, main
+from sandcell.agent.cli.options import agent_options, build_model
+from sandcell.agent.model.openai_model import OpenAIModel
+from sandcell.agent.model.scripted import ScriptedModel, ScriptError
+from sandcell.agent.model.settings import DEFAULT_MAX_TOKENS, ModelSettings
+from sandcell.agent.seams import ModelError, ToolsUnsupported
 from tests.scripted_server import ScriptedServer, dead_url
 
 USER = [{"role": "user", "content": "hi"}]

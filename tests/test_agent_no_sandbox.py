@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agent import Agent, OpenAIModel, Rules, prompts
-from agent.records.trace import read_trace
+from sandcell.agent import Agent, OpenAIModel, Rules, prompts
+from sandcell.agent.records.trace import read_trace
+from sandcell.tools import profile as profile_module
 from tests.scripted_server import ScriptedServer, dead_url
-from tools import profile as profile_module
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,7 +39,7 @@ def test_token_budget_stops_the_run(tmp_path):
         "usage": {"prompt_tokens": 500, "completion_tokens": 600},
     }
     with ScriptedServer([heavy, "never"]) as server:
-        result = agent(server.url, Rules(max_tokens=1000), protocol="tools").run(
+        result = agent(server.url, Rules(token_budget=1000), protocol="tools").run(
             "x", [SALES], tmp_path
         )
     assert result.stop_reason == "token_budget" and "1100" in result.detail and server.left() == 1
@@ -105,7 +105,7 @@ def test_each_input_is_profiled_once_per_session(tmp_path, monkeypatch):
         builds.append(name)
         return real(name, *args, **kwargs)
 
-    monkeypatch.setattr("tools.file_metadata.build_profile", counting)
+    monkeypatch.setattr("sandcell.tools.file_metadata.build_profile", counting)
     data = tmp_path / "sales.csv"
     data.write_bytes(SALES.read_bytes())
     script = [
@@ -146,7 +146,7 @@ def test_each_input_is_profiled_once_per_session(tmp_path, monkeypatch):
     ],
 )
 def test_bad_inputs_are_refused_before_anything_starts(tmp_path, inputs, words):
-    from sandbox import InputError
+    from sandcell.sandbox import InputError
 
     for folder in ("a", "b"):
         (tmp_path / folder).mkdir()

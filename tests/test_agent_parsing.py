@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from agent.parsing import parse_react
-from agent.protocols import REACT_STOP, ReactProtocol, ToolsProtocol
-from agent.seams import FormatError, Reply, ToolCall
-from tools import Registry, calculator_tool
-from tools.registry import Tool
+from sandcell.agent.parsing import parse_react
+from sandcell.agent.protocols import REACT_STOP, ReactProtocol, ToolsProtocol
+from sandcell.agent.seams import FormatError, Reply, ToolCall
+from sandcell.tools import Registry, calculator_tool
+from sandcell.tools.registry import Tool
 
 TOOLS = {"python": "code", "calculator": "expression", "file_metadata": "path"}
 

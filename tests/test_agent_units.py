@@ -8,16 +8,16 @@ import time
 import nbformat
 import pytest
 
-from agent import context
-from agent.events import Event
-from agent.prompts import system_prompt
-from agent.records.notebook import export_notebook, trace_to_notebook
-from agent.records.replay import recorded_cells
-from agent.records.trace import TraceWriter, read_trace
-from agent.seams import Action, LimitReached
-from agent.stops import FAILURES, MAX_STEPS, REPEATED, TOKENS, WALL_TIME, Rules, Watch
-from sandbox import Execution
-from sandbox.execution import Error, Result, StreamChunk
+from sandcell.agent import context
+from sandcell.agent.events import Event
+from sandcell.agent.prompts import system_prompt
+from sandcell.agent.records.notebook import export_notebook, trace_to_notebook
+from sandcell.agent.records.replay import recorded_cells
+from sandcell.agent.records.trace import TraceWriter, read_trace
+from sandcell.agent.seams import Action, LimitReached
+from sandcell.agent.stops import FAILURES, MAX_STEPS, REPEATED, TOKENS, WALL_TIME, Rules, Watch
+from sandcell.sandbox import Execution
+from sandcell.sandbox.execution import ExecutionError, Result, StreamChunk
 
 # -- stop rules ------------------------------------------------------------------------------------
 
@@ -61,7 +61,7 @@ def test_wall_clock_and_token_budgets():
     time.sleep(0.06)
     with pytest.raises(LimitReached, match=WALL_TIME):
         watch.before_call()
-    watch = Watch(Rules(max_tokens=100))
+    watch = Watch(Rules(token_budget=100))
     watch.spent(101)
     with pytest.raises(LimitReached, match=TOKENS):
         watch.before_call()
@@ -237,7 +237,9 @@ def test_notebook_has_thoughts_code_outputs_and_images(tmp_path):
         execution_count=1,
     )  # fmt: skip
     failed = Execution(
-        code="df['x']", error=Error("KeyError", "'x'", ["KeyError: 'x'"]), execution_count=2
+        code="df['x']",
+        error=ExecutionError("KeyError", "'x'", ["KeyError: 'x'"]),
+        execution_count=2,
     )
     path = tmp_path / "trace.jsonl"
     with TraceWriter(path) as trace:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from agent import prompts
-from sandbox import render
-from sandbox.execution import Execution
-from sandbox.inputs import Inputs
-from sandbox.render import MEMORY_ADVICE
+from sandcell.agent import prompts
+from sandcell.sandbox import render
+from sandcell.sandbox.execution import Execution
+from sandcell.sandbox.inputs import Inputs
+from sandcell.sandbox.render import MEMORY_ADVICE
 from tests.cli_runner import sandcell
 from tests.scripted_server import ScriptedServer
 

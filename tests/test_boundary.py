@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import boundary
-from sandbox.execution import CUT_NOTE
-from sandbox.kernel import Collector
+from sandcell.sandbox import boundary
+from sandcell.sandbox.execution import CUT_NOTE
+from sandcell.sandbox.kernel import Collector
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,7 +69,7 @@ def test_markers_model_code_prints_neither_crash_the_host_nor_point_anywhere():
 @pytest.fixture
 def sources(tmp_path, monkeypatch):
     """A copy of the image's sources and the contract, so the real files are never touched."""
-    from sandbox import image_build
+    from sandcell.sandbox import image_build
 
     folder = tmp_path / "images"
     shutil.copytree(image_build.SOURCES_DIR, folder)
@@ -80,7 +80,7 @@ def sources(tmp_path, monkeypatch):
 
 
 def test_the_image_hash_covers_the_contract_and_every_source(sources):
-    from sandbox import image_build
+    from sandcell.sandbox import image_build
 
     before = image_build.sources_hash()
     assert image_build.sources_hash() == before  # nothing changed: the same hash
@@ -93,7 +93,7 @@ def test_the_image_hash_covers_the_contract_and_every_source(sources):
 
 
 def test_base_and_extra_requirements_change_the_build_hash():
-    from sandbox.image_build import DEFAULT_BASE, image_hash
+    from sandcell.sandbox.image_build import DEFAULT_BASE, image_hash
 
     plain = image_hash()
     assert image_hash(DEFAULT_BASE, None) == plain
@@ -108,7 +108,7 @@ def test_the_build_context_holds_every_file_the_dockerfile_copies(tmp_path):
     image but left out of the context fails here, not in a user's build."""
     import tarfile
 
-    from sandbox import image_build
+    from sandcell.sandbox import image_build
 
     wheels = tmp_path / "wheels"
     wheels.mkdir()
@@ -135,7 +135,7 @@ def test_the_build_context_holds_every_file_the_dockerfile_copies(tmp_path):
 
 
 def test_the_offline_note_names_packages_the_image_really_has():
-    from sandbox.render import MAIN_PACKAGES
+    from sandcell.sandbox.render import MAIN_PACKAGES
 
     wanted = (ROOT / "images" / "requirements.in").read_text().split()
     assert MAIN_PACKAGES and set(MAIN_PACKAGES) <= set(wanted)
@@ -168,8 +168,8 @@ def test_the_image_carries_this_contract(image):
 @pytest.mark.docker
 @pytest.mark.timeout(60)
 def test_the_image_under_test_is_current_for_these_sources(image):
-    from sandbox import image_build
-    from sandbox.container import engine
+    from sandcell.sandbox import image_build
+    from sandcell.sandbox.container import engine
 
     state = image_build.inspect(engine(), image)
     assert state.current, state.describe()
@@ -192,8 +192,8 @@ def test_export_takes_only_a_plain_tar_within_its_cap(tmp_path):
     """What comes back from the container is hostile (model code can write into the file
     helper's output): a compressed archive is not unpacked (a small bz2 could fill the host's
     disk), files over the cap and garbage are a SandboxError, a plain tar is unpacked."""
-    from sandbox.container import extract_tar
-    from sandbox.errors import SandboxError
+    from sandcell.sandbox.container import extract_tar
+    from sandcell.sandbox.errors import SandboxError
 
     plain = _tar({"a.txt": b"hello"})
     assert extract_tar(plain, tmp_path / "ok", cap=100) == ["a.txt"]
@@ -212,7 +212,7 @@ def test_export_takes_only_a_plain_tar_within_its_cap(tmp_path):
 def test_an_editable_install_builds_from_the_clone_s_images_folder():
     """`make install` installs sandcell in place (pip install -e): the image's sources are the
     clone's images/, read as the package data sandbox.image (the wheel: tests/test_install.py)."""
-    from sandbox import image_build
+    from sandcell.sandbox import image_build
 
     assert image_build.SOURCES_DIR.resolve() == (ROOT / "images").resolve()
     assert (image_build.SOURCES_DIR / "Dockerfile").is_file()

@@ -7,9 +7,9 @@ import json
 import pandera.pandas as pa
 import pytest
 
-from agent import stops
-from agent.events import ChecksRun, Event
-from agent.records.trace import read_trace
+from sandcell.agent import stops
+from sandcell.agent.events import ChecksRun, Event
+from sandcell.agent.records.trace import read_trace
 from tests.cli_runner import sandcell
 from tests.scripted_server import ScriptedServer
 
@@ -217,7 +217,7 @@ def test_model_code_that_patches_pandera_in_its_kernel_cannot_make_a_check_pass(
 
 
 def test_a_copied_file_that_is_not_the_bytes_checked_fails_its_check(tmp_path):
-    from agent.output_checks import verify_copied
+    from sandcell.agent.output_checks import verify_copied
 
     (tmp_path / "clean.csv").write_text("id\n1\n")
     good = hashlib.sha256(b"id\n1\n").hexdigest()
@@ -237,7 +237,7 @@ def test_a_copied_file_that_is_not_the_bytes_checked_fails_its_check(tmp_path):
 
 
 def test_output_paths_stay_under_the_workspace_and_the_schema_is_shown_compactly(files):
-    from agent.output_checks import ExpectError, describe, load_expect, output_path
+    from sandcell.agent.output_checks import ExpectError, describe, load_expect, output_path
 
     assert output_path("/workspace/output/a.csv") == output_path("output/a.csv") == "output/a.csv"
     for bad in ("/etc/passwd", "../a.csv", "output/../../a.csv", "."):

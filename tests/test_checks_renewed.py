@@ -10,8 +10,8 @@ import pandas as pd
 import pandera.pandas as pa
 import pytest
 
-from agent.output_checks import guessed_hints, hints, load_expect, run_checks
-from sandbox import DockerSandbox, Limits, render
+from sandcell.agent.output_checks import guessed_hints, hints, load_expect, run_checks
+from sandcell.sandbox import DockerSandbox, Limits, render
 from tests.test_checks import PATCH
 
 SCHEMA = pa.DataFrameSchema(

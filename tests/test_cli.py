@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from agent.cli import COMMANDS, exits, main
-from agent.seams import ModelError, RunResult, Terminated, ToolsUnsupported
-from sandbox.errors import SandboxError, SandboxUnavailable
-from sandbox.execution import Error, Execution
+from sandcell.agent.cli import COMMANDS, exits, main
+from sandcell.agent.seams import ModelError, RunResult, Terminated, ToolsUnsupported
+from sandcell.sandbox.errors import SandboxError, SandboxUnavailable
+from sandcell.sandbox.execution import Execution, ExecutionError
 
 NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/sandcell-test-docker.sock"}
 NO_MODEL = {"OPENAI_API_KEY": None, "OPENAI_BASE_URL": None, "SANDCELL_MODEL": None}
@@ -112,7 +112,7 @@ def test_help_and_version_load_no_model_client():
     """Subcommands load on use: `exec`, `gc` and `tool` never import openai (a fresh
     interpreter, since this test process has imported everything already)."""
     code = (
-        "import sys\nfrom agent.cli import main\n"
+        "import sys\nfrom sandcell.agent.cli import main\n"
         "for args in (['--version'], ['exec', '--help'], ['gc', '--help'], ['tool', '--help']):\n"
         "    try:\n        main(args)\n    except SystemExit as done:\n"
         "        assert done.code == 0, (args, done.code)\n"
@@ -277,7 +277,7 @@ def test_run_without_a_usable_model_exits_4(tmp_path):
 
 
 def test_demo_exits_4_for_a_model_error_as_the_readme_says(monkeypatch, capsys, tmp_path):
-    from agent.cli import demo
+    from sandcell.agent.cli import demo
 
     monkeypatch.setenv("OPENAI_BASE_URL", "https://api.openai.com/v1")
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
@@ -332,7 +332,12 @@ def test_for_result(result, status):
     ("execution", "status"),
     [
         (Execution(code="1 + 1"), 0),
-        (Execution(code="1/0", error=Error("ZeroDivisionError", "division by zero", [])), 1),
+        (
+            Execution(
+                code="1/0", error=ExecutionError("ZeroDivisionError", "division by zero", [])
+            ),
+            1,
+        ),
         (Execution(code="while True: pass", timed_out=True, interrupted=True), 124),
         (Execution(code="loop", timed_out=True, restarted="timeout"), 124),
         (Execution(code="os.kill(...)", restarted="died"), 137),
@@ -380,12 +385,12 @@ def test_an_internal_error_in_a_command_is_one_line_and_a_file(tmp_path, monkeyp
     """Through the real CLI: a bug inside `run` (here a profile that cannot be built at all)
     prints one line naming a file in the output folder that holds the traceback; --debug
     shows the traceback instead."""
-    import agent.session
+    from sandcell.agent import session
 
     def broken(inputs, memory_mb=None):
         raise RuntimeError("profiles are broken")
 
-    monkeypatch.setattr(agent.session, "inputs_profile", broken)
+    monkeypatch.setattr(session, "inputs_profile", broken)
     script = tmp_path / "script.json"
     script.write_text(json.dumps(["Final Answer: 1"]))
     data = tmp_path / "a.csv"
@@ -460,7 +465,7 @@ def test_batch_with_a_broken_job_script_is_a_usage_error_naming_the_line(tmp_pat
 def test_serve_claims_its_data_folder_alone_and_says_why_it_cannot(tmp_path):
     import click
 
-    from agent.cli.serve import claim_data
+    from sandcell.agent.cli.serve import claim_data
 
     held = claim_data(tmp_path / "d")
     try:  # (an flock is per open file: a second claim from this process is refused too)

@@ -9,7 +9,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from agent.cli import main
+from sandcell.agent.cli import main
 from tests.cli_runner import sandcell
 
 
@@ -62,7 +62,7 @@ def test_exec_statuses(tmp_path):
 
 
 ORPHAN = (
-    "import json, os\nfrom sandbox import DockerSandbox, Limits\n"
+    "import json, os\nfrom sandcell import DockerSandbox, Limits\n"
     "box = DockerSandbox(limits=Limits())\n"
     "print(json.dumps({'id': box.container.id, 'conn': box.conn_dir}), flush=True)\n"
     "os._exit(0)\n"  # dies without cleaning up: its container is an orphan

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.records.trace import read_trace
+from sandcell.agent.records.trace import read_trace
 from tests.cli_runner import sandcell, sandcell_process, sandcell_terminal
 from tests.containers import container_labels, owner_label
 from tests.polling import wait_for

@@ -8,8 +8,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from sandbox import SandboxUnavailable
-from sandbox import container as ctr
+from sandcell.sandbox import SandboxUnavailable
+from sandcell.sandbox import container as ctr
 from tests import cli_runner
 from tests.missing import cannot_run
 

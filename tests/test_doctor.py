@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from sandbox import image_build
+from sandcell.sandbox import image_build
 from tests.cli_runner import sandcell
 from tests.scripted_server import ScriptedServer, dead_url
 

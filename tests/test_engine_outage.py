@@ -15,10 +15,10 @@ import docker.errors
 import httpx
 import pytest
 
-from sandbox import DockerSandbox, Inputs, Limits, SandboxError, SandboxPool
-from sandbox import pool as pool_module
-from sandbox.container import DEFAULT_IMAGE as IMAGE
-from sandbox.renewable import RenewableSandbox
+from sandcell.sandbox import DockerSandbox, Inputs, Limits, SandboxError, SandboxPool
+from sandcell.sandbox import pool as pool_module
+from sandcell.sandbox.container import DEFAULT_IMAGE as IMAGE
+from sandcell.sandbox.renewable import RenewableSandbox
 from tests.cli_runner import sandcell
 from tests.serve_helpers import ALICE, serve_process
 

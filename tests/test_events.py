@@ -15,13 +15,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from agent.events import REGISTRY, Event, Final, SessionStarted, Step, UnknownEvent
-from agent.model.scripted import ScriptedModel
-from agent.records.notebook import export_notebook
-from agent.records.replay import replay
-from agent.records.trace import read_trace
-from sandbox import Execution, Limits
-from sandbox.execution import Error, Result, StreamChunk
+from sandcell.agent.events import REGISTRY, Event, Final, SessionStarted, Step, UnknownEvent
+from sandcell.agent.model.scripted import ScriptedModel
+from sandcell.agent.records.notebook import export_notebook
+from sandcell.agent.records.replay import replay
+from sandcell.agent.records.trace import read_trace
+from sandcell.sandbox import Execution, Limits
+from sandcell.sandbox.execution import ExecutionError, Result, StreamChunk
 
 FIXTURE = Path(__file__).parent / "data" / "trace-v1"
 SESSION = next(FIXTURE.glob("alice/*/trace.jsonl")).parent  # DATA/<user>/<id>/
@@ -42,7 +42,7 @@ def sample(hint: object) -> object:
             code="print(1)\n2",
             stream=[StreamChunk("stdout", "1\n")],
             results=[Result({"text/plain": "2"}, is_main=True)],
-            error=Error("KeyError", "'x'", ["KeyError: 'x'"]),
+            error=ExecutionError("KeyError", "'x'", ["KeyError: 'x'"]),
             execution_count=3,
             duration_s=0.25,
         )
@@ -134,7 +134,7 @@ def test_the_old_trace_replays_cell_for_cell():
 @pytest.mark.docker
 @pytest.mark.timeout(240)
 def test_a_server_resumes_the_old_session(tmp_path):
-    from agent.serve import ServeConfig
+    from sandcell.agent.serve import ServeConfig
     from tests.serve_helpers import USERS, client, execute, serving
 
     data = tmp_path / "d"
@@ -160,9 +160,9 @@ def test_a_server_resumes_the_old_session(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_the_ray_driver_rewrites_only_the_input_paths_of_the_session_record(tmp_path):
-    ray_batch = pytest.importorskip("agent.jobs.ray_batch")
-    from agent.jobs.batch import Job
-    from sandbox import Inputs
+    ray_batch = pytest.importorskip("sandcell.agent.jobs.ray_batch")
+    from sandcell.agent.jobs.batch import Job
+    from sandcell.sandbox import Inputs
 
     here = tmp_path / "sales.csv"
     here.write_text("region,units\nEast,3\n")

@@ -5,10 +5,16 @@ import json
 
 import pytest
 
-from agent.jobs.fingerprint import Fingerprint, Layout
-from agent.jobs.layout_learning import LayoutLearning
-from agent.jobs.recipe_library import MAX_TRIED, Entry, Library, solved_counts, start_library
-from agent.jobs.recipe_maker import PARAMETERS, Loaded, Recipe, RecipeError, load
+from sandcell.agent.jobs.fingerprint import Fingerprint, Layout
+from sandcell.agent.jobs.layout_learning import LayoutLearning
+from sandcell.agent.jobs.recipe_library import (
+    MAX_TRIED,
+    Entry,
+    Library,
+    solved_counts,
+    start_library,
+)
+from sandcell.agent.jobs.recipe_maker import PARAMETERS, Loaded, Recipe, RecipeError, load
 
 pytestmark = pytest.mark.timeout(60)
 

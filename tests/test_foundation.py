@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 from jupyter_client import BlockingKernelClient
 
-from agent.cli import main
-from sandbox.container import remove_host_dirs
-from sandbox.kernel import make_connection_dir, seal
+from sandcell.agent.cli import main
+from sandcell.sandbox.container import remove_host_dirs
+from sandcell.sandbox.kernel import make_connection_dir, seal
 from tests.cli_runner import sandcell
 
 
@@ -88,7 +88,7 @@ def test_the_kernel_clients_thread_loops_are_closed_at_exit_not_left_to_the_coll
 import atexit, threading
 seen = []
 atexit.register(lambda: print("closed" if seen[0].is_closed() else "open"))  # runs last
-import sandbox.kernel
+import sandcell.sandbox.kernel
 from jupyter_core.utils import ensure_event_loop, run_sync
 
 async def nothing():

@@ -17,7 +17,7 @@ import docker
 import docker.errors
 import pytest
 
-from sandbox import image_build
+from sandcell.sandbox import image_build
 
 ROOT = Path(__file__).resolve().parent.parent
 # where the wheel installs images/ (package-dir: sandbox.image), and where the sdist keeps it

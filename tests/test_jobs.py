@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from agent import ScriptedModel, stops
-from agent.cli import main
-from agent.jobs.batch import Batch, Job, JobSettings, ThreadExecutor, load_jobs
-from agent.records.trace import read_trace
-from sandbox import Limits
+from sandcell.agent import ScriptedModel, stops
+from sandcell.agent.cli import main
+from sandcell.agent.jobs.batch import Batch, Job, JobSettings, ThreadExecutor, load_jobs
+from sandcell.agent.records.trace import read_trace
+from sandcell.sandbox import Limits
 from tests.cli_runner import sandcell, sandcell_process
 from tests.containers import container_labels, owner_label
 from tests.polling import kill_after_results

@@ -9,21 +9,23 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("sandbox", "agent", "tools")
+PACKAGES = ("sandbox", "agent", "tools")  # each installs as sandcell.<folder>
 MAX_FUNCTION_LINES = 60
 
 
-def modules(folder: str) -> dict[str, ast.Module]:
-    """Every module under ROOT/folder by its dotted name, parsed."""
+def modules(folder: str, package: str = "sandcell") -> dict[str, ast.Module]:
+    """Every module under ROOT/folder by its dotted import name, parsed."""
     found = {}
     for path in sorted((ROOT / folder).rglob("*.py")):
         parts = path.relative_to(ROOT).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        name = ".".join([package, *parts] if package else parts)
         found[name] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     return found
 
 
 CODE = {name: tree for package in PACKAGES for name, tree in modules(package).items()}
+BARE = ("agent", "sandbox", "tools", "images")  # the folders' names, never import names
 
 
 def imported(tree: ast.Module, module: str) -> set[str]:
@@ -55,11 +57,11 @@ AGENT_WINGS = {p.name for p in (ROOT / "agent").iterdir() if (p / "__init__.py")
 
 
 def wing_of(module: str) -> str:
-    """sandbox, tools, agent (the core: modules directly in agent/) or agent.<wing>."""
-    parts = module.split(".")
+    """sandcell.sandbox, .tools, .agent (the core: modules directly in agent/) or .agent.<wing>."""
+    parts = module.split(".")[1:]  # after "sandcell."
     if parts[0] == "agent" and len(parts) > 1 and parts[1] in AGENT_WINGS:
-        return f"agent.{parts[1]}"
-    return parts[0]
+        return f"sandcell.agent.{parts[1]}"
+    return f"sandcell.{parts[0]}"
 
 
 def test_the_image_sources_are_at_the_root():
@@ -74,28 +76,46 @@ def test_batch_work_lives_in_agent_jobs():
         assert (ROOT / "agent" / "jobs" / name).is_file()
 
 
-CORE_WINGS = ("agent.model", "agent.records")  # the core's own wings, below jobs
-ABOVE_CORE = ("agent.jobs", "agent.hosting", "agent.cli", "agent.serve", "agent.mcp")
+CORE_WINGS = ("sandcell.agent.model", "sandcell.agent.records")  # the core's own wings, below jobs
+ABOVE_CORE = (
+    "sandcell.agent.jobs",
+    "sandcell.agent.hosting",
+    "sandcell.agent.cli",
+    "sandcell.agent.serve",
+    "sandcell.agent.mcp",
+)
 
 
 def test_imports_run_downwards():
     wrong = []
     for module in CODE:
         wing = wing_of(module)
-        if module.startswith("sandbox"):
-            above = ("agent", "tools")
-        elif module.startswith("tools"):
-            above = ("agent",)
-        elif wing == "agent" or wing in CORE_WINGS:  # agent/*.py, agent/model, agent/records
+        if module.startswith("sandcell.sandbox"):
+            above = ("sandcell.agent", "sandcell.tools")
+        elif module.startswith("sandcell.tools"):
+            above = ("sandcell.agent",)
+        elif (
+            wing == "sandcell.agent" or wing in CORE_WINGS
+        ):  # agent/*.py, agent/model, agent/records
             above = ABOVE_CORE
-        elif wing == "agent.jobs":
-            above = ("agent.hosting", "agent.cli", "agent.serve", "agent.mcp")
-        elif wing == "agent.hosting":
-            above = ("agent.jobs", "agent.cli", "agent.serve", "agent.mcp")
-        elif wing == "agent.serve":
-            above = ("agent.cli", "agent.mcp")
-        elif wing == "agent.mcp":
-            above = ("agent.cli", "agent.serve")
+        elif wing == "sandcell.agent.jobs":
+            above = (
+                "sandcell.agent.hosting",
+                "sandcell.agent.cli",
+                "sandcell.agent.serve",
+                "sandcell.agent.mcp",
+            )
+        elif wing == "sandcell.agent.hosting":
+            above = (
+                "sandcell.agent.jobs",
+                "sandcell.agent.cli",
+                "sandcell.agent.serve",
+                "sandcell.agent.mcp",
+            )
+        elif wing == "sandcell.agent.serve":
+            above = ("sandcell.agent.cli", "sandcell.agent.mcp")
+        elif wing == "sandcell.agent.mcp":
+            above = ("sandcell.agent.cli", "sandcell.agent.serve")
         else:  # agent.cli: the front end over everything
             continue
         wrong += [f"{module} imports {name}" for name in sorted(reaches(module, above))]
@@ -124,9 +144,33 @@ def test_no_function_is_over_60_lines():
 
 def test_the_checks_see_what_they_should():
     """The readers above find what they look for (a broken walk would pass everything)."""
-    assert "agent.session" in CODE and "agent.jobs.batch" in CODE and "images" not in CODE
-    assert "agent.output_checks" in imported(CODE["agent.session"], "agent.session")
-    assert reaches("agent.cli.serve", ("agent.hosting",))  # an import inside a function counts
-    assert reaches("agent.jobs.batch", ("agent.session",))
-    assert wing_of("agent.session") == "agent" and wing_of("agent.jobs.batch") == "agent.jobs"
+    assert (
+        "sandcell.agent.session" in CODE
+        and "sandcell.agent.jobs.batch" in CODE
+        and "images" not in CODE
+    )
+    assert "sandcell.agent.output_checks" in imported(
+        CODE["sandcell.agent.session"], "sandcell.agent.session"
+    )
+    assert reaches(
+        "sandcell.agent.cli.serve", ("sandcell.agent.hosting",)
+    )  # an import inside a function counts
+    assert reaches("sandcell.agent.jobs.batch", ("sandcell.agent.session",))
+    assert (
+        wing_of("sandcell.agent.session") == "sandcell.agent"
+        and wing_of("sandcell.agent.jobs.batch") == "sandcell.agent.jobs"
+    )
     assert {"model", "records", "jobs", "hosting", "cli", "serve", "mcp"} <= AGENT_WINGS
+
+
+def test_nothing_imports_a_bare_folder_name():
+    """`import agent` (or sandbox, tools, images) would load a module a second time under a
+    second name, with a second set of classes, or another project's package of that name."""
+    wrong = []
+    for folder in (*PACKAGES, "images", "src", "tests", "bench", "scripts"):
+        for name, tree in modules(folder, package="").items():
+            for imported_name in imported(tree, name):
+                if imported_name.split(".")[0] in BARE:
+                    wrong.append(f"{name} imports {imported_name}")
+    assert wrong == []
+    assert "agent.loop" in imported(ast.parse("from agent.loop import Loop"), "x")  # it can fail

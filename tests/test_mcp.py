@@ -24,13 +24,13 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import McpError
 from mcp.types import CancelledNotification, CancelledNotificationParams, ClientNotification
 
-from agent.cli import main
-from agent.mcp.definitions import definitions
-from sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
+from sandcell.agent.cli import main
+from sandcell.agent.mcp.definitions import definitions
+from sandcell.sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
+from sandcell.tools import Registry, calculator_tool, file_metadata_tool, python_tool
 from tests.cli_runner import SANDCELL, sandcell_process
 from tests.containers import container_labels, owner_label
 from tests.serve_helpers import ALICE, BOB, wait_for
-from tools import Registry, calculator_tool, file_metadata_tool, python_tool
 
 TOOLS = {"run_python", "describe_file", "list_files", "read_file", "write_file"}
 TOOLS |= {"calculator", "export_outputs"}
@@ -316,7 +316,7 @@ from mcp.shared.exceptions import McpError
 from mcp.types import CancelledNotification, CancelledNotificationParams, ClientNotification
 
 async def main():
-    server = StdioServerParameters(command=sys.executable, args=["-m", "agent.cli", "mcp"],
+    server = StdioServerParameters(command=sys.executable, args=["-m", "sandcell.agent.cli", "mcp"],
                                    env=dict(os.environ))
     async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
         await session.initialize()

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from agent import Agent, OpenAIModel, Rules
-from agent.model.deadline import RequestDeadline
-from agent.records.trace import read_trace
+from sandcell.agent import Agent, OpenAIModel, Rules
+from sandcell.agent.model.deadline import RequestDeadline
+from sandcell.agent.records.trace import read_trace
 from tests.cli_runner import sandcell
 from tests.scripted_server import ScriptedServer
 

@@ -9,8 +9,8 @@ import stat
 import docker
 import pytest
 
-from sandbox import DockerSandbox, Limits, checkpoint
-from sandbox import container as ctr
+from sandcell.sandbox import DockerSandbox, Limits, checkpoint
+from sandcell.sandbox import container as ctr
 from tests.conftest import docker_problem, runtime_problem
 from tests.missing import cannot_run
 

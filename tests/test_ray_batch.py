@@ -17,10 +17,10 @@ import pandas as pd
 import psutil
 import pytest
 
-from agent.jobs.fingerprint import Layout
-from agent.records.trace import read_trace
-from sandbox.container import owner
-from sandbox.wheelhouse import Wheelhouse, add
+from sandcell.agent.jobs.fingerprint import Layout
+from sandcell.agent.records.trace import read_trace
+from sandcell.sandbox.container import owner
+from sandcell.sandbox.wheelhouse import Wheelhouse, add
 from tests.cli_runner import sandcell, sandcell_process
 from tests.containers import container_labels
 from tests.deliveries import (
@@ -39,7 +39,7 @@ from tests.wheels import make_wheel
 try:
     from ray import cluster_utils as ray_cluster_utils
 
-    from agent.jobs.ray_batch import (
+    from sandcell.agent.jobs.ray_batch import (
         SCRATCH_LOCK,
         SCRATCH_PREFIX,
         dead_scratch,

@@ -20,9 +20,9 @@ import nbformat
 import pexpect
 import pytest
 
-from agent import OpenAIModel, stops
-from agent.records.trace import read_trace
-from agent.seams import ModelError
+from sandcell.agent import OpenAIModel, stops
+from sandcell.agent.records.trace import read_trace
+from sandcell.agent.seams import ModelError
 from tests.cli_runner import sandcell, sandcell_terminal
 from tests.llama_server import MODEL, LlamaServer, missing
 from tests.missing import cannot_run
@@ -270,7 +270,7 @@ def test_a_figure_is_refused_by_a_model_without_vision_and_told_apart(llama):
 
     from PIL import Image
 
-    from agent.seams import ImagesUnsupported
+    from sandcell.agent.seams import ImagesUnsupported
 
     noise = Image.frombytes("RGB", (200, 150), random.Random(0).randbytes(200 * 150 * 3))
     out = io.BytesIO()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.events import ChecksRun, Final, Reset, SessionStarted, executed_cell
-from agent.jobs.recipe_maker import (
+from sandcell.agent.events import ChecksRun, Final, Reset, SessionStarted, executed_cell
+from sandcell.agent.jobs.recipe_maker import (
     PARAMETERS,
     Recipe,
     RecipeError,
@@ -18,9 +18,9 @@ from agent.jobs.recipe_maker import (
     parameters_cell,
     plain_python,
 )
-from agent.records.trace import TraceWriter
-from sandbox import Execution
-from sandbox.execution import Error
+from sandcell.agent.records.trace import TraceWriter
+from sandcell.sandbox import Execution
+from sandcell.sandbox.execution import ExecutionError
 
 INPUTS = [
     {"name": "sales.csv", "path": "/home/a/sales.csv", "size": 10, "sha256": "ab" * 32},
@@ -83,7 +83,7 @@ def _trace(
 def test_the_recipe_keeps_the_cells_that_ran_and_names_its_origin(tmp_path):
     _trace(tmp_path, [
         ("import pandas as pd", Execution()),
-        ("df = pd.read_csv('/data/sales.csv')\ndf.nope", Execution(error=Error("AttributeError", "nope", []))),
+        ("df = pd.read_csv('/data/sales.csv')\ndf.nope", Execution(error=ExecutionError("AttributeError", "nope", []))),
         ("while True: pass", Execution(timed_out=True, interrupted=True)),
         ("df = pd.read_csv('/data/sales.csv')", Execution()),
         ("df.drop_duplicates().to_csv('/workspace/output/clean.csv')", Execution()),
@@ -124,7 +124,7 @@ def test_a_recipe_job_s_own_parameters_cell_is_not_a_cell_of_the_next_recipe(tmp
 def test_folders_and_files_that_are_no_recipe_are_refused_saying_why(tmp_path):
     with pytest.raises(RecipeError, match="no trace.jsonl"):
         from_run(tmp_path)
-    _trace(tmp_path, [("1/0", Execution(error=Error("ZeroDivisionError", "", [])))])
+    _trace(tmp_path, [("1/0", Execution(error=ExecutionError("ZeroDivisionError", "", [])))])
     with pytest.raises(RecipeError, match="ran no cell to its end"):
         from_run(tmp_path)
     bad = tmp_path / "bad.py"

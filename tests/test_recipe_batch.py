@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from agent.events import Step
-from agent.records.trace import read_events
+from sandcell.agent.events import Step
+from sandcell.agent.records.trace import read_events
 from tests.cli_runner import sandcell
 from tests.deliveries import SALES, python
 from tests.scripted_server import ScriptedServer

@@ -11,9 +11,9 @@ from collections import Counter
 
 import pytest
 
-from agent.events import ATTEMPT, Reset
-from agent.jobs.fingerprint import Layout
-from agent.records.trace import read_events
+from sandcell.agent.events import ATTEMPT, Reset
+from sandcell.agent.jobs.fingerprint import Layout
+from sandcell.agent.records.trace import read_events
 from tests.cli_runner import sandcell
 from tests.deliveries import FAMILIES, SAVE, FamilyModel, delivery, library_recipe
 from tests.scripted_server import ScriptedServer

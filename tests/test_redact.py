@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from agent import Agent, OpenAIModel, Rules
-from agent.model.redact import redact_url, scrub
+from sandcell.agent import Agent, OpenAIModel, Rules
+from sandcell.agent.model.redact import redact_url, scrub
 from tests.scripted_server import dead_url
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from agent.cli import main
+from sandcell.agent.cli import main
+from sandcell.tools import tables
+from sandcell.tools.file_metadata import profile_file
+from sandcell.tools.profile import Caps
 from tests.cli_runner import sandcell, sandcell_process
 from tests.polling import lines_in, wait_for
-from tools import tables
-from tools.file_metadata import profile_file
-from tools.profile import Caps
 
 # 6 rows, 2 of them repeats (one with its blank amount written NA): 4 distinct rows; a bad
 # amount ("abc") makes the column text; `notes` has 2 blanks
@@ -222,8 +222,8 @@ def test_parquet_and_xlsx_outputs_get_distinct_values_and_duplicates(tmp_path):
 
 
 def test_an_input_over_the_read_cap_is_audited_from_its_head_and_the_audit_says_so(tmp_path):
-    from agent.jobs.audit import CAPS, audit
-    from sandbox.inputs import Inputs
+    from sandcell.agent.jobs.audit import CAPS, audit
+    from sandcell.sandbox.inputs import Inputs
 
     huge = tmp_path / "huge.csv"
     row = "1,some text that repeats,2.5\n"
@@ -240,7 +240,7 @@ def test_an_input_over_the_read_cap_is_audited_from_its_head_and_the_audit_says_
 
 def test_the_audit_takes_a_jobs_inputs_as_plain_paths_too(tmp_path):
     """Job(id, task, [path]) as the Python API and the bench make it: not an Inputs."""
-    from agent.jobs.audit import audit
+    from sandcell.agent.jobs.audit import audit
 
     (tmp_path / "sales.csv").write_text(MESSY)
     (entry,) = audit([tmp_path / "sales.csv"], [], tmp_path)["inputs"]

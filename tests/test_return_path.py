@@ -12,10 +12,10 @@ import docker
 import docker.errors
 import pytest
 
-from agent import Agent, OpenAIModel
-from agent.stops import Rules
-from sandbox import DockerSandbox, Inputs, Limits, SandboxError, render
-from sandbox import container as ctr
+from sandcell.agent import Agent, OpenAIModel
+from sandcell.agent.stops import Rules
+from sandcell.sandbox import DockerSandbox, Inputs, Limits, SandboxError, render
+from sandcell.sandbox import container as ctr
 from tests.scripted_server import ScriptedServer, dead_url
 from tests.serve_helpers import client, config, serving, wait_for
 from tests.test_sandbox_security import known_runsc_difference

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from sandbox import BackgroundSandbox, DockerSandbox, Inputs, Limits, boundary, render
-from sandbox.execution import Error, Execution, StreamChunk
-from sandbox.kernel import Collector
+from sandcell.sandbox import BackgroundSandbox, DockerSandbox, Inputs, Limits, boundary, render
+from sandcell.sandbox.execution import Execution, ExecutionError, StreamChunk
+from sandcell.sandbox.kernel import Collector
 
 # a test's own timeout mark, where it has one, wins over the module's
 pytestmark = pytest.mark.timeout(60)
@@ -211,11 +211,11 @@ def test_the_offline_note_is_one_line_from_the_execution_alone():
     def note_lines(ex):
         return [x for x in render(ex).splitlines() if "offline by design" in x]
 
-    gai = Error("gaierror", "[Errno -3] Temporary failure in name resolution", [])
+    gai = ExecutionError("gaierror", "[Errno -3] Temporary failure in name resolution", [])
     assert len(note_lines(Execution(error=gai))) == 1
     printed = Execution(stream=[StreamChunk("stderr", "ConnectionError: Network is unreachable\n")])
     assert len(note_lines(printed)) == 1
-    assert note_lines(Execution(error=Error("ZeroDivisionError", "division by zero", []))) == []
+    assert note_lines(Execution(error=ExecutionError("ZeroDivisionError", "division by zero", []))) == []
     assert note_lines(Execution(stream=[StreamChunk("stdout", "connected rows: 5\n")])) == []
 
 

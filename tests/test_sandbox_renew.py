@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import DockerSandbox, Limits, SandboxError, SandboxPool, kernel, render
+from sandcell.sandbox import DockerSandbox, Limits, SandboxError, SandboxPool, kernel, render
 
 pytestmark = pytest.mark.docker
 

@@ -9,10 +9,10 @@ import time
 import psutil
 import pytest
 
-from sandbox import DockerSandbox, Limits, boundary
-from sandbox.execution import Execution
-from sandbox.kernel import Collector
-from sandbox.render import render
+from sandcell.sandbox import DockerSandbox, Limits, boundary
+from sandcell.sandbox.execution import Execution
+from sandcell.sandbox.kernel import Collector
+from sandcell.sandbox.render import render
 from tests import cli_runner
 
 docker_test = pytest.mark.docker

@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sandbox import DockerSandbox, Limits, SandboxError, render
-from sandbox import container as ctr
+from sandcell.sandbox import DockerSandbox, Limits, SandboxError, render
+from sandcell.sandbox import container as ctr
 
 # a test's own timeout mark, where it has one, wins over the module's
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(60)]

@@ -18,8 +18,8 @@ from dataclasses import replace
 import docker
 import pytest
 
-from sandbox import DockerSandbox, Limits, SandboxError, SandboxPool, boundary, render
-from sandbox import container as ctr
+from sandcell.sandbox import DockerSandbox, Limits, SandboxError, SandboxPool, boundary, render
+from sandcell.sandbox import container as ctr
 from tests.containers import container_labels
 
 # a test's own timeout mark, where it has one, wins over the module's
@@ -386,12 +386,12 @@ def test_pool_hands_out_fresh_distinct_sandboxes_with_inputs(input_file, runtime
             first.close()
             second.close()
         for box in (first, second):
-            assert not container_labels(f"sandcell.session={box.session}")
+            assert not container_labels(f"sandcell.session={box.label}")
         deadline = time.monotonic() + 60
         while pool.ready() < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert pool.ready() >= 1  # refilled in the background
-        sessions = [s.session for s in list(pool._ready)]
+        sessions = [s.label for s in list(pool._ready)]
     time.sleep(0.5)
     for session in sessions:  # closing the pool closes what it kept ready
         assert not container_labels(f"sandcell.session={session}")
@@ -401,7 +401,7 @@ def test_pool_hands_out_fresh_distinct_sandboxes_with_inputs(input_file, runtime
 def test_no_container_left_after_close(runtime):
     session = f"test-{uuid.uuid4().hex[:8]}"
     labels = (ctr.LABEL, f"sandcell.session={session}")
-    box = DockerSandbox(limits=FAST, session=session, runtime=runtime)
+    box = DockerSandbox(limits=FAST, label=session, runtime=runtime)
     assert len(container_labels(*labels, running_only=True)) == 1
     conn_dir = box.conn_dir
     assert box.run("1").ok
@@ -495,8 +495,8 @@ def test_orphan_of_a_dead_owner_is_reaped(runtime):
     alive = DockerSandbox(limits=FAST, runtime=runtime)
     # a process that starts a sandbox and dies without cleaning up
     script = (
-        "import json, os\nfrom sandbox import DockerSandbox, Limits\n"
-        f"box = DockerSandbox(limits=Limits(), session={session!r}, runtime={runtime!r})\n"
+        "import json, os\nfrom sandcell import DockerSandbox, Limits\n"
+        f"box = DockerSandbox(limits=Limits(), label={session!r}, runtime={runtime!r})\n"
         "print(json.dumps({'id': box.container.id, 'conn': box.conn_dir}), flush=True)\n"
         "os._exit(0)\n"
     )

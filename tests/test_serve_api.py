@@ -15,10 +15,10 @@ import nbformat
 import pandas as pd
 import pytest
 
-from agent.hosting.users import UsersError, load_users
-from agent.serve.files import BadName, clean_name, parts_of
-from agent.serve.stream import table_html
-from sandbox import Execution, Limits
+from sandcell.agent.hosting.users import UsersError, load_users
+from sandcell.agent.serve.files import BadName, clean_name, parts_of
+from sandcell.agent.serve.stream import table_html
+from sandcell.sandbox import Execution, Limits
 from tests.cli_runner import sandcell
 from tests.containers import container_labels, owner_label
 from tests.serve_helpers import (  # noqa: F401 (model: a fixture)

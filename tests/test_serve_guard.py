@@ -14,8 +14,8 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from agent.cli import main
-from agent.hosting.guard import Hosts
+from sandcell.agent.cli import main
+from sandcell.agent.hosting.guard import Hosts
 from tests.scripted_server import ScriptedServer
 from tests.serve_helpers import ALICE, client, config, serving
 
@@ -225,7 +225,7 @@ def test_a_typed_or_own_navigation_sets_the_cookie(model, tmp_path, site):
 
 
 def test_the_click_page_escapes_the_token():
-    from agent.serve.signin import click_page
+    from sandcell.agent.serve.signin import click_page
 
     page = click_page('a"><script>x</script>', {}).body.decode()
     assert "<script>" not in page and 'value="a&quot;&gt;&lt;script&gt;' in page

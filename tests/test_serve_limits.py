@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from sandbox import Limits
+from sandcell.sandbox import Limits
 from tests.scripted_server import ScriptedServer
 from tests.serve_helpers import (
     BOB,

@@ -7,7 +7,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from agent.serve.stream import MAX_ANSWER_MARKDOWN, answer_html, session_file_url
+from sandcell.agent.serve.stream import MAX_ANSWER_MARKDOWN, answer_html, session_file_url
 
 URL = "/api/sessions/s1"
 

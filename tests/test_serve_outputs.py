@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.serve import outputs
+from sandcell.agent.serve import outputs
 from tests.scripted_server import ScriptedServer
 from tests.serve_helpers import (
     BOB,

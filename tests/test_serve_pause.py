@@ -15,7 +15,7 @@ import docker
 import docker.errors
 import pytest
 
-from sandbox import Limits
+from sandcell.sandbox import Limits
 from tests.containers import container_labels, owner_label
 from tests.missing import cannot_run
 from tests.serve_helpers import (  # noqa: F401 (model: a fixture)

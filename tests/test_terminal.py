@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from agent.cli.console import EventPrinter
-from agent.cli.terminal import for_terminal, visible
-from agent.events import ActionStarted, Event, Final, Notice, Observation, Output, Token
-from sandbox import render
-from sandbox.execution import Error, Execution, Result, StreamChunk
+from sandcell.agent.cli.console import EventPrinter
+from sandcell.agent.cli.terminal import for_terminal, visible
+from sandcell.agent.events import ActionStarted, Event, Final, Notice, Observation, Output, Token
+from sandcell.sandbox import render
+from sandcell.sandbox.execution import Execution, ExecutionError, Result, StreamChunk
 from tests.cli_runner import sandcell, sandcell_terminal
 
 pytestmark = pytest.mark.timeout(60)
@@ -173,7 +173,9 @@ def test_chat_shows_a_cells_printed_line_once_and_the_rest_in_the_observation_pa
     ex = Execution(
         stream=[StreamChunk("stdout", "printed-once-line\n")],
         results=[Result({"text/plain": "   units\nNorth  20"}, is_main=True)],
-        error=Error("ValueError", "bad value", ["Cell In[1], line 3", "ValueError: bad value"]),
+        error=ExecutionError(
+            "ValueError", "bad value", ["Cell In[1], line 3", "ValueError: bad value"]
+        ),
     )
     shown = printed(False, [
         ActionStarted(tool="python", args={"code": "print('printed-once-line')"}),

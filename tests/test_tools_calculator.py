@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tools import Registry, calculator_tool
-from tools.calculator import MAX_INPUT_CHARS, CalcError, evaluate
+from sandcell.tools import Registry, calculator_tool
+from sandcell.tools.calculator import MAX_INPUT_CHARS, CalcError, evaluate
 
 # CPU time of this thread, not wall time: the bound is on the work an input can cause, and
 # a shared, busy CI machine must not turn a 2 ms refusal into a failure.

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import Caps, DirSource, Registry, file_metadata_tool
-from tools.paths import parse_request
+from sandcell.tools import Caps, DirSource, Registry, file_metadata_tool
+from sandcell.tools.paths import parse_request
 
 
 @pytest.fixture

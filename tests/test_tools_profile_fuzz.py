@@ -17,8 +17,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tools import Caps, file_metadata_tool
-from tools.profile import build_profile, render
+from sandcell.tools import Caps, file_metadata_tool
+from sandcell.tools.profile import build_profile, render
 
 # a test's own timeout mark, where it has one, wins over the module's
 pytestmark = pytest.mark.timeout(60)
@@ -253,7 +253,7 @@ def test_big_shapes(folder, data):
 
 
 def test_ten_thousand_columns_are_counted_and_listed_within_the_cap():
-    from tools.tables import MAX_COLUMNS
+    from sandcell.tools.tables import MAX_COLUMNS
 
     data = BIG["10,000 columns, CR"]
     p = build_profile("/data/w.csv", len(data), None, data, complete=True)

@@ -12,12 +12,11 @@ import pytest
 import vega_datasets
 from click.testing import CliRunner
 
-import tools.file_metadata
-import tools.profile
-from agent.cli import main
-from tools import Caps, file_metadata_tool, profile_inputs
-from tools.profile import build_profile, glance, render
-from tools.tables import sniff_delimiter
+from sandcell.agent.cli import main
+from sandcell.tools import Caps, file_metadata, file_metadata_tool, profile_inputs
+from sandcell.tools import profile as profile_module
+from sandcell.tools.profile import build_profile, glance, render
+from sandcell.tools.tables import sniff_delimiter
 
 PENGUINS = Path(palmerpenguins.__file__).parent / "data"
 VEGA = Path(vega_datasets.__file__).parent / "_data"
@@ -326,14 +325,14 @@ def test_an_input_that_cannot_be_profiled_is_one_line_and_the_others_still_are(
     good = _write(tmp_path, "good.csv", b"a,b\n1,2\n")
     cr = _write(tmp_path, "cr.csv", LINE_ENDINGS["cr"])
     broken = _write(tmp_path, "x.csv", b"a,b\n1,2\n")
-    real = tools.file_metadata.build_profile
+    real = file_metadata.build_profile
 
     def failing(name, *args, **kwargs):
         if name == "/data/x.csv":
             raise OSError(5, "Input/output error\nwhile reading")
         return real(name, *args, **kwargs)
 
-    monkeypatch.setattr(tools.file_metadata, "build_profile", failing)
+    monkeypatch.setattr(file_metadata, "build_profile", failing)
     text = profile_inputs([good, broken, cr])
     lines = [ln for ln in text.splitlines() if "/data/x.csv" in ln]
     assert lines == [
@@ -347,7 +346,7 @@ def test_a_profiler_failure_is_an_honest_profile_not_a_crash(tmp_path, monkeypat
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in the\nprofiler")
 
-    monkeypatch.setattr(tools.profile, "_table", broken)
+    monkeypatch.setattr(profile_module, "_table", broken)
     p = build_profile("/data/a.csv", 8, None, b"a,b\n1,2\n", complete=True)
     text = render(p)
     assert p.kind == "unknown" and p.error == "RuntimeError: a bug in the profiler"

@@ -8,9 +8,9 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from agent.cli import main
-from sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
-from tools import (
+from sandcell.agent.cli import main
+from sandcell.sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
+from sandcell.tools import (
     Registry,
     Tool,
     ToolError,

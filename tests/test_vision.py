@@ -12,12 +12,12 @@ import os
 import pytest
 from PIL import Image
 
-from agent import Agent, OpenAIModel, context
-from agent.records.trace import read_trace
-from agent.seams import ImagesUnsupported, ModelError
-from agent.vision import IMAGE_CHARS, MAX_IMAGES, MAX_SIDE, figures_message
-from sandbox.boundary import PATH_KEY
-from sandbox.execution import Execution, Result
+from sandcell.agent import Agent, OpenAIModel, context
+from sandcell.agent.records.trace import read_trace
+from sandcell.agent.seams import ImagesUnsupported, ModelError
+from sandcell.agent.vision import IMAGE_CHARS, MAX_IMAGES, MAX_SIDE, figures_message
+from sandcell.sandbox.boundary import PATH_KEY
+from sandcell.sandbox.execution import Execution, Result
 from tests.cli_runner import sandcell
 from tests.scripted_server import IMAGE_REFUSALS, ScriptedServer, image_parts
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import DockerSandbox, Limits, render
-from sandbox import container as ctr
-from sandbox.boundary import PACKAGES_DIR, WHEELHOUSE
-from sandbox.wheelhouse import Wheelhouse, WheelhouseError, add, offer, remove
+from sandcell.sandbox import DockerSandbox, Limits, render
+from sandcell.sandbox import container as ctr
+from sandcell.sandbox.boundary import PACKAGES_DIR, WHEELHOUSE
+from sandcell.sandbox.wheelhouse import Wheelhouse, WheelhouseError, add, offer, remove
 from tests.cli_runner import sandcell
 from tests.scripted_server import ScriptedServer
 from tests.wheels import make_wheel
@@ -147,8 +147,8 @@ def test_packages_cli_add_list_remove_and_usage(tmp_path, no_index):
 
 
 def test_the_prompt_names_the_packages_capped():
-    from agent.prompts import packages_note
-    from sandbox.wheelhouse import Offer
+    from sandcell.agent.prompts import packages_note
+    from sandcell.sandbox.wheelhouse import Offer
 
     names = tuple(f"pkg{i:03}" for i in range(50))
     note = packages_note(Offer(mount=Path("/x"), packages=names), cap=40)
@@ -362,8 +362,8 @@ def test_doctor_says_when_the_wheelhouse_does_not_fit_the_image(tmp_path, no_ind
 
 
 def test_pip_install_lines_as_the_kernel_and_a_recipe_read_them():
-    from sandbox.boundary import pip_install_requirements as asked
-    from sandbox.boundary import requirement_name
+    from sandcell.sandbox.boundary import pip_install_requirements as asked
+    from sandcell.sandbox.boundary import requirement_name
 
     assert asked("/opt/venv/bin/python -m pip install rapidfuzz") == ["rapidfuzz"]
     assert asked("pip install -q 'a>=1' b[x]==2 -r r.txt -i URL ./x.whl c && ls") == [

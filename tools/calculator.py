@@ -16,7 +16,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 
-from tools.registry import Spec, Tool, ToolError
+from sandcell.tools.registry import Spec, Tool, ToolError
 
 MAX_INPUT_CHARS = 1000
 MAX_DEPTH = (

@@ -15,8 +15,8 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from sandbox.inputs import Inputs
-from tools.paths import (
+from sandcell.sandbox.inputs import Inputs
+from sandcell.tools.paths import (
     INPUT_ROOT,
     FileSource,
     Refused,
@@ -28,7 +28,7 @@ from tools.paths import (
     read_fd,
     refuse_kind,
 )
-from tools.profile import (
+from sandcell.tools.profile import (
     DEFAULT_CAPS,
     Caps,
     Profile,
@@ -37,7 +37,7 @@ from tools.profile import (
     human_size,
     render,
 )
-from tools.registry import LRU, Spec, Tool, ToolError, ToolOutcome
+from sandcell.tools.registry import LRU, Spec, Tool, ToolError, ToolOutcome
 
 _CACHE_SIZE = 128
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from sandbox.boundary import kind_of
-from tools.registry import ToolError
+from sandcell.sandbox.boundary import kind_of
+from sandcell.tools.registry import ToolError
 
 INPUT_ROOT = "data"
 WORKSPACE_ROOT = "workspace"

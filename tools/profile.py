@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import BinaryIO
 
-from tools import formats, tables
-from tools.formats import Column
+from sandcell.tools import formats, tables
+from sandcell.tools.formats import Column
 
 log = logging.getLogger(__name__)
 

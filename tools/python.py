@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sandbox.errors import SandboxError
-from sandbox.execution import StreamChunk
-from sandbox.protocol import Sandbox
-from sandbox.render import render
-from tools.registry import Spec, Tool, ToolOutcome
+from sandcell.sandbox.errors import SandboxError
+from sandcell.sandbox.execution import StreamChunk
+from sandcell.sandbox.protocol import Sandbox
+from sandcell.sandbox.render import render
+from sandcell.tools.registry import Spec, Tool, ToolOutcome
 
 SPEC = Spec(
     name="python",

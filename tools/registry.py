@@ -164,10 +164,10 @@ class Registry:
             hit = self._cache.get(key)
             if hit is not None:
                 return hit
-        obs = _run_with_timeout(tool, parsed)
-        if tool.cacheable and obs.ok:  # failures (timeouts above all) are not worth remembering
-            self._cache.put(key, obs)
-        return obs
+        outcome = _run_with_timeout(tool, parsed)
+        if tool.cacheable and outcome.ok:  # failures (timeouts above all) are not worth remembering
+            self._cache.put(key, outcome)
+        return outcome
 
     def _check(self, tool: Tool, args: dict) -> str | None:
         return schema_problem(self._validators[tool.name], args)

@@ -6,20 +6,20 @@ import importlib
 import click
 
 COMMANDS = {  # name -> "module:attribute"
-    "exec": "agent.cli.exec:exec_cmd",
-    "gc": "agent.cli.gc:gc_cmd",
-    "tool": "agent.cli.tool:tool",
-    "replay": "agent.cli.replay:replay_cmd",
-    "run": "agent.cli.run:run_cmd",
-    "batch": "agent.cli.batch:batch_cmd",
-    "report": "agent.cli.report:report_cmd",
-    "chat": "agent.cli.chat:chat_cmd",
-    "serve": "agent.cli.serve:serve_cmd",
-    "mcp": "agent.cli.mcp:mcp_cmd",
-    "image": "agent.cli.image:image_cmd",
-    "doctor": "agent.cli.doctor:doctor_cmd",
-    "recipe": "agent.cli.recipe:recipe_cmd",
-    "packages": "agent.cli.packages:packages_cmd",
+    "exec": "sandcell.agent.cli.exec:exec_cmd",
+    "gc": "sandcell.agent.cli.gc:gc_cmd",
+    "tool": "sandcell.agent.cli.tool:tool",
+    "replay": "sandcell.agent.cli.replay:replay_cmd",
+    "run": "sandcell.agent.cli.run:run_cmd",
+    "batch": "sandcell.agent.cli.batch:batch_cmd",
+    "report": "sandcell.agent.cli.report:report_cmd",
+    "chat": "sandcell.agent.cli.chat:chat_cmd",
+    "serve": "sandcell.agent.cli.serve:serve_cmd",
+    "mcp": "sandcell.agent.cli.mcp:mcp_cmd",
+    "image": "sandcell.agent.cli.image:image_cmd",
+    "doctor": "sandcell.agent.cli.doctor:doctor_cmd",
+    "recipe": "sandcell.agent.cli.recipe:recipe_cmd",
+    "packages": "sandcell.agent.cli.packages:packages_cmd",
 }
 
 
@@ -39,7 +39,7 @@ class LazyGroup(click.Group):
 def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return
-    from sandbox.image_build import sandcell_version, sources_hash
+    from sandcell.sandbox.image_build import sandcell_version, sources_hash
 
     click.echo(f"sandcell {sandcell_version()} (sandbox image sources {sources_hash()})")
     ctx.exit()
@@ -62,7 +62,7 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
 )
 def main(debug: bool) -> None:
     """sandcell: a code-interpreter agent whose Python runs in a sealed Docker sandbox."""
-    from agent.cli import exits
+    from sandcell.agent.cli import exits
 
     exits.Debug.enabled, exits.Debug.details_dir = debug, None
     exits.setup_logging(debug)

@@ -1,5 +1,5 @@
-"""`python -m agent.cli`: the same as the `sandcell` command."""
+"""`python -m sandcell.agent.cli`: the same as the `sandcell` command."""
 
-from agent.cli import main
+from sandcell.agent.cli import main
 
 main(prog_name="sandcell")

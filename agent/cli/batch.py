@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from agent import stops
-from agent.cli import exits, terminal
-from agent.cli.options import (
+from sandcell.agent import stops
+from sandcell.agent.cli import exits, terminal
+from sandcell.agent.cli.options import (
     agent_options,
     build_limits,
     build_model,
@@ -17,7 +17,7 @@ from agent.cli.options import (
     expect_option_value,
     output_option,
 )
-from agent.jobs.batch import (
+from sandcell.agent.jobs.batch import (
     RESULTS,
     Batch,
     JobsError,
@@ -26,8 +26,8 @@ from agent.jobs.batch import (
     load_jobs,
     settled,
 )
-from agent.model.scripted import ScriptedModel
-from sandbox.container import preflight
+from sandcell.agent.model.scripted import ScriptedModel
+from sandcell.sandbox.container import preflight
 
 
 @click.command("batch")
@@ -201,8 +201,8 @@ def recipe_settings(recipe: str, jobs, settings: JobSettings, output: Path, ray_
     a library must hold only recipes, a FILE must be one. Usage errors (exit 2) before any
     job starts. auto and DIR learn into OUT/recipes/ (a copy of DIR's first); on a Ray
     cluster a library is tried on the nodes, and nothing is learnt."""
-    from agent.jobs.recipe_library import Library, start_library
-    from agent.jobs.recipe_maker import RecipeError
+    from sandcell.agent.jobs.recipe_library import Library, start_library
+    from sandcell.agent.jobs.recipe_maker import RecipeError
 
     unchecked = [job.id for job in jobs if not job.expect]
     if unchecked:
@@ -233,7 +233,7 @@ def recipe_settings(recipe: str, jobs, settings: JobSettings, output: Path, ray_
 def ray_executor(settings: JobSettings, address, shared_paths, max_input_mb, opts):
     """The jobs on a Ray cluster: the nodes check Docker and the image themselves."""
     try:
-        from agent.jobs.ray_batch import RayExecutor, Settings
+        from sandcell.agent.jobs.ray_batch import RayExecutor, Settings
     except ImportError as error:
         if error.name != "ray" and not (error.name or "").startswith("ray."):
             raise

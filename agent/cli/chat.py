@@ -16,10 +16,10 @@ import click
 from rich.console import Console
 from rich.markup import escape as escape_markup
 
-from agent import stops
-from agent.cli import exits
-from agent.cli.console import EventPrinter
-from agent.cli.options import (
+from sandcell.agent import stops
+from sandcell.agent.cli import exits
+from sandcell.agent.cli.console import EventPrinter
+from sandcell.agent.cli.options import (
     agent_options,
     build_agent,
     check_output_folder,
@@ -28,17 +28,17 @@ from agent.cli.options import (
     output_option,
     overwrite_option,
 )
-from agent.cli.terminal import for_terminal
-from agent.events import Question, Rebuilt, SandboxResumed, SessionStarted
-from agent.records import history
-from agent.records.replay import recorded_cells, rerun
-from agent.records.trace import all_inputs, read_events
-from agent.seams import ModelError, RunResult, Terminated
-from agent.session import FIGURES_DIR, PAUSED_DIR, Agent, Session
-from sandbox import DockerSandbox, SandboxError
-from sandbox.errors import SandboxUnavailable
-from sandbox.inputs import Inputs
-from sandbox.pool import warmed
+from sandcell.agent.cli.terminal import for_terminal
+from sandcell.agent.events import Question, Rebuilt, SandboxResumed, SessionStarted
+from sandcell.agent.records import history
+from sandcell.agent.records.replay import recorded_cells, rerun
+from sandcell.agent.records.trace import all_inputs, read_events
+from sandcell.agent.seams import ModelError, RunResult, Terminated
+from sandcell.agent.session import FIGURES_DIR, PAUSED_DIR, Agent, Session
+from sandcell.sandbox import DockerSandbox, SandboxError
+from sandcell.sandbox.errors import SandboxUnavailable
+from sandcell.sandbox.inputs import Inputs
+from sandcell.sandbox.pool import warmed
 
 
 def escape(console: Console, text: object) -> str:

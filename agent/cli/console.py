@@ -10,9 +10,9 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.syntax import Syntax
 
-from agent.cli.table_layout import table_text
-from agent.cli.terminal import for_terminal
-from agent.events import (
+from sandcell.agent.cli.table_layout import table_text
+from sandcell.agent.cli.terminal import for_terminal
+from sandcell.agent.events import (
     ActionStarted,
     Event,
     Final,
@@ -24,8 +24,8 @@ from agent.events import (
     Token,
     VisionOff,
 )
-from sandbox.execution import Execution
-from sandbox.render import joined, parts
+from sandcell.sandbox.execution import Execution
+from sandcell.sandbox.render import joined, parts
 
 
 class EventPrinter:

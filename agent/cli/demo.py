@@ -7,14 +7,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from agent.cli import exits
-from agent.cli.console import EventPrinter
-from agent.cli.options import output_folder
-from agent.jobs.job_files import write_answer
-from agent.model.openai_model import OpenAIModel
-from agent.model.scripted import ScriptedModel
-from agent.model.settings import endpoint_in
-from agent.session import Agent
+from sandcell.agent.cli import exits
+from sandcell.agent.cli.console import EventPrinter
+from sandcell.agent.cli.options import output_folder
+from sandcell.agent.jobs.job_files import write_answer
+from sandcell.agent.model.openai_model import OpenAIModel
+from sandcell.agent.model.scripted import ScriptedModel
+from sandcell.agent.model.settings import endpoint_in
+from sandcell.agent.session import Agent
 
 DEMO = Path(__file__).parents[1] / "demo"  # agent/demo/: the data, package data of agent
 TASK = (

@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from agent.cli import exits, terminal
-from agent.cli.options import runtime_option
-from agent.model.settings import ModelSettings
+from sandcell.agent.cli import exits, terminal
+from sandcell.agent.cli.options import runtime_option
+from sandcell.agent.model.settings import ModelSettings
 
 
 @click.command("doctor")
@@ -18,7 +18,7 @@ from agent.model.settings import ModelSettings
 def doctor_cmd(model_name: str | None, base_url: str | None, runtime: str | None) -> None:
     """Check the engine, the sandbox image, the runtimes, the model endpoint, free disk and
     the cgroup limits. Exit 0 when everything a run needs holds, 3 otherwise."""
-    from agent.cli import doctor_checks as doctor
+    from sandcell.agent.cli import doctor_checks as doctor
 
     with exits.reported():
         settings = ModelSettings.from_env(name=model_name, base_url=base_url)

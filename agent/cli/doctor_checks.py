@@ -18,10 +18,10 @@ import docker
 import docker.errors
 import requests
 
-from agent.model.settings import API_KEY_ENV, BASE_URL_ENV, ModelSettings, endpoint_in
-from sandbox import image_build
-from sandbox.container import DEFAULT_IMAGE, PING_TIMEOUT_S, RUNSC_ARGS, runtime_is_gvisor
-from sandbox.errors import SandboxUnavailable
+from sandcell.agent.model.settings import API_KEY_ENV, BASE_URL_ENV, ModelSettings, endpoint_in
+from sandcell.sandbox import image_build
+from sandcell.sandbox.container import DEFAULT_IMAGE, PING_TIMEOUT_S, RUNSC_ARGS, runtime_is_gvisor
+from sandcell.sandbox.errors import SandboxUnavailable
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
 MODELS_TIMEOUT_S = 10
@@ -207,8 +207,8 @@ def cgroups(info: dict) -> Check:
 def packages(client: docker.DockerClient | None, image: str = DEFAULT_IMAGE) -> Check:
     """The default wheelhouse (`sandcell packages`): what it offers, and whether it fits the
     image (its Python and machine), so that sandboxes mount it."""
-    from sandbox.docker_sandbox import wheelhouse_offer
-    from sandbox.wheelhouse import Wheelhouse, WheelhouseError, default_dir
+    from sandcell.sandbox.docker_sandbox import wheelhouse_offer
+    from sandcell.sandbox.wheelhouse import Wheelhouse, WheelhouseError, default_dir
 
     house = Wheelhouse(default_dir())
     if not house.exists():

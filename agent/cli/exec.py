@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import click
 
-from agent.cli import exits, terminal
-from agent.cli.options import (
+from sandcell.agent.cli import exits, terminal
+from sandcell.agent.cli.options import (
     MEMORY_MB,
     TIMEOUT_S,
     input_option,
@@ -16,9 +16,9 @@ from agent.cli.options import (
     runtime_option,
     wheelhouse_option,
 )
-from sandbox import DockerSandbox, Limits
-from sandbox.execution import StreamChunk
-from sandbox.render import joined, parts
+from sandcell.sandbox import DockerSandbox, Limits
+from sandcell.sandbox.execution import StreamChunk
+from sandcell.sandbox.render import joined, parts
 
 
 def print_live(chunk: StreamChunk) -> None:

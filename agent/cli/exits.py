@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from agent.seams import Terminated  # light: json_repair only
+from sandcell.agent.seams import Terminated  # light: json_repair only
 
 if TYPE_CHECKING:
-    from agent.seams import RunResult
-    from sandbox.execution import Execution
+    from sandcell.agent.seams import RunResult
+    from sandcell.sandbox.execution import Execution
 
 OK, STOPPED, USAGE, UNAVAILABLE, MODEL = 0, 1, 2, 3, 4
 INTERNAL, TIMEOUT, DIED, INTERRUPTED, TERMINATED = 70, 124, 137, 130, 143
@@ -50,7 +50,7 @@ class OneLine(logging.Formatter):
     traceback a log record may carry is for --debug, not for the user's terminal."""
 
     def format(self, record: logging.LogRecord) -> str:
-        from agent.cli.terminal import for_terminal, is_terminal  # light: click only
+        from sandcell.agent.cli.terminal import for_terminal, is_terminal  # light: click only
 
         said = for_terminal(record.getMessage(), is_terminal(sys.stderr))  # may quote a server
         if record.exc_info and record.exc_info[1] is not None:  # kept in a file, named here
@@ -101,15 +101,15 @@ def for_error(exc: BaseException) -> int:
         return TERMINATED
     if isinstance(exc, KeyboardInterrupt):
         return INTERRUPTED
-    from sandbox.inputs import InputError  # light: stdlib only
+    from sandcell.sandbox.inputs import InputError  # light: stdlib only
 
     if isinstance(exc, InputError):
         return USAGE
-    from agent.seams import ModelError  # light: json_repair only
+    from sandcell.agent.seams import ModelError  # light: json_repair only
 
     if isinstance(exc, ModelError):
         return MODEL
-    from sandbox.errors import SandboxError  # SandboxUnavailable is one
+    from sandcell.sandbox.errors import SandboxError  # SandboxUnavailable is one
 
     if isinstance(exc, SandboxError):
         return UNAVAILABLE
@@ -119,7 +119,7 @@ def for_error(exc: BaseException) -> int:
 def for_result(result: RunResult) -> int:
     """A run's status: 0 answered, 4 the model failed, 3 the sandbox failed, 130/143 it was
     interrupted (Ctrl-C, SIGTERM), else 1."""
-    from agent import stops
+    from sandcell.agent import stops
 
     if result.answered:
         return OK
@@ -152,7 +152,7 @@ def with_doctor(message: str) -> str:
 def fail(message: str, status: int) -> NoReturn:
     """Say what went wrong on stderr, as `sandcell: <message>`, and exit with status; exit 3
     points to `sandcell doctor`."""
-    from agent.cli import terminal  # light: click only
+    from sandcell.agent.cli import terminal  # light: click only
 
     if status == UNAVAILABLE:
         message = with_doctor(message)

@@ -2,8 +2,8 @@
 
 import click
 
-from agent.cli import exits
-from sandbox.container import REMOVAL_WAIT_S, engine, reap_orphans
+from sandcell.agent.cli import exits
+from sandcell.sandbox.container import REMOVAL_WAIT_S, engine, reap_orphans
 
 
 @click.command("gc")

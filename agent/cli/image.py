@@ -9,10 +9,10 @@ from pathlib import Path
 
 import click
 
-from agent.cli import exits
-from agent.cli.options import runtime_option
-from sandbox import image_build
-from sandbox.container import DEFAULT_IMAGE, check_runtime, engine
+from sandcell.agent.cli import exits
+from sandcell.agent.cli.options import runtime_option
+from sandcell.sandbox import image_build
+from sandcell.sandbox.container import DEFAULT_IMAGE, check_runtime, engine
 
 
 @click.group("image", invoke_without_command=True)

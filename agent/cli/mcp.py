@@ -17,8 +17,8 @@ from typing import NoReturn
 
 import click
 
-from agent.cli import exits
-from agent.cli.options import (
+from sandcell.agent.cli import exits
+from sandcell.agent.cli.options import (
     build_limits,
     check_output_folder,
     input_option,
@@ -26,8 +26,8 @@ from agent.cli.options import (
     output_option,
     overwrite_option,
 )
-from agent.hosting.server_options import server_options, users_of
-from agent.seams import Terminated
+from sandcell.agent.hosting.server_options import server_options, users_of
+from sandcell.agent.seams import Terminated
 
 
 @click.command("mcp")
@@ -60,8 +60,8 @@ def mcp_cmd(
     """Serve the sandbox to MCP clients: run_python, describe_file, list_files, read_file,
     write_file, calculator, export_outputs. Over stdio by default (one sandbox for the
     process); --http serves streamable HTTP at /mcp with bearer tokens, a sandbox per session."""
-    from sandbox import Inputs
-    from sandbox.container import preflight
+    from sandcell.sandbox import Inputs
+    from sandcell.sandbox.container import preflight
 
     _quiet_sdk_logs()
     limits, checked = build_limits(opts), Inputs.from_paths(list(inputs))
@@ -101,9 +101,9 @@ class HttpSettings:
 
 
 def _serve_stdio(limits, inputs, output) -> None:
-    from agent.mcp.server import SessionSandboxes, build_server, run_stdio
-    from sandbox import DockerSandbox
-    from sandbox.pool import warmed
+    from sandcell.agent.mcp.server import SessionSandboxes, build_server, run_stdio
+    from sandcell.sandbox import DockerSandbox
+    from sandcell.sandbox.pool import warmed
 
     def start():  # pandas loaded before the first call, as for a Session's sandbox
         return warmed(DockerSandbox(limits, inputs))
@@ -159,8 +159,8 @@ def _refuse_http_options() -> None:
 
 
 def _serve_http(limits, inputs, output, settings: HttpSettings) -> None:
-    from agent.mcp.server import SessionSandboxes, build_server
-    from sandbox import SandboxPool
+    from sandcell.agent.mcp.server import SessionSandboxes, build_server
+    from sandcell.sandbox import SandboxPool
 
     warm = SandboxPool(size=settings.pool, limits=limits)
     cells = SessionSandboxes(
@@ -174,9 +174,13 @@ def _serve_http(limits, inputs, output, settings: HttpSettings) -> None:
 
 
 def _serve_on_socket(server, settings: HttpSettings) -> None:
-    from agent.hosting.guard import Hosts
-    from agent.hosting.listening import listening_socket, run_until_stopped, warn_beyond_loopback
-    from agent.mcp.http import PATH, http_app
+    from sandcell.agent.hosting.guard import Hosts
+    from sandcell.agent.hosting.listening import (
+        listening_socket,
+        run_until_stopped,
+        warn_beyond_loopback,
+    )
+    from sandcell.agent.mcp.http import PATH, http_app
 
     host, known = settings.host, settings.users
     hosts = Hosts(host, settings.allowed_hosts)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 from click.core import ParameterSource
 
-from agent.model.settings import (
+from sandcell.agent.model.settings import (
     API_KEY_ENV,
     BASE_URL_ENV,
     DEFAULT_MAX_TOKENS,
@@ -22,14 +22,14 @@ from agent.model.settings import (
     MODEL_ENV,
     ModelSettings,
 )
-from agent.stops import Rules
-from agent.vision import MODES as VISION_MODES
-from agent.vision import VISION_ENV
-from sandbox.limits import Limits
+from sandcell.agent.stops import Rules
+from sandcell.agent.vision import MODES as VISION_MODES
+from sandcell.agent.vision import VISION_ENV
+from sandcell.sandbox.limits import Limits
 
 if TYPE_CHECKING:
-    from agent.seams import Model
-    from agent.session import Agent
+    from sandcell.agent.seams import Model
+    from sandcell.agent.session import Agent
 
 
 def input_option(help_text: str):
@@ -101,7 +101,7 @@ def runtime_option(command):
 def _wheelhouse(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """--wheelhouse as Limits.wheelhouse: a folder; `none` turns it off; not given, DEFAULT
     (each machine's default one when it exists: on Ray, each node's own)."""
-    from sandbox.wheelhouse import DEFAULT, Wheelhouse
+    from sandcell.sandbox.wheelhouse import DEFAULT, Wheelhouse
 
     if value is None:
         return DEFAULT
@@ -287,7 +287,7 @@ def agent_options(command):
 def with_model_settings(opts: dict) -> dict:
     """opts with the endpoint's flags replaced by opts["model"]: each flag given wins, else its
     variable, else the default. A bad SANDCELL_MAX_TOKENS is a usage error (exit 2)."""
-    from agent.seams import ModelError
+    from sandcell.agent.seams import ModelError
 
     opts = dict(opts)
     given = {"name": opts.pop("model_name"), "base_url": opts.pop("base_url")}
@@ -310,8 +310,8 @@ def limit_options(command):
 
 
 def build_model(opts: dict) -> Model:
-    from agent.model.openai_model import OpenAIModel
-    from agent.model.scripted import ScriptedModel
+    from sandcell.agent.model.openai_model import OpenAIModel
+    from sandcell.agent.model.scripted import ScriptedModel
 
     if opts["replay"]:
         return ScriptedModel(opts["replay"])
@@ -321,8 +321,8 @@ def build_model(opts: dict) -> Model:
 def build_agent(opts: dict, on_event=None) -> Agent:
     """The agent of `run` and `chat`. A missing engine or image is said now (exit 3), before
     any question; the sandbox itself starts in the background with the session."""
-    from agent.session import Agent
-    from sandbox.container import preflight
+    from sandcell.agent.session import Agent
+    from sandcell.sandbox.container import preflight
 
     model = build_model(opts)
     limits = build_limits(opts)
@@ -378,7 +378,7 @@ def check_options(command):
 
 def expect_option_value(pairs: tuple[str, ...]) -> dict:
     """--expect values loaded (schema paths relative to here); a bad one exits 2."""
-    from agent.output_checks import ExpectError, parse_pairs
+    from sandcell.agent.output_checks import ExpectError, parse_pairs
 
     try:
         return parse_pairs(pairs, Path.cwd())

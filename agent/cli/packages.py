@@ -8,11 +8,11 @@ from pathlib import Path
 
 import click
 
-from agent.cli import exits, terminal
+from sandcell.agent.cli import exits, terminal
 
 
 def _house(value: str | None):
-    from sandbox.wheelhouse import Wheelhouse, default_dir
+    from sandcell.sandbox.wheelhouse import Wheelhouse, default_dir
 
     return Wheelhouse(Path(value).expanduser() if value else default_dir())
 
@@ -50,7 +50,7 @@ def add_cmd(wanted, requirement_files, python, wheelhouse) -> None:
     take local .whl files, into the wheelhouse. Nothing is added unless all of it resolves.
     Exit 0 added, 1 refused (the wheelhouse unchanged), 2 usage, 3 no engine to ask the
     image's Python (give --python)."""
-    from sandbox.wheelhouse import WheelhouseError, add
+    from sandcell.sandbox.wheelhouse import WheelhouseError, add
 
     if not wanted and not requirement_files:
         raise click.UsageError("say what to add: NAME[==VERSION], ./FILE.whl or -r FILE")
@@ -84,8 +84,8 @@ def _python_for(house) -> str:
     """The wheelhouse's Python, else the image's (asked of the engine)."""
     if house.exists():
         return house.python
-    from sandbox import image_build
-    from sandbox.container import DEFAULT_IMAGE, engine
+    from sandcell.sandbox import image_build
+    from sandcell.sandbox.container import DEFAULT_IMAGE, engine
 
     client = engine()
     if not image_build.inspect(client, DEFAULT_IMAGE).present:
@@ -102,7 +102,7 @@ def _python_for(house) -> str:
 @exits.reported()
 def list_cmd(as_json: bool, wheelhouse: str | None) -> None:
     """The wheelhouse's packages and versions, its Python and size."""
-    from sandbox.wheelhouse import WheelhouseError
+    from sandcell.sandbox.wheelhouse import WheelhouseError
 
     house = _house(wheelhouse)
     if not house.exists():
@@ -131,7 +131,7 @@ def list_cmd(as_json: bool, wheelhouse: str | None) -> None:
 def remove_cmd(names: tuple[str, ...], wheelhouse: str | None) -> None:
     """Remove every version of each NAME from the wheelhouse (sandboxes already running keep
     what they installed). Exit 0, or 1 when a NAME is not there."""
-    from sandbox.wheelhouse import WheelhouseError, remove
+    from sandcell.sandbox.wheelhouse import WheelhouseError, remove
 
     house = _house(wheelhouse)
     if not house.exists():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from agent.cli import exits, terminal
+from sandcell.agent.cli import exits, terminal
 
 
 @click.command("recipe")
@@ -32,7 +32,7 @@ def recipe_cmd(source: Path, output: Path | None, check: bool, listing: bool) ->
     """Make a recipe from the run or batch-job folder SOURCE (its outputs must have passed
     their checks); with --check, say whether the recipe SOURCE parses and what it expects;
     with --list, list the library folder SOURCE. Exit 0, or 2 with what is wrong."""
-    from agent.jobs.recipe_maker import RecipeError, from_run, load
+    from sandcell.agent.jobs.recipe_maker import RecipeError, from_run, load
 
     if check and listing:
         raise click.UsageError("give --check (a recipe) or --list (a library folder), not both")
@@ -67,8 +67,8 @@ def recipe_cmd(source: Path, output: Path | None, check: bool, listing: bool) ->
 def list_library(folder: Path) -> None:
     """Each recipe of the library: its file, layout, origin and the jobs it solved (from the
     batch's results lines beside the folder, when there are any)."""
-    from agent.jobs.recipe_library import Library, solved_counts
-    from agent.jobs.recipe_maker import RecipeError
+    from sandcell.agent.jobs.recipe_library import Library, solved_counts
+    from sandcell.agent.jobs.recipe_maker import RecipeError
 
     if not folder.is_dir():
         raise RecipeError(f"{folder} is not a folder: --list takes a library (OUT/recipes)")

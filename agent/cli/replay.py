@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from agent.cli import exits, terminal
-from agent.records.replay import ReplayError, replay
+from sandcell.agent.cli import exits, terminal
+from sandcell.agent.records.replay import ReplayError, replay
 
 SHOWN_DIFF_LINES = 40
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import click
 
-from agent.cli import exits
-from agent.jobs.batch_report import ReportError, rebuild
+from sandcell.agent.cli import exits
+from sandcell.agent.jobs.batch_report import ReportError, rebuild
 
 
 @click.command("report")

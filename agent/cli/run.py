@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from agent import stops
-from agent.cli import exits, terminal
-from agent.cli.options import (
+from sandcell.agent import stops
+from sandcell.agent.cli import exits, terminal
+from sandcell.agent.cli.options import (
     agent_options,
     build_agent,
     check_options,
@@ -20,8 +20,8 @@ from agent.cli.options import (
     overwrite_option,
     task_text,
 )
-from agent.jobs.job_files import write_job_files
-from sandbox.inputs import Inputs
+from sandcell.agent.jobs.job_files import write_job_files
+from sandcell.sandbox.inputs import Inputs
 
 
 @click.command("run")
@@ -48,7 +48,7 @@ def run_cmd(task, inputs, output, overwrite, quiet, expect, check_retries, opts)
     if not quiet and sys.stderr.isatty():
         from rich.console import Console
 
-        from agent.cli.console import EventPrinter
+        from sandcell.agent.cli.console import EventPrinter
 
         on_event = EventPrinter(
             Console(stderr=True, highlight=False), stream_tokens=False, show_answer=False

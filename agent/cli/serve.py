@@ -11,10 +11,14 @@ from pathlib import Path
 
 import click
 
-from agent.cli import exits
-from agent.cli.options import agent_options, build_limits, build_model, build_rules
-from agent.hosting.listening import listening_socket, run_until_stopped, warn_beyond_loopback
-from agent.hosting.server_options import server_options, users_of
+from sandcell.agent.cli import exits
+from sandcell.agent.cli.options import agent_options, build_limits, build_model, build_rules
+from sandcell.agent.hosting.listening import (
+    listening_socket,
+    run_until_stopped,
+    warn_beyond_loopback,
+)
+from sandcell.agent.hosting.server_options import server_options, users_of
 
 
 def claim_data(data: Path):
@@ -112,8 +116,8 @@ def serve_cmd(
 ):
     """Serve sessions over HTTP: a page for people (upload files, ask, see the code, outputs
     and answer as they come) and a JSON API with a live event stream for programs."""
-    from agent.serve import ServeConfig, create_app
-    from sandbox.container import preflight
+    from sandcell.agent.serve import ServeConfig, create_app
+    from sandcell.sandbox.container import preflight
 
     known = users_of(users)
     model = build_model(opts)
@@ -154,7 +158,7 @@ def serve_cmd(
 
 def say_where(sock, config, users_file: Path | None) -> None:
     """The URLs of the page and the API; without --users, the one token they take."""
-    from agent.hosting.users import DEFAULT_USER
+    from sandcell.agent.hosting.users import DEFAULT_USER
 
     host = config.host
     shown = f"[{host}]" if ":" in host else host

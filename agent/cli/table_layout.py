@@ -14,7 +14,7 @@ from html.parser import HTMLParser
 
 from rich.cells import cell_len
 
-from agent.cli.terminal import visible
+from sandcell.agent.cli.terminal import visible
 
 MAX_ROWS = 80  # header rows and body rows together (pandas' HTML holds at most 60 + "...")
 MAX_COLUMNS = 42  # index and data columns (pandas' HTML holds at most 20 + "...")

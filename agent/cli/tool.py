@@ -11,11 +11,11 @@ from pathlib import Path
 
 import click
 
-from agent.cli import exits, terminal
-from agent.cli.options import input_option
-from sandbox.inputs import Inputs
-from tools import Registry, calculator_tool, file_metadata_tool
-from tools.registry import example_args
+from sandcell.agent.cli import exits, terminal
+from sandcell.agent.cli.options import input_option
+from sandcell.sandbox.inputs import Inputs
+from sandcell.tools import Registry, calculator_tool, file_metadata_tool
+from sandcell.tools.registry import example_args
 
 
 def typed_args(registry: Registry, name: str, text: str) -> dict:
@@ -45,9 +45,9 @@ def typed_args(registry: Registry, name: str, text: str) -> dict:
 def tool(name: str, args: str, inputs: tuple[Path, ...]) -> None:
     """Run tool NAME with ARGS (a JSON object, e.g. '{"expression": "2^10"}')."""
     registry = Registry([calculator_tool, file_metadata_tool(Inputs.from_paths(inputs))])
-    obs = registry.call(name, typed_args(registry, name, args))
-    if obs.ok:
-        terminal.echo(obs.text)
+    outcome = registry.call(name, typed_args(registry, name, args))
+    if outcome.ok:
+        terminal.echo(outcome.text)
         return
-    terminal.echo(f"error: {obs.text}", err=True)
+    terminal.echo(f"error: {outcome.text}", err=True)
     sys.exit(exits.STOPPED)

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agent.hosting.users import token_owner
+from sandcell.agent.hosting.users import token_owner
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 OPEN_API = frozenset({"/api/health"})  # answered without a token

@@ -7,7 +7,7 @@ import socket
 
 import click
 
-from agent.hosting.guard import loopback
+from sandcell.agent.hosting.guard import loopback
 
 GRACE_S = 5  # open streams get this long after Ctrl-C before they are cut
 

@@ -15,7 +15,7 @@ ALLOWED_HOST_HELP = (
 
 
 def allowed_hosts_option(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
-    from agent.hosting.guard import allowed_host_problem
+    from sandcell.agent.hosting.guard import allowed_host_problem
 
     for value in values:
         problem = allowed_host_problem(value)
@@ -80,7 +80,7 @@ def server_options(port: int, *, sessions_help: str, idle_help: str, http_only: 
 
 def users_of(path: Path | None) -> dict[str, str]:
     """--users FILE read (a usage error names the bad line), or one user with a new token."""
-    from agent.hosting.users import UsersError, load_users, one_user
+    from sandcell.agent.hosting.users import UsersError, load_users, one_user
 
     try:
         return load_users(path) if path else one_user()

@@ -17,10 +17,10 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from sandbox.inputs import Inputs
-from tools.file_metadata import InputsLike, profile_file
-from tools.profile import DEFAULT_CAPS, Profile, human_size
-from tools.registry import ToolError
+from sandcell.sandbox.inputs import Inputs
+from sandcell.tools.file_metadata import InputsLike, profile_file
+from sandcell.tools.profile import DEFAULT_CAPS, Profile, human_size
+from sandcell.tools.registry import ToolError
 
 AUDIT = "audit.json"
 VERSION = 1

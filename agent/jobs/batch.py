@@ -24,20 +24,20 @@ from typing import Protocol
 
 from tqdm import tqdm
 
-from agent import stops
-from agent.jobs import batch_report
-from agent.jobs.fingerprint import Layout
-from agent.jobs.job_files import write_job_files
-from agent.jobs.layout_learning import LayoutLearning
-from agent.jobs.recipe_library import FOLDER, Library
-from agent.jobs.recipe_maker import RecipeError
-from agent.jobs.recipe_runner import AGENT, RECIPE, Tried, try_recipes
-from agent.model.scripted import ScriptedModel, ScriptError
-from agent.output_checks import Expect, ExpectError, load_expect
-from agent.seams import Model, RunResult, Terminated
-from agent.session import Agent
-from agent.stops import Rules
-from sandbox import InputError, Inputs, Limits, SandboxPool
+from sandcell.agent import stops
+from sandcell.agent.jobs import batch_report
+from sandcell.agent.jobs.fingerprint import Layout
+from sandcell.agent.jobs.job_files import write_job_files
+from sandcell.agent.jobs.layout_learning import LayoutLearning
+from sandcell.agent.jobs.recipe_library import FOLDER, Library
+from sandcell.agent.jobs.recipe_maker import RecipeError
+from sandcell.agent.jobs.recipe_runner import AGENT, RECIPE, Tried, try_recipes
+from sandcell.agent.model.scripted import ScriptedModel, ScriptError
+from sandcell.agent.output_checks import Expect, ExpectError, load_expect
+from sandcell.agent.seams import Model, RunResult, Terminated
+from sandcell.agent.session import Agent
+from sandcell.agent.stops import Rules
+from sandcell.sandbox import InputError, Inputs, Limits, SandboxPool
 
 log = logging.getLogger(__name__)
 RESULTS = batch_report.RESULTS  # "results.jsonl"

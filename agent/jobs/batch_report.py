@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import jinja2
 
-from agent.jobs.audit import AUDIT
+from sandcell.agent.jobs.audit import AUDIT
 
 RESULTS = "results.jsonl"  # agent.jobs.batch's name for it (batch imports this module)
 LIBRARY = "recipes"  # the batch's library of recipes (agent.jobs.recipe_library keeps it)
@@ -27,7 +27,7 @@ TEXT_CAP = 300  # characters of an error or failure shown in a cell
 TASK_CAP = 160  # characters of a task in its cell (report.html has it whole as a tooltip)
 
 _env = jinja2.Environment(
-    loader=jinja2.PackageLoader("agent.jobs", "templates"),
+    loader=jinja2.PackageLoader("sandcell.agent.jobs", "templates"),
     # on for report.html.j2 (a name select_autoescape(["html"]) would miss); report.md.j2
     # escapes its cells with the `md` filter
     autoescape=jinja2.select_autoescape(["html", "html.j2"]),

@@ -13,8 +13,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tools.file_metadata import profile_file
-from tools.profile import Caps
+from sandcell.tools.file_metadata import profile_file
+from sandcell.tools.profile import Caps
 
 # Only the head is read: a layout needs the header and a few rows, never the whole file.
 CAPS = Caps(head_bytes=256 << 10, full_bytes=256 << 10, time_s=2.0, max_columns=200)

@@ -3,11 +3,11 @@ there is none, and how its checks went), then audit.json with its section of ans
 
 from pathlib import Path
 
-from agent import stops
-from agent.jobs.audit import write_audit
-from agent.output_checks import markdown
-from agent.seams import RunResult
-from tools.file_metadata import InputsLike
+from sandcell.agent import stops
+from sandcell.agent.jobs.audit import write_audit
+from sandcell.agent.output_checks import markdown
+from sandcell.agent.seams import RunResult
+from sandcell.tools.file_metadata import InputsLike
 
 
 def write_answer(result: RunResult, folder: Path) -> Path:

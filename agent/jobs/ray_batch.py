@@ -39,9 +39,9 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from agent import stops
-from agent.events import Event, SessionStarted
-from agent.jobs.batch import (
+from sandcell.agent import stops
+from sandcell.agent.events import Event, SessionStarted
+from sandcell.agent.jobs.batch import (
     STOP_WAIT_S,
     Batch,
     Job,
@@ -51,12 +51,12 @@ from agent.jobs.batch import (
     fresh_folder,
     run_job,
 )
-from agent.model.scripted import ScriptedModel, load_script
-from agent.model.settings import ModelSettings
-from agent.seams import Model, Terminated
-from sandbox import InputError, Inputs, SandboxPool
-from sandbox.errors import SandboxUnavailable
-from sandbox.wheelhouse import on_this_machine
+from sandcell.agent.model.scripted import ScriptedModel, load_script
+from sandcell.agent.model.settings import ModelSettings
+from sandcell.agent.seams import Model, Terminated
+from sandcell.sandbox import InputError, Inputs, SandboxPool
+from sandcell.sandbox.errors import SandboxUnavailable
+from sandcell.sandbox.wheelhouse import on_this_machine
 
 RESOURCE = "sandcell"  # the custom resource a sandbox node declares: sandboxes at once
 MAX_INPUT_MB = 512  # a job's inputs through the object store, at most
@@ -163,7 +163,7 @@ def scratch_folder() -> Iterator[Path]:
 
 
 def endpoint_model(settings: Settings, key_box: list | None):
-    from agent.model.openai_model import OpenAIModel  # loads openai: on the nodes only
+    from sandcell.agent.model.openai_model import OpenAIModel  # loads openai: on the nodes only
 
     key = ray.get(key_box[0]) if key_box else None  # else OPENAI_API_KEY of the node
     return OpenAIModel.from_settings(replace(settings.model, api_key=key).filled())

@@ -17,9 +17,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.jobs import batch_report
-from agent.jobs.fingerprint import CLOSE, Layout
-from agent.jobs.recipe_maker import Loaded, RecipeError, from_run, load
+from sandcell.agent.jobs import batch_report
+from sandcell.agent.jobs.fingerprint import CLOSE, Layout
+from sandcell.agent.jobs.recipe_maker import Loaded, RecipeError, from_run, load
 
 FOLDER = batch_report.LIBRARY  # OUT/recipes/
 MAX_TRIED = 3  # recipes one job tries before the agent

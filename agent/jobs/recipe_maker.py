@@ -18,10 +18,10 @@ from pathlib import Path
 
 import libcst as cst
 
-from agent.events import ChecksRun, Event, Final, Reset, Step
-from agent.jobs.fingerprint import Layout
-from agent.records.trace import all_inputs, read_events
-from sandbox.boundary import DATA, REQUIREMENT, pip_install_requirements
+from sandcell.agent.events import ChecksRun, Event, Final, Reset, Step
+from sandcell.agent.jobs.fingerprint import Layout
+from sandcell.agent.records.trace import all_inputs, read_events
+from sandcell.sandbox.boundary import DATA, REQUIREMENT, pip_install_requirements
 
 CELL = "# %%"
 FINGERPRINT = "# fingerprint: "  # a header line: the layout of the inputs it was made for (JSON)

@@ -14,16 +14,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent import stops
-from agent.events import Final
-from agent.jobs.recipe_library import Entry
-from agent.jobs.recipe_maker import Loaded, parameters_cell
-from agent.output_checks import outcome_lines
-from agent.seams import RunResult
-from agent.session import Session
-from sandbox.boundary import DATA
-from sandbox.render import render
-from sandbox.wheelhouse import resolve
+from sandcell.agent import stops
+from sandcell.agent.events import Final
+from sandcell.agent.jobs.recipe_library import Entry
+from sandcell.agent.jobs.recipe_maker import Loaded, parameters_cell
+from sandcell.agent.output_checks import outcome_lines
+from sandcell.agent.seams import RunResult
+from sandcell.agent.session import Session
+from sandcell.sandbox.boundary import DATA
+from sandcell.sandbox.render import render
+from sandcell.sandbox.wheelhouse import resolve
 
 RECIPE, AGENT = "recipe", "agent"  # a results line's "solved_by"
 SHOWN_CHARS = 2000  # of a failed cell's observation, in the agent's first message

@@ -10,9 +10,9 @@ import re
 
 from mcp import types
 
-from sandbox import Limits
-from tools import calculator, file_metadata, python
-from tools.registry import Spec
+from sandcell.sandbox import Limits
+from sandcell.tools import calculator, file_metadata, python
+from sandcell.tools.registry import Spec
 
 READ_DEFAULT, READ_MAX = 64 << 10, 1 << 20  # read_file: bytes by default, and at most
 

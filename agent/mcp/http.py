@@ -22,8 +22,8 @@ from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 
-from agent.hosting.guard import Guard, Hosts
-from agent.hosting.users import token_owner
+from sandcell.agent.hosting.guard import Guard, Hosts
+from sandcell.agent.hosting.users import token_owner
 
 PATH = "/mcp"
 

@@ -28,16 +28,16 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.types import CallToolResult, ImageContent, TextContent, Tool
 
-from agent.events import Event, Output
-from agent.mcp.definitions import READ_DEFAULT, definitions
-from sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
-from sandbox.boundary import INTERNAL
-from sandbox.execution import StreamChunk
-from sandbox.render import render
-from tools import Registry, calculator_tool, file_metadata_tool
-from tools.paths import INPUT_ROOT, WORKSPACE_ROOT, parse_request
-from tools.registry import ToolError as SandcellToolError
-from tools.registry import schema_problem
+from sandcell.agent.events import Event, Output
+from sandcell.agent.mcp.definitions import READ_DEFAULT, definitions
+from sandcell.sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
+from sandcell.sandbox.boundary import INTERNAL
+from sandcell.sandbox.execution import StreamChunk
+from sandcell.sandbox.render import render
+from sandcell.tools import Registry, calculator_tool, file_metadata_tool
+from sandcell.tools.paths import INPUT_ROOT, WORKSPACE_ROOT, parse_request
+from sandcell.tools.registry import ToolError as SandcellToolError
+from sandcell.tools.registry import schema_problem
 
 MAX_IMAGES = 8  # figures sent as image content per call; the rest are named, not sent
 
@@ -176,8 +176,10 @@ class ToolHandlers:
         }
 
     async def agent_tool(self, ctx: Context, name: str, args: dict) -> CallToolResult:
-        obs = await blocking(session_of(ctx).registry.call, name, args)
-        return CallToolResult(content=[TextContent(type="text", text=obs.text)], isError=not obs.ok)
+        outcome = await blocking(session_of(ctx).registry.call, name, args)
+        return CallToolResult(
+            content=[TextContent(type="text", text=outcome.text)], isError=not outcome.ok
+        )
 
     async def run_python(
         self, code: str, ctx: Context, timeout_s: float | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import types
 
-from agent.seams import OnToken, Reply, ToolCall, Usage
+from sandcell.agent.seams import OnToken, Reply, ToolCall, Usage
 
 
 class Assembly:

@@ -42,13 +42,13 @@ from collections.abc import Callable
 
 import openai
 
-from agent.model import retry
-from agent.model.assembly import Assembly
-from agent.model.deadline import RequestDeadline
-from agent.model.endpoint_errors import closed, invalid, no_response, refuses_choice, short
-from agent.model.redact import scrub
-from agent.model.settings import API_KEY_ENV, BASE_URL_ENV, DEFAULT_BASE_URL, ModelSettings
-from agent.seams import (
+from sandcell.agent.model import retry
+from sandcell.agent.model.assembly import Assembly
+from sandcell.agent.model.deadline import RequestDeadline
+from sandcell.agent.model.endpoint_errors import closed, invalid, no_response, refuses_choice, short
+from sandcell.agent.model.redact import scrub
+from sandcell.agent.model.settings import API_KEY_ENV, BASE_URL_ENV, DEFAULT_BASE_URL, ModelSettings
+from sandcell.agent.seams import (
     ImagesUnsupported,
     LimitReached,
     ModelError,
@@ -57,8 +57,8 @@ from agent.seams import (
     ToolsUnsupported,
     estimated_usage,
 )
-from agent.vision import image_count
-from agent.vision import refused as refuses_images
+from sandcell.agent.vision import image_count
+from sandcell.agent.vision import refused as refuses_images
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.seams import ModelError, OnToken, Reply, ToolCall, estimated_usage
-from sandbox.inputs import InputError
+from sandcell.agent.seams import ModelError, OnToken, Reply, ToolCall, estimated_usage
+from sandcell.sandbox.inputs import InputError
 
 _FORMAT = (
     'an entry is a string (the reply\'s text) or {"content": str, "tool_calls": [{"name": str, '

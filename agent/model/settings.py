@@ -12,8 +12,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from agent.model.redact import HIDDEN, redact_url
-from agent.seams import ModelError
+from sandcell.agent.model.redact import HIDDEN, redact_url
+from sandcell.agent.seams import ModelError
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MODEL = "gpt-4o-mini"

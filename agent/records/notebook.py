@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from agent.events import (
+from sandcell.agent.events import (
     Event,
     Final,
     InputsAdded,
@@ -20,7 +20,7 @@ from agent.events import (
     SessionStarted,
     Step,
 )
-from agent.records.trace import read_events
+from sandcell.agent.records.trace import read_events
 
 
 def trace_to_notebook(events: list[Event]) -> nbformat.NotebookNode:

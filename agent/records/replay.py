@@ -7,9 +7,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.events import ATTEMPT, Event, Reset, SessionStarted, Step
-from agent.records.trace import all_inputs, read_events
-from sandbox import DockerSandbox, Execution, InputError, Inputs, Limits, Sandbox
+from sandcell.agent.events import ATTEMPT, Event, Reset, SessionStarted, Step
+from sandcell.agent.records.trace import all_inputs, read_events
+from sandcell.sandbox import DockerSandbox, Execution, InputError, Inputs, Limits, Sandbox
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 

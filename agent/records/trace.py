@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import IO, Self
 
-from agent.events import Event, InputsAdded, SessionStarted
+from sandcell.agent.events import Event, InputsAdded, SessionStarted
 
 
 class TraceWriter:

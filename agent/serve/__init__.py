@@ -7,7 +7,7 @@ served.py one session and its turn, sandboxes.py the sandbox an idle session giv
 stream.py turns a question's events into server-sent events; files.py is the one place where
 names from a client meet paths on disk."""
 
-from agent.serve.app import create_app
-from agent.serve.config import ServeConfig
+from sandcell.agent.serve.app import create_app
+from sandcell.agent.serve.config import ServeConfig
 
 __all__ = ["ServeConfig", "create_app"]

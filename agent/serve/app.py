@@ -16,14 +16,14 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
-from agent.hosting.guard import Guard, Hosts
-from agent.serve.bodylimit import BodyLimit
-from agent.serve.config import ServeConfig
-from agent.serve.files import BadName, OverBudget
-from agent.serve.routes import STATIC, router
-from agent.serve.served import Busy
-from agent.serve.sessions import Full, NotFound, Sessions
-from sandbox import InputError, SandboxError
+from sandcell.agent.hosting.guard import Guard, Hosts
+from sandcell.agent.serve.bodylimit import BodyLimit
+from sandcell.agent.serve.config import ServeConfig
+from sandcell.agent.serve.files import BadName, OverBudget
+from sandcell.agent.serve.routes import STATIC, router
+from sandcell.agent.serve.served import Busy
+from sandcell.agent.serve.sessions import Full, NotFound, Sessions
+from sandcell.sandbox import InputError, SandboxError
 
 log = logging.getLogger(__name__)
 

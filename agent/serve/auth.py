@@ -10,9 +10,9 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
-from agent.hosting.guard import COOKIE, unauthorized
-from agent.hosting.users import token_owner
-from agent.serve.served import ServedSession
+from sandcell.agent.hosting.guard import COOKIE, unauthorized
+from sandcell.agent.hosting.users import token_owner
+from sandcell.agent.serve.served import ServedSession
 
 bearer = HTTPBearer(auto_error=False, description="a token from --users, or the one printed")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agent.hosting.guard import send_error
+from sandcell.agent.hosting.guard import send_error
 
 # Read (and drop) this much of a refused body before answering: a client still sending when
 # the connection closes sees a reset instead of the 413. Past it, a reset it is.

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.seams import Model
-from agent.stops import Rules
-from sandbox.limits import Limits
+from sandcell.agent.seams import Model
+from sandcell.agent.stops import Rules
+from sandcell.sandbox.limits import Limits
 
 
 @dataclass

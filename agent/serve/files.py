@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from agent.session import FIGURES_DIR, OUTPUT_DIR, WORKSPACE_DIR, collected_place
-from sandbox.boundary import WORKSPACE
-from tools.paths import Refused, open_confined
+from sandcell.agent.session import FIGURES_DIR, OUTPUT_DIR, WORKSPACE_DIR, collected_place
+from sandcell.sandbox.boundary import WORKSPACE
+from sandcell.tools.paths import Refused, open_confined
 
 INPUTS_DIR = "inputs"  # the session's uploads, each mounted at /data/<name>
 KINDS = {

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.serve import files
-from agent.session import FIGURES_DIR, OUTPUT_DIR
+from sandcell.agent.serve import files
+from sandcell.agent.session import FIGURES_DIR, OUTPUT_DIR
 
 MAX_LISTED = 200  # files in one listing (the newest); `total` counts them all
 ZIP_MAX_FILES = 1000  # files in one "download all"; the newest are taken

@@ -10,14 +10,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.events import Question, SandboxPaused, SandboxReleased, SandboxResumed
-from agent.records import history
-from agent.records.replay import Cell, recorded_cells
-from agent.records.trace import all_inputs, read_events
-from agent.serve import files, titles
-from agent.serve.listing import SessionInfo
-from agent.session import PAUSED_DIR
-from sandbox import Inputs
+from sandcell.agent.events import Question, SandboxPaused, SandboxReleased, SandboxResumed
+from sandcell.agent.records import history
+from sandcell.agent.records.replay import Cell, recorded_cells
+from sandcell.agent.records.trace import all_inputs, read_events
+from sandcell.agent.serve import files, titles
+from sandcell.agent.serve.listing import SessionInfo
+from sandcell.agent.session import PAUSED_DIR
+from sandcell.sandbox import Inputs
 
 log = logging.getLogger(__name__)
 SESSION_ID = re.compile(r"[0-9a-f]{16}")  # what Sessions.create names a session's folder

@@ -15,19 +15,19 @@ from pydantic import BaseModel, Field, field_validator
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 
-from agent.events import Final, Question
-from agent.records.notebook import trace_to_notebook
-from agent.records.trace import read_events
-from agent.serve import files, outputs, titles
-from agent.serve.auth import COOKIE, current_user, owned, user_of
-from agent.serve.listing import SessionInfo
-from agent.serve.served import ServedSession
-from agent.serve.sessions import Sessions
-from agent.serve.signin import click_page, own_navigation
-from agent.serve.stream import MessageStream, answer_html
-from tools.file_metadata import FileMetadata
-from tools.profile import Profile, glance
-from tools.registry import ToolError
+from sandcell.agent.events import Final, Question
+from sandcell.agent.records.notebook import trace_to_notebook
+from sandcell.agent.records.trace import read_events
+from sandcell.agent.serve import files, outputs, titles
+from sandcell.agent.serve.auth import COOKIE, current_user, owned, user_of
+from sandcell.agent.serve.listing import SessionInfo
+from sandcell.agent.serve.served import ServedSession
+from sandcell.agent.serve.sessions import Sessions
+from sandcell.agent.serve.signin import click_page, own_navigation
+from sandcell.agent.serve.stream import MessageStream, answer_html
+from sandcell.tools.file_metadata import FileMetadata
+from sandcell.tools.profile import Profile, glance
+from sandcell.tools.registry import ToolError
 
 router = APIRouter()
 User = Annotated[str, Depends(current_user)]

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from agent.events import (
+from sandcell.agent.events import (
     Event,
     OnEvent,
     Rebuilt,
@@ -23,18 +23,18 @@ from agent.events import (
     SandboxReleased,
     SandboxResumed,
 )
-from agent.records import history
-from agent.records.replay import rerun
-from agent.seams import RunResult
-from agent.serve import files, titles
-from agent.serve.config import ServeConfig
-from agent.serve.listing import SessionInfo
-from agent.serve.resume import Past
-from agent.session import FIGURES_DIR, PAUSED_DIR, Agent
-from sandbox import Execution, Inputs, SandboxError, SandboxPool, checkpoint
-from sandbox.boundary import FIGURES
-from sandbox.protocol import Sandbox
-from sandbox.renewable import RenewableSandbox
+from sandcell.agent.records import history
+from sandcell.agent.records.replay import rerun
+from sandcell.agent.seams import RunResult
+from sandcell.agent.serve import files, titles
+from sandcell.agent.serve.config import ServeConfig
+from sandcell.agent.serve.listing import SessionInfo
+from sandcell.agent.serve.resume import Past
+from sandcell.agent.session import FIGURES_DIR, PAUSED_DIR, Agent
+from sandcell.sandbox import Execution, Inputs, SandboxError, SandboxPool, checkpoint
+from sandcell.sandbox.boundary import FIGURES
+from sandcell.sandbox.protocol import Sandbox
+from sandcell.sandbox.renewable import RenewableSandbox
 
 log = logging.getLogger(__name__)
 MAX_FIGURE_BYTES = 64 << 20

@@ -13,12 +13,12 @@ import shutil
 import threading
 import time
 
-from agent.serve import files, resume
-from agent.serve.config import ServeConfig
-from agent.serve.listing import SessionInfo
-from agent.serve.served import Busy, ServedSession
-from sandbox import SandboxPool
-from sandbox.container import REMOVAL_WAIT_S, engine, reap_orphans
+from sandcell.agent.serve import files, resume
+from sandcell.agent.serve.config import ServeConfig
+from sandcell.agent.serve.listing import SessionInfo
+from sandcell.agent.serve.served import Busy, ServedSession
+from sandcell.sandbox import SandboxPool
+from sandcell.sandbox.container import REMOVAL_WAIT_S, engine, reap_orphans
 
 log = logging.getLogger(__name__)
 MB = 1 << 20

@@ -17,17 +17,17 @@ import nh3
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-from agent import events as ev
-from agent import stops
-from agent.seams import RunResult
-from agent.serve.files import INPUTS_DIR, parts_of
-from agent.session import collected_place
-from sandbox.boundary import DATA, WORKSPACE
-from sandbox.execution import Execution
-from sandbox.render import IMAGE_TYPES, parts
+from sandcell.agent import events as ev
+from sandcell.agent import stops
+from sandcell.agent.seams import RunResult
+from sandcell.agent.serve.files import INPUTS_DIR, parts_of
+from sandcell.agent.session import collected_place
+from sandcell.sandbox.boundary import DATA, WORKSPACE
+from sandcell.sandbox.execution import Execution
+from sandcell.sandbox.render import IMAGE_TYPES, parts
 
 if TYPE_CHECKING:
-    from agent.serve.served import ServedSession
+    from sandcell.agent.serve.served import ServedSession
 
 log = logging.getLogger(__name__)
 

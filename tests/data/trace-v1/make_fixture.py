@@ -6,9 +6,9 @@ import sys
 import time
 from pathlib import Path
 
-from agent.model.scripted import ScriptedModel
-from agent.serve import ServeConfig
-from sandbox import Limits
+from sandcell.agent.model.scripted import ScriptedModel
+from sandcell.agent.serve import ServeConfig
+from sandcell.sandbox import Limits
 from tests.serve_helpers import USERS, ask, client, execute, new_session, serving, upload
 
 data = Path(sys.argv[1])
