@@ -1,11 +1,6 @@
 """The agent core: the ReAct loop over any OpenAI-compatible model, its protocols, stop rules,
-budgets and traces. `from sandcell import Agent, Session, OpenAIModel` is the front door.
-
-OpenAIModel loads on first use (PEP 562): a command that needs no model client (e.g.
-`sandcell exec`) does not pay for importing `openai`. A type checker sees it through the
-TYPE_CHECKING import."""
-
-from typing import TYPE_CHECKING, Any
+budgets and traces. `from sandcell import Agent, Session, OpenAIModel` is the front door (the
+model client, sandcell.agent.model.openai_model, is imported only there, on first use)."""
 
 from sandcell.agent.loop import Loop
 from sandcell.agent.model.scripted import ScriptedModel
@@ -22,16 +17,12 @@ from sandcell.agent.seams import (
 from sandcell.agent.session import Agent, Session
 from sandcell.agent.stops import Rules
 
-if TYPE_CHECKING:
-    from sandcell.agent.model.openai_model import OpenAIModel
-
 __all__ = [
     "Action",
     "Agent",
     "Loop",
     "Model",
     "ModelError",
-    "OpenAIModel",
     "Parsed",
     "Reply",
     "Rules",
@@ -41,11 +32,3 @@ __all__ = [
     "ToolCall",
     "Usage",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "OpenAIModel":
-        from sandcell.agent.model.openai_model import OpenAIModel
-
-        return OpenAIModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

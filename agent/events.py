@@ -171,7 +171,7 @@ class Step(Event):
     compacted: int | None = None  # older steps compacted to fit the context budget
     tool_choice: str | None = None
     thought: str | None = None
-    cut: bool | None = None
+    cut: str | None = None  # what followed the action in the reply, not trusted
     observations: list[dict] | None = None  # observation_record() each
     warnings: list[str] | None = None
     answer: str | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from sandcell.agent import context, prompts, stops
 from sandcell.agent.events import (
@@ -49,6 +50,16 @@ from sandcell.sandbox import Execution, SandboxError
 from sandcell.tools import Registry, ToolOutcome
 
 __all__ = ["Loop", "OnEvent"]
+
+
+class _Outcome(TypedDict):
+    """How a question ended: the fields its Final event and its RunResult share."""
+
+    answer: str | None
+    stop_reason: str
+    detail: str
+    error: str | None
+    steps: int
 
 
 @dataclass
@@ -151,7 +162,7 @@ class Loop:
         if answer is not None:
             self.answers.append(answer)
         elapsed = time.monotonic() - started
-        final = {
+        final: _Outcome = {
             "answer": answer,
             "stop_reason": reason,
             "detail": detail,
@@ -253,13 +264,13 @@ class Loop:
 
     def _answer(self, watch: Watch, question: str, answer: str, record: dict) -> list[str]:
         nudge = watch.check_answer(answer, question, self.answers)
-        checked = nudge is None and self.verify is not None
-        if checked:
-            nudge = self.verify(self.questions)
+        verify = self.verify if nudge is None else None  # checked only once the rules pass
+        if verify is not None:
+            nudge = verify(self.questions)
         self.publish(Step(**record, answer=answer, nudge=nudge))
         if nudge is None:
             raise Submitted(answer)
-        if checked:
+        if verify is not None:
             watch.checks_failed()  # past the retries the question stops here
         self.messages.append({"role": "user", "content": nudge})
         self.publish(Notice(text=nudge))
@@ -273,7 +284,7 @@ class Loop:
             return {"tool_choice": "required"}
         return {}
 
-    def _complete(self, watch: Watch, timed: bool = False, **extra: object) -> Reply:
+    def _complete(self, watch: Watch, timed: bool = False, **extra: str | None) -> Reply:
         request = self.protocol.request(self.registry)
 
         def on_token(text: str) -> None:
@@ -352,8 +363,15 @@ class Loop:
             return None, str(exc)
         answer = answer_from_text(reply.text, self.registry)
         self.messages.append({"role": "assistant", "content": reply.text})
-        step = {"question": self.questions, "step": watch.steps + 1, "reply": reply.to_dict()}
-        self.publish(Step(**step, answer=answer, forced=True))
+        self.publish(
+            Step(
+                question=self.questions,
+                step=watch.steps + 1,
+                reply=reply.to_dict(),
+                answer=answer,
+                forced=True,
+            )
+        )
         return answer, None
 
     def _say(self, reply_text: str, feedback: str, record: dict, error: str) -> None:

@@ -17,10 +17,18 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from sandcell.sandbox.boundary import WORKSPACE
 from sandcell.tools import tables
 from sandcell.tools.profile import DELIMITED_EXTS, build_profile, error_text
+
+if TYPE_CHECKING:
+    from pandera.api.checks import Check
+    from pandera.api.pandas.container import DataFrameSchema
+
+    from sandcell.agent.events import OnEvent
+    from sandcell.sandbox.protocol import Sandbox
 
 SCHEMA_FORMS = {".yaml": "yaml", ".yml": "yaml", ".json": "json"}
 HEAD_BYTES = 1 << 20  # what the profile reads to say how a file is written
@@ -64,7 +72,7 @@ def load_schema(path: Path) -> Schema:
     return Schema(str(path), text, form, summarize(schema))
 
 
-def _deserialize(text: str, form: str):
+def _deserialize(text: str, form: str) -> DataFrameSchema:
     import yaml
     from pandera.io.pandas_io import deserialize_schema
 
@@ -114,7 +122,7 @@ def parse_pairs(pairs: tuple[str, ...] | list[str], base: Path) -> Expect:
 # -- what the model is told ------------------------------------------------------------------
 
 
-def summarize(schema) -> str:
+def summarize(schema: DataFrameSchema) -> str:
     """A pandera schema in a few lines: columns with dtype, nulls, uniqueness, checks."""
     flags = [name for name in ("strict", "ordered", "coerce") if getattr(schema, name, False)]
     if schema.strict == "filter":
@@ -133,7 +141,7 @@ def summarize(schema) -> str:
     return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 4] + "\n..."
 
 
-def _check_text(check) -> str:
+def _check_text(check: Check) -> str:
     return str(check.error or check.name or "check")
 
 
@@ -244,7 +252,7 @@ class Verdict:
         return {"passed": self.passed, "outputs": self.outputs}
 
 
-def run_checks(sandbox, expect: Expect, max_bytes: int) -> Verdict:
+def run_checks(sandbox: Sandbox, expect: Expect, max_bytes: int) -> Verdict:
     """The checker run on every output, each read as its name suggests (guessed_hints); the
     checker sends back the first bytes it read, and an output whose bytes say it is written
     otherwise is checked again, read as they say (one more run, for those outputs only)."""
@@ -335,7 +343,9 @@ class Checker:
     """The loop's `verify`: runs the checks when the model gives its final answer, publishes
     each run, and returns None when they pass, else the observation for the model."""
 
-    def __init__(self, expect: Expect, sandbox, publish, retries: int, max_bytes: int):
+    def __init__(
+        self, expect: Expect, sandbox: Sandbox, publish: OnEvent, retries: int, max_bytes: int
+    ):
         self.expect, self.sandbox, self.publish = expect, sandbox, publish
         self.retries, self.max_bytes = retries, max_bytes
         self.last: Verdict | None = None

@@ -80,6 +80,7 @@ def parse_react(text: str, tools: dict[str, str | None]) -> tuple[Parsed, str]:
     thought = "\n".join([*thoughts, _strip_labels(body[: hit.start]).strip()]).strip()
     if hit.answer is not None:
         return Parsed(thought=thought, answer=hit.answer), ""
+    assert hit.action is not None  # every _Hit carries an answer or an action
     return Parsed(thought=thought, actions=[hit.action]), body[hit.end :].strip()
 
 
@@ -153,7 +154,7 @@ def _json_action(inner: str) -> Action | None:
     name = next((value[k] for k in _TOOL_KEYS if isinstance(value.get(k), str)), None)
     if name is None:
         return None
-    args = next((value[k] for k in _ARG_KEYS if k in value), {})
+    args: object = next((value[k] for k in _ARG_KEYS if k in value), {})
     return Action(
         name, args if isinstance(args, (dict, str)) else json.dumps(args), how="json_block"
     )
@@ -196,8 +197,8 @@ def _parse_call(text: str, tools: dict[str, str | None]) -> tuple[Action, int] |
         return None
     close = next((c for c in closes if "\n" not in text[m.end() : c]), closes[-1])
     raw = text[m.end() : close].strip()
-    args = raw if raw.startswith(("{", "｛")) or not param else {param: _unquote(raw)}
-    return Action(name, args, how="call"), close + 1
+    call_args = raw if raw.startswith(("{", "｛")) or not param else {param: _unquote(raw)}
+    return Action(name, call_args, how="call"), close + 1
 
 
 def _call_args(node: ast.Call, src: str, param: str | None) -> dict | None:

@@ -50,7 +50,11 @@ class ActionProtocol(Protocol):
 
 def single_string_params(registry: Registry) -> dict[str, str | None]:
     """Each tool's one required string argument (what a bare or fenced input fills), or None."""
-    return {name: single_string_arg(registry.get(name)) for name in registry.names}
+    return {
+        name: single_string_arg(tool)
+        for name in registry.names
+        if (tool := registry.get(name)) is not None  # always: the names are the registry's
+    }
 
 
 class ReactProtocol:

@@ -12,10 +12,10 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Self
+from typing import Self, TypeGuard
 
 from sandcell.agent import stops
 from sandcell.agent.events import (
@@ -71,7 +71,7 @@ FIGURES_DIR = "figures"  # /workspace/figures: every chart a cell showed
 WORKSPACE_DIR = "workspace"  # every other file the code wrote under /workspace
 PAUSED_DIR = ".paused"  # a paused kernel's checkpoint (its memory): hidden, owner-only
 BACKGROUND, ON_DEMAND = "background", "on_demand"  # when a session's own sandbox starts
-InputPaths = Inputs | list[str | Path]
+InputPaths = Inputs | Mapping[str, str | Path] | Sequence[str | Path]  # Inputs.from_paths
 
 
 def collected_place(name: str) -> tuple[str, str]:
@@ -202,9 +202,10 @@ class Session:
         beside the first model request: the first Python action waits for it."""
         if _is_sandbox(given):
             return given
+        factory = given if callable(given) else None  # not a sandbox: a factory, or None
         agent, inputs = self.agent, self.inputs
         return BackgroundSandbox(
-            given or (lambda: warmed(DockerSandbox(agent.limits, inputs, agent.image))),
+            factory or (lambda: warmed(DockerSandbox(agent.limits, inputs, agent.image))),
             agent.limits,
             inputs,
             background=agent.sandbox_start == BACKGROUND,
@@ -263,7 +264,7 @@ class Session:
         if result.stop_reason in (stops.INTERRUPTED, stops.TERMINATED):
             self.sandbox.interrupt()  # the cell it cut short
         if self.checker is not None:
-            result.checks = self._checks(result)
+            result.checks = self._checks(self.checker, result)
         return self.settle(result)
 
     def run_cells(self, cells: list[str]) -> tuple[int, Execution] | None:
@@ -288,28 +289,28 @@ class Session:
         result.files, problems = self.bring_back()
         result.warnings.extend(problems)
         if result.checks is not None:
-            self._verify_copied(result)
+            self._verify_copied(result, result.checks)
         return result
 
-    def _checks(self, result: RunResult) -> dict:
+    def _checks(self, checker: Checker, result: RunResult) -> dict:
         """The results' `checks`: the last run's, when the question ended at a check."""
-        last = self.checker.last
+        last = checker.last
         if (
             last is not None
-            and self.checker.question == self.loop.questions
+            and checker.question == self.loop.questions
             and (result.stop_reason in (stops.ANSWERED, stops.CHECKS_FAILED))
         ):
             return last.record()
         why = f"the question stopped ({result.stop_reason}) before its outputs were checked"
         return not_checked(self.expect, why)
 
-    def _verify_copied(self, result: RunResult) -> None:
+    def _verify_copied(self, result: RunResult, checks: dict) -> None:
         """The files copied back must be the bytes checked: else the checks failed."""
 
         def place(path: str) -> Path:
             return self.folder.joinpath(*collected_place(path))
 
-        problems = verify_copied(result.checks, place)
+        problems = verify_copied(checks, place)
         if problems and result.answered:
             result.stop_reason = stops.CHECKS_FAILED
             result.detail = "; ".join(problems)
@@ -475,7 +476,7 @@ class Session:
         self.close()
 
 
-def _is_sandbox(given: object) -> bool:
+def _is_sandbox(given: object) -> TypeGuard[Sandbox]:
     """A sandbox given itself, not a function that makes one: a factory is called, a sandbox
     is not (a sandbox of the caller's own need not be a complete `Sandbox` to be one)."""
     return given is not None and (isinstance(given, Sandbox) or not callable(given))

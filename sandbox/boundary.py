@@ -85,7 +85,9 @@ def _requirements(args: list[str]) -> list[str]:
 
 def requirement_name(requirement: str) -> str:
     """A requirement's project name, normalised as PEP 503 says."""
-    name = re.match(r"[A-Za-z0-9._-]*", requirement).group(0)
+    match = re.match(r"[A-Za-z0-9._-]*", requirement)
+    assert match is not None  # `*` matches the empty string: always a match
+    name = match.group(0)
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
@@ -270,7 +272,7 @@ def parse_rich(value: str) -> tuple[int, int]:
 _END = object()
 
 
-def rich_size(*values) -> int:
+def rich_size(*values: object) -> int:
     """Size of a rich output (its data and metadata) as the caps count it: the UTF-8 bytes of
     every key and text value (bytes as their base64), 8 for any other scalar, 1 per list item.
     Close to its JSON size, and computed with one iterator per level of nesting, since the

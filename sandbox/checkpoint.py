@@ -23,6 +23,7 @@ import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
@@ -212,7 +213,7 @@ class Paused:
         try:
             said = (folder / SEAL).read_bytes().strip()
             ok = hmac.compare_digest(said, _digest(folder, key()).encode())
-            state = json.loads((folder / STATE).read_text()) if ok else None
+            state: dict[str, Any] = json.loads((folder / STATE).read_text()) if ok else {}
         except (OSError, ValueError) as error:
             raise PauseError(f"the paused sandbox in {folder} cannot be read ({error})") from None
         if not ok:

@@ -9,11 +9,14 @@ import socket
 import struct
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
 import requests
+from docker.models.containers import Container
 from docker.types import LogConfig, Ulimit
 
 from sandcell.sandbox import boundary, landing
@@ -149,7 +152,7 @@ def start(
     gvisor: bool = False,
     wheelhouse: Path | None = None,
     checkpoint: Path | None = None,
-):
+) -> Container:
     """Start a sealed container whose PID 1 (the supervisor) starts the kernel; or, from a
     paused sandbox's `checkpoint`, restore it (the kernel as it was)."""
     check_image(client, image)  # and DockerSandbox has checked limits.runtime
@@ -188,7 +191,9 @@ def start(
     return _created(client, options, conn_dir, checkpoint)
 
 
-def _created(client: docker.DockerClient, options: dict, conn_dir: str, saved: Path | None):
+def _created(
+    client: docker.DockerClient, options: dict, conn_dir: str, saved: Path | None
+) -> Container:
     """The container made and started, or restored from the checkpoint `saved` (a failed
     restore is the PauseError it raised); nothing left behind when it fails."""
     container = None
@@ -336,7 +341,7 @@ THROUGH_CAT = 'exec 4>&1; s=$( { { "$@"; echo $? >&3; } | cat >&4; } 3>&1 ); exi
 
 
 def exec_in(
-    container,
+    container: Container,
     cmd: list[str],
     stdin: bytes | None = None,
     max_out: int = EXEC_OUT_BYTES,
@@ -382,7 +387,8 @@ def exec_in(
     return (code if code is not None else -1), bytes(out), bytes(err)
 
 
-def _upgraded(sock):
+# `sock`: docker's exec socket, a socket.SocketIO that docker hangs its `_response` on
+def _upgraded(sock: Any) -> io.BufferedReader:
     """The stream after the engine's `101 UPGRADED`, read through the buffered reader that
     parsed its headers: frames that came in the same read as those headers wait in its
     buffer, and the plain socket no longer has them. Read from the socket, a fast command's
@@ -391,7 +397,7 @@ def _upgraded(sock):
     return sock._response.raw._fp.fp
 
 
-def _frames(stream):
+def _frames(stream: io.BufferedReader) -> Iterator[tuple[int, bytes]]:
     """Docker's multiplexed exec stream: 8-byte header (stream, size) then the payload."""
     buffer = b""
     while True:
@@ -434,7 +440,7 @@ def extract_tar(data: bytes, host_dir: Path, cap: int) -> list[str]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def send_signal(container, signal_name: str) -> None:
+def send_signal(container: Container, signal_name: str) -> None:
     """A signal to the supervisor (PID 1). A container that dies as it is sent (a fork bomb
     ends a gVisor sandbox) makes the engine answer 500: said as the stop it is."""
     try:
@@ -446,7 +452,7 @@ def send_signal(container, signal_name: str) -> None:
         ) from None
 
 
-def check_running(container) -> None:
+def check_running(container: Container) -> None:
     try:
         container.reload()
     except docker.errors.NotFound:

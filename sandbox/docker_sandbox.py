@@ -12,11 +12,15 @@ import time
 import uuid
 import warnings
 import weakref
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import docker
 import docker.errors
 import requests
+from docker.models.containers import Container
+from jupyter_client import BlockingKernelClient
 
 from sandcell.sandbox import boundary, checkpoint, image_build, kernel
 from sandcell.sandbox import container as ctr
@@ -27,7 +31,9 @@ from sandcell.sandbox.limits import Limits
 from sandcell.sandbox.wheelhouse import Offer, offer, resolve
 
 
-def wheelhouse_offer(client, image: str | None, folder: str | None) -> Offer:
+def wheelhouse_offer(
+    client: docker.DockerClient | None, image: str | None, folder: str | None
+) -> Offer:
     """What a sandbox of `image` gets of the wheelhouse `folder` (or wheelhouse.DEFAULT):
     mounted when it was made for the image's Python and machine, else not, with why.
     `client`: None asks a client of its own, closed after."""
@@ -62,7 +68,7 @@ def _sandbox_path(path: str) -> str:
 
 
 # The in-image file helper (images/files.py) raises these by name (exit status 2).
-_FILE_ERRORS = {
+_FILE_ERRORS: dict[str, type[Exception]] = {
     "FileNotFoundError": FileNotFoundError,
     "IsADirectoryError": IsADirectoryError,
     "PermissionError": PermissionError,
@@ -73,7 +79,7 @@ class DockerSandbox:
     def __init__(
         self,
         limits: Limits | None = None,
-        inputs: Inputs | list[str | Path] = (),
+        inputs: Inputs | Sequence[str | Path] = (),
         image: str | None = None,
         runtime: str | None = None,
         label: str | None = None,
@@ -92,7 +98,8 @@ class DockerSandbox:
         self.gvisor = ctr.check_runtime(self.client, self.limits.runtime)
         ctr.reap_orphans(self.client)
         self.wheelhouse = wheelhouse_offer(self.client, self.image, self.limits.wheelhouse)
-        paused = self._restorable(Path(resume_from), staging) if resume_from else None
+        resume = Path(resume_from) if resume_from else None
+        paused = self._restorable(resume, staging) if resume else None
         self.conn_dir, info = kernel.make_connection_dir(paused.connection if paused else None)
         # A pool sandbox gets its inputs later: it mounts a private, empty staging folder.
         self.staging_dir = ctr.make_staging(self.conn_dir) if staging else None
@@ -101,15 +108,15 @@ class DockerSandbox:
             _place(self.staging_dir, self.inputs)
             mounts = {}
         self._info = info
-        self._client = None
+        self._client: BlockingKernelClient | None = None
         # The live kernel client, also held by the finalizer: a sandbox dropped without
         # close() must still close its ZMQ sockets. Left to the garbage collector, a context
         # whose sockets were collected first blocks forever in zmq_term (seen in a test run).
-        self._live: list = []
-        self.container = None
+        self._live: list[BlockingKernelClient] = []
+        self.container: Container  # set by _start, below
         self._finalizer = weakref.finalize(self, _cleanup, None, self.conn_dir, self._live)
         started = time.monotonic()
-        self._start(mounts, Path(resume_from) / checkpoint.SAVED if paused else None)
+        self._start(mounts, resume / checkpoint.SAVED if resume else None)
         self.start_seconds = time.monotonic() - started
         self.container.reload()  # the attributes from `run` predate the start: no PID yet
         # found once: each cell reads only the counter, not /proc and the cgroup tree
@@ -140,7 +147,7 @@ class DockerSandbox:
         if saved is not None:
             self._in_kernel("after_resume()")
 
-    def _connect(self, replacing: list | None = None):
+    def _connect(self, replacing: list | None = None) -> BlockingKernelClient:
         """Connect once the kernel answers; after a restart, only to the new relay."""
         check = self._stopped_while_waiting
         try:
@@ -178,10 +185,10 @@ class DockerSandbox:
     def __enter__(self) -> "DockerSandbox":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _set_client(self, client) -> None:
+    def _set_client(self, client: BlockingKernelClient | None) -> None:
         """Disconnect the current kernel client (if any) and use `client` (or none)."""
         if self._client is not None:
             kernel.disconnect(self._client)
@@ -195,6 +202,12 @@ class DockerSandbox:
     @property
     def closed(self) -> bool:
         return not self._finalizer.alive
+
+    @property
+    def _kernel_client(self) -> BlockingKernelClient:
+        """The kernel client: there is one whenever a cell or a call to the kernel can run."""
+        assert self._client is not None
+        return self._client
 
     # -- running code ----------------------------------------------------------------
     def run(
@@ -218,13 +231,13 @@ class DockerSandbox:
             rich_bytes=limits.rich_bytes,
         )
         ex = collector.execution
-        kernel.flush_shell(self._client)
-        msg_id = self._client.execute(code, allow_stdin=False, stop_on_error=False)
+        kernel.flush_shell(self._kernel_client)
+        msg_id = self._kernel_client.execute(code, allow_stdin=False, stop_on_error=False)
         deadline = started + timeout
         while True:
-            state = kernel.drain(self._client, msg_id, collector, deadline)
+            state = kernel.drain(self._kernel_client, msg_id, collector, deadline)
             if state == "done":
-                kernel.await_reply(self._client, msg_id)
+                kernel.await_reply(self._kernel_client, msg_id)
                 break
             if state == "silent":
                 if self._kernel_died():
@@ -252,11 +265,11 @@ class DockerSandbox:
         that has sent the cell's KeyboardInterrupt has stopped it and is finishing up (its
         post-run hooks; slow on a loaded machine): it gets twice the grace more before it is
         taken for stuck and restarted, which would lose every variable."""
-        kernel.interrupt(self._client)
+        kernel.interrupt(self._kernel_client)
         grace = self.limits.interrupt_grace_s
         grace_end, extended = time.monotonic() + grace, False
         while True:
-            if kernel.drain(self._client, msg_id, collector, grace_end) == "done":
+            if kernel.drain(self._kernel_client, msg_id, collector, grace_end) == "done":
                 return True
             if time.monotonic() < grace_end:
                 continue
@@ -272,7 +285,7 @@ class DockerSandbox:
     def interrupt(self) -> None:
         """Interrupt the running cell (KeyboardInterrupt); kernel state is kept."""
         self._check_open()
-        kernel.interrupt(self._client)
+        kernel.interrupt(self._kernel_client)
 
     def restart(self) -> None:
         """A fresh kernel: variables are lost, workspace files are kept."""
@@ -371,8 +384,8 @@ class DockerSandbox:
         """Call one of the kernel extension's own functions, silently (no history, no
         output, no execution count): True once it answered ok and returned True."""
         code = f"import {boundary.KERNEL_EXTENSION} as _s\nassert _s.{call}\ndel _s"
-        msg_id = self._client.execute(code, silent=True, store_history=False)
-        reply = kernel.await_reply(self._client, msg_id, 30)
+        msg_id = self._kernel_client.execute(code, silent=True, store_history=False)
+        reply = kernel.await_reply(self._kernel_client, msg_id, 30)
         return reply is not None and reply["content"].get("status") == "ok"
 
     def _runtime_name(self) -> str:
@@ -410,7 +423,7 @@ class DockerSandbox:
             )
         return paused
 
-    def renew(self, inputs: Inputs | list[str | Path] = ()) -> None:
+    def renew(self, inputs: Inputs | Sequence[str | Path] = ()) -> None:
         """Make this sandbox what a fresh one would be for a new job, in the same container
         (a fraction of a new container's cost): every process of the last job killed
         (background, daemonized, in another session, ignoring signals or stuck in a cell),
@@ -460,7 +473,7 @@ class DockerSandbox:
         return f" ({text})" if text else ""
 
     def _kernel_died(self) -> bool:
-        if kernel.beating(self._client, self.conn_dir, self._info):
+        if kernel.beating(self._kernel_client, self.conn_dir, self._info):
             return False
         ctr.check_running(self.container)
         if self.gvisor:  # `docker top` of a runsc container lists host processes: ask inside
@@ -500,10 +513,10 @@ class DockerSandbox:
             return out
         message = err.decode(errors="replace").strip()
         kind, _, what = message.partition(": ")
-        error = _FILE_ERRORS.get(kind, SandboxError)
-        raise error(f"{args[0]} {args[1] if len(args) > 1 else ''}: {what or message}".strip())
+        raised = _FILE_ERRORS.get(kind, SandboxError)
+        raise raised(f"{args[0]} {args[1] if len(args) > 1 else ''}: {what or message}".strip())
 
-    def _json(self, *args: str):
+    def _json(self, *args: str) -> object:
         """The helper's JSON answer; anything else (model code wrote into it) is an error."""
         try:
             return json.loads(self._files(*args))
@@ -560,7 +573,7 @@ class DockerSandbox:
             if code in (137, -9)
             else (err.decode(errors="replace").strip()[-300:] or f"exit status {code}")
         )
-        failed = {"passed": False, "sha256": None, "failures": [
+        failed: dict[str, object] = {"passed": False, "sha256": None, "failures": [
             {"column": None, "check": "checker", "count": 1, "examples": [],
              "message": f"the checks could not run: {why}"}
         ]}  # fmt: skip
@@ -582,7 +595,7 @@ class DockerSandbox:
             raise SandboxError("export failed: the workspace is missing") from None
         return ctr.extract_tar(archive, Path(host_dir), self._cap)
 
-    def add_inputs(self, paths: Inputs | list[str | Path]) -> None:
+    def add_inputs(self, paths: Inputs | Sequence[str | Path]) -> None:
         """Give a pool sandbox its input files (read-only under /data)."""
         if self.staging_dir is None:
             raise SandboxError(
@@ -635,7 +648,7 @@ def _oom_counter_file(host_pid: int | None) -> Path | None:
     return None
 
 
-def _cleanup(container, conn_dir: str, live: list) -> None:
+def _cleanup(container: Container | None, conn_dir: str, live: list[BlockingKernelClient]) -> None:
     """Runs once: on close(), at garbage collection, or at interpreter exit."""
     for client in live:
         kernel.disconnect(client)

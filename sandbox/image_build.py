@@ -299,7 +299,7 @@ def make_base(client: docker.DockerClient, base: str, say: Say) -> None:
 
 
 def run_once(
-    client: docker.DockerClient, image: str, entrypoint: str, args: list[str], **options
+    client: docker.DockerClient, image: str, entrypoint: str, args: list[str], **options: object
 ) -> tuple[int, str]:
     """Run a throwaway container with no network to its end: (exit status, output). It is
     removed whatever happens, a failed start included (docker's run() leaves that one)."""
@@ -357,8 +357,9 @@ def _normal(info: tarfile.TarInfo) -> tarfile.TarInfo:
 
 def context_tar(wheels: Path, extra: Path | None, into: io.BufferedIOBase) -> None:
     """The build context: the sources, the contract, and the wheels under .wheels/ (read
-    from the cache file by file, never all in memory)."""
-    with tarfile.open(fileobj=into, mode="w") as tar:
+    from the cache file by file, never all in memory). Links are followed: in a clone's
+    editable install (strict mode) the sources are links to the clone's files."""
+    with tarfile.open(fileobj=into, mode="w", dereference=True) as tar:
         for name, path in _source_paths():
             tar.add(path, arcname=name, filter=_normal)
         for path in sorted(wheels.glob("*.whl")):

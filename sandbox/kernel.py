@@ -11,9 +11,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from queue import Empty
+from typing import cast
 
 import zmq
 from jupyter_client import BlockingKernelClient
+from jupyter_client.connect import KernelConnectionInfo
 
 from sandcell.sandbox import boundary, event_loops
 from sandcell.sandbox.execution import CUT_NOTE, Execution, ExecutionError, Result, StreamChunk
@@ -69,7 +71,7 @@ PORTS = tuple(f"{name}_port" for name in boundary.CHANNELS)
 
 def socket_files(path: str, info: dict) -> list[tuple[int, int] | None]:
     """Identity (inode, ctime) of each socket file the relay binds; None where absent."""
-    ids = []
+    ids: list[tuple[int, int] | None] = []
     for port in PORTS:
         try:
             st = os.stat(os.path.join(path, boundary.socket_name(info[port])))
@@ -133,7 +135,9 @@ def connect(
     context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
     context.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
     client = BlockingKernelClient(context=context)
-    client.load_connection_info(dict(info, ip=os.path.join(path, boundary.SOCKET_BASE)))
+    # info is a connection file's content (make_connection_dir): jupyter_client's keys
+    here = cast(KernelConnectionInfo, dict(info, ip=os.path.join(path, boundary.SOCKET_BASE)))
+    client.load_connection_info(here)
     try:
         client.start_channels(hb=False)  # liveness: see beating()
         wait_until_ready(client, ready_timeout, check)

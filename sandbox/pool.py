@@ -8,6 +8,7 @@ sandbox), and a renewed sandbox is handed out before a fresh one."""
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 
 from sandcell.sandbox.docker_sandbox import DockerSandbox
@@ -113,7 +114,7 @@ class SandboxPool:
             self._wanted.release()
 
     def acquire(
-        self, inputs: Inputs | list[str | Path] = (), timeout: float | None = None
+        self, inputs: Inputs | Sequence[str | Path] = (), timeout: float | None = None
     ) -> DockerSandbox:
         """A fresh sandbox with `inputs` under /data; starts one now if none is ready (a
         renewal under way is waited for; a background start only up to `timeout`)."""
@@ -233,5 +234,5 @@ class SandboxPool:
     def __enter__(self) -> "SandboxPool":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

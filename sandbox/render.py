@@ -4,7 +4,7 @@ import re
 from dataclasses import dataclass, field
 
 from sandcell.sandbox.boundary import ERROR_KEY, PACKAGES_FILE
-from sandcell.sandbox.execution import Execution
+from sandcell.sandbox.execution import Execution, Result
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/svg+xml")
 # The image's main packages, for the offline note (tests check them against requirements.in).
@@ -112,7 +112,7 @@ def parts(execution: Execution, budget: int = 4000, memory_mb: int | None = None
     if execution.rich_dropped:
         out.notes.append(_rich_note(execution))
     if execution.restarted:
-        out.notes.append(_restart_note(execution, memory_mb))
+        out.notes.append(_restart_note(execution.restarted, memory_mb))
     elif execution.timed_out:
         out.notes.append(
             f"[Timed out after {execution.duration_s:.0f} s: the cell was interrupted; "
@@ -142,7 +142,7 @@ def _offline(execution: Execution) -> bool:
     return any(OFFLINE.search(text) for text in texts)
 
 
-def _result(result, budget: int) -> str:
+def _result(result: Result, budget: int) -> str:
     image = next((t for t in IMAGE_TYPES if t in result.data), None)
     if image:
         where = result.path or result.metadata.get(ERROR_KEY, "not saved")
@@ -163,15 +163,15 @@ def _rich_note(execution: Execution) -> str:
     )
 
 
-def _restart_note(execution: Execution, memory_mb: int | None) -> str:
+def _restart_note(restarted: str, memory_mb: int | None) -> str:
     limit = f"the sandbox has {memory_mb} MB; " if memory_mb else ""
     raise_it = f"sandcell's {MEMORY_FLAG} option raises it"
     why = {
         "timeout": "it did not stop after the timeout and an interrupt",
         "out of memory": f"it ran out of memory ({limit}{raise_it})",
         "died": "the kernel process died",
-    }.get(execution.restarted, execution.restarted)
-    advice = f" {MEMORY_ADVICE}" if execution.restarted == "out of memory" else ""
+    }.get(restarted, restarted)
+    advice = f" {MEMORY_ADVICE}" if restarted == "out of memory" else ""
     return (
         f"[The kernel was restarted because {why}. All variables are lost; files in "
         f"/workspace are kept. Re-run what you need.{advice}]"

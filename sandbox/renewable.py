@@ -122,7 +122,9 @@ class RenewableSandbox(Forwarder):
         """The sandbox paused into `folder`, restored with the inputs it had (those added
         since go in after); None when it cannot be (`attempt` says why). The folder is
         removed either way: the kernel moves on from it, or it cannot be used."""
-        began, error, sandbox = time.monotonic(), None, None
+        began = time.monotonic()
+        error: Exception | None = None
+        sandbox: Sandbox | None = None
         try:
             had = checkpoint.Paused.read(folder).mounts["inputs"]
             assert self._resume is not None

@@ -285,7 +285,15 @@ def add(
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _download(house, staging, requirements, requirement_files, local_wheels, python, say) -> None:
+def _download(
+    house: Wheelhouse,
+    staging: Path,
+    requirements: list[str],
+    requirement_files: list[Path],
+    local_wheels: list[Path],
+    python: str,
+    say: Callable[[str], None],
+) -> None:
     pins = image_build.SOURCES_DIR / "requirements.txt"
     links = [house.path / WHEELS, *image_build.cache_dir().glob(f"image-wheels/*-py{python}")]
     args = [a for link in links if link.is_dir() for a in ("--find-links", str(link))]

@@ -51,9 +51,15 @@ def runtime(request) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist names each test's group
 def pytest_collection_modifyitems(items):
-    """A grouped test's runsc twin gets a group of its own, so the two runtimes' groups run on
-    different workers side by side instead of one after the other."""
+    """A test that takes the `browser` fixture (directly or through `page`) is marked
+    `browser`, so `make unit` leaves it out. A grouped test's runsc twin gets a group of its
+    own, so the two runtimes' groups run on different workers side by side instead of one
+    after the other."""
     for item in items:
+        if "browser" in getattr(
+            item, "fixturenames", ()
+        ):  # whatever the module: it drives Chromium
+            item.add_marker(pytest.mark.browser)
         params = getattr(getattr(item, "callspec", None), "params", {})
         if params.get("runtime") == "runsc" and item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group("runsc"))

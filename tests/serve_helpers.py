@@ -16,7 +16,7 @@ import httpx
 import pytest
 import uvicorn
 
-from sandcell.agent import OpenAIModel
+from sandcell import OpenAIModel
 from sandcell.agent.hosting.listening import listening_socket
 from sandcell.agent.serve import ServeConfig, create_app
 from sandcell.sandbox import Limits

@@ -16,7 +16,8 @@ import nbformat
 import pandas as pd
 import pytest
 
-from sandcell.agent import Agent, OpenAIModel, Rules, prompts
+from sandcell import Agent, OpenAIModel, Rules
+from sandcell.agent import prompts
 from sandcell.agent.events import Final, Observation, Token
 from sandcell.agent.records.trace import read_trace
 from tests.cli_runner import sandcell
@@ -320,7 +321,7 @@ def test_replay_resets_where_the_session_did_and_warns_of_a_changed_input(tmp_pa
 KILLED_RUN = textwrap.dedent(
     """
     from tests.scripted_server import ScriptedServer
-    from sandcell.agent import Agent, OpenAIModel
+    from sandcell import Agent, OpenAIModel
     LOAD = {load!r}
     script = [
         {{"tool_calls": [{{"name": "python", "arguments": {{"code": LOAD + "print(len(df))"}}}}]}},

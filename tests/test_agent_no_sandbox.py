@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sandcell.agent import Agent, OpenAIModel, Rules, prompts
+from sandcell import Agent, OpenAIModel, Rules
+from sandcell.agent import prompts
 from sandcell.agent.records.trace import read_trace
 from sandcell.tools import profile as profile_module
 from tests.scripted_server import ScriptedServer, dead_url

@@ -20,6 +20,7 @@ def test_usage_error_exits_2():
     assert "Error: give the code either with -c CODE or as FILE (- for stdin)" in result.stderr
 
 
+@pytest.mark.docker  # asks the engine for the image
 def test_missing_image_exits_3_and_says_what_to_run():
     """A subprocess, because SANDCELL_IMAGE is read when the sandbox package loads."""
     env = dict(os.environ, SANDCELL_IMAGE="sandcell-no-such-image:0")

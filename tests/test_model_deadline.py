@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from sandcell.agent import Agent, OpenAIModel, Rules
+from sandcell import Agent, OpenAIModel, Rules
 from sandcell.agent.model.deadline import RequestDeadline
 from sandcell.agent.records.trace import read_trace
 from tests.cli_runner import sandcell

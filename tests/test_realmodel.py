@@ -20,7 +20,8 @@ import nbformat
 import pexpect
 import pytest
 
-from sandcell.agent import OpenAIModel, stops
+from sandcell import OpenAIModel
+from sandcell.agent import stops
 from sandcell.agent.records.trace import read_trace
 from sandcell.agent.seams import ModelError
 from tests.cli_runner import sandcell, sandcell_terminal

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from sandcell.agent import Agent, OpenAIModel, Rules
+from sandcell import Agent, OpenAIModel, Rules
 from sandcell.agent.model.redact import redact_url, scrub
 from tests.scripted_server import dead_url
 

@@ -34,6 +34,7 @@ def example_jobs(tmp_path: Path) -> Path:
 
 
 @pytest.mark.docker
+@pytest.mark.browser
 @pytest.mark.timeout(400)
 @pytest.mark.xdist_group("run")
 def test_the_worked_examples_report_opens_in_chromium_with_no_script(tmp_path):

@@ -12,7 +12,7 @@ import docker
 import docker.errors
 import pytest
 
-from sandcell.agent import Agent, OpenAIModel
+from sandcell import Agent, OpenAIModel
 from sandcell.agent.stops import Rules
 from sandcell.sandbox import DockerSandbox, Inputs, Limits, SandboxError, render
 from sandcell.sandbox import container as ctr

@@ -215,7 +215,10 @@ def test_the_offline_note_is_one_line_from_the_execution_alone():
     assert len(note_lines(Execution(error=gai))) == 1
     printed = Execution(stream=[StreamChunk("stderr", "ConnectionError: Network is unreachable\n")])
     assert len(note_lines(printed)) == 1
-    assert note_lines(Execution(error=ExecutionError("ZeroDivisionError", "division by zero", []))) == []
+    assert (
+        note_lines(Execution(error=ExecutionError("ZeroDivisionError", "division by zero", [])))
+        == []
+    )
     assert note_lines(Execution(stream=[StreamChunk("stdout", "connected rows: 5\n")])) == []
 
 

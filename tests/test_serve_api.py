@@ -71,6 +71,7 @@ def raw_upload(api, sid: str, filename: bytes, data: bytes):
 # -- without a sandbox: auth, caps, names ----------------------------------------------------------
 
 
+@pytest.mark.docker  # the server checks the engine as it starts
 @pytest.mark.timeout(60)
 def test_health_and_openapi_are_open_every_api_route_needs_a_known_token(base):
     with client(base, token=None) as anon:
@@ -96,6 +97,7 @@ def test_health_and_openapi_are_open_every_api_route_needs_a_known_token(base):
         assert api.get("/nowhere").json() == {"error": "Not Found"}
 
 
+@pytest.mark.docker  # the server checks the engine as it starts
 @pytest.mark.timeout(60)
 def test_a_body_over_the_cap_is_413_as_json(base):
     with client(base) as api:

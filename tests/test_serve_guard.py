@@ -81,6 +81,7 @@ def answer_of(sock: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
+@pytest.mark.docker  # the server checks the engine as it starts
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("token", [None, "not-a-token-of-this-server"])
 def test_an_upload_without_a_known_token_is_401_before_its_body_is_read(
@@ -109,6 +110,7 @@ def test_an_upload_without_a_known_token_is_401_before_its_body_is_read(
         assert files_under(data) == before
 
 
+@pytest.mark.docker  # the server checks the engine as it starts
 @pytest.mark.timeout(60)
 def test_a_known_token_in_header_or_cookie_passes_and_health_openapi_page_stay_open(
     model, tmp_path
@@ -126,6 +128,7 @@ def test_a_known_token_in_header_or_cookie_passes_and_health_openapi_page_stay_o
             assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
 
 
+@pytest.mark.docker  # the server checks the engine as it starts
 @pytest.mark.timeout(60)
 def test_host_header_loopback_names_pass_another_name_is_403_unless_allowed(model, tmp_path):
     with serving(config(model, tmp_path / "a", allowed_hosts=("sandcell.test",))) as base:
@@ -170,6 +173,7 @@ def test_an_allowed_host_that_is_not_a_name_is_a_usage_error():
         assert result.exit_code == 2 and "is not a host name" in result.stderr, value
 
 
+@pytest.mark.docker  # the server checks the engine as it starts
 @pytest.mark.timeout(60)
 def test_a_state_changing_request_from_another_origin_is_403(model, tmp_path):
     with serving(config(model, tmp_path / "data")) as base, client(base) as api:
@@ -195,6 +199,7 @@ def test_a_state_changing_request_from_another_origin_is_403(model, tmp_path):
 # -- signing in by link ---------------------------------------------------------------------------
 
 
+@pytest.mark.docker  # the server checks the engine as it starts
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("site", ["cross-site", "same-site"])
 def test_a_token_link_from_another_site_sets_no_cookie_and_asks_for_a_click(model, tmp_path, site):
@@ -213,6 +218,7 @@ def test_a_token_link_from_another_site_sets_no_cookie_and_asks_for_a_click(mode
         assert bad.status_code == 401
 
 
+@pytest.mark.docker  # the server checks the engine as it starts
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("site", ["none", "same-origin", None])
 def test_a_typed_or_own_navigation_sets_the_cookie(model, tmp_path, site):
@@ -231,6 +237,7 @@ def test_the_click_page_escapes_the_token():
     assert "<script>" not in page and 'value="a&quot;&gt;&lt;script&gt;' in page
 
 
+@pytest.mark.docker  # the server checks the engine as it starts
 @pytest.mark.timeout(60)
 def test_httpx_sees_the_401_of_a_whole_upload_sent_without_a_token(model, tmp_path):
     """A client that sends its whole body before reading reads the 401, not a reset: the

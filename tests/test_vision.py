@@ -12,7 +12,8 @@ import os
 import pytest
 from PIL import Image
 
-from sandcell.agent import Agent, OpenAIModel, context
+from sandcell import Agent, OpenAIModel
+from sandcell.agent import context
 from sandcell.agent.records.trace import read_trace
 from sandcell.agent.seams import ImagesUnsupported, ModelError
 from sandcell.agent.vision import IMAGE_CHARS, MAX_IMAGES, MAX_SIDE, figures_message

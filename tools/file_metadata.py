@@ -62,6 +62,7 @@ SPEC = Spec(
 
 
 InputsLike = Inputs | Mapping[str, str | Path] | Iterable[str | Path]
+_CacheKey = tuple[str, int, int, int, int, int] | tuple[str, str, object, object]
 
 
 class FileMetadata:
@@ -76,7 +77,9 @@ class FileMetadata:
         self.inputs = Inputs.from_paths(inputs, files_only=False)
         self.workspace = workspace
         self.caps = caps
-        self._cache = LRU(_CACHE_SIZE)  # profiles of unchanged files inside folder inputs
+        # profiles of unchanged files inside folder inputs (the path shown and the file's
+        # identity) and in the workspace ("workspace", the path, its size and mtime as stat'ed)
+        self._cache: LRU[_CacheKey, Profile] = LRU(_CACHE_SIZE)
 
     def describe(self, path: str) -> ToolOutcome:
         target = parse_request(path, self.inputs.names)
@@ -108,7 +111,9 @@ class FileMetadata:
             identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
             build = functools.partial(self._build, fd, st, target.shown)
             if len(target.parts) == 1:  # the input itself: its profile is kept with the inputs
-                return self.inputs.profile(target.parts[0], identity, build)
+                profile = self.inputs.profile(target.parts[0], identity, build)
+                assert isinstance(profile, Profile)  # what a `build` here made: Inputs keeps it
+                return profile
             key = (target.shown, *identity)
             return self._cache.get(key) or self._cache.put(key, build())
         finally:

@@ -7,7 +7,11 @@ import datetime as dt
 import time
 import zipfile
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:  # heavy: imported where a parquet file or a workbook shows up
+    import pyarrow.parquet as pq
+    from openpyxl.worksheet._read_only import ReadOnlyWorksheet
 
 MAGIC: list[tuple[bytes, str]] = [
     (b"PAR1", "parquet"),
@@ -75,15 +79,16 @@ def parquet_info(f: BinaryIO, size: int, sample_cap: int, distinct: int = 0) -> 
     flat = meta.num_columns == len(schema)  # nested columns have several leaf chunks
     columns = []
     for i, fld in enumerate(schema):
-        nulls = None
+        nulls: int | None = None
         if flat:
-            counts = []
+            counts: list[int] = []
             for g in range(meta.num_row_groups):
                 stats = meta.row_group(g).column(i).statistics
-                counts.append(
-                    stats.null_count if stats is not None and stats.has_null_count else None
-                )
-            nulls = sum(counts) if counts and None not in counts else None
+                if stats is None or not stats.has_null_count:
+                    break  # a row group without the count: the column's nulls are unknown
+                counts.append(stats.null_count)
+            else:
+                nulls = sum(counts) if counts else None
         columns.append(
             Column(fld.name, str(fld.type), nulls, "" if nulls is not None else "unknown")
         )
@@ -105,7 +110,7 @@ def parquet_info(f: BinaryIO, size: int, sample_cap: int, distinct: int = 0) -> 
     return info
 
 
-def _parquet_counts(pf, info: TableInfo, cap: int) -> None:
+def _parquet_counts(pf: pq.ParquetFile, info: TableInfo, cap: int) -> None:
     """Exact nulls, distinct values and duplicate rows of a parquet file read whole. A
     column type arrow cannot count or pandas cannot hash (nested lists) stays uncounted."""
     import pyarrow as pa
@@ -164,7 +169,7 @@ def xlsx_info(
 
 
 def _first_sheet(
-    ws, deadline: float, max_rows: int, extra: list[str], distinct: int = 0
+    ws: ReadOnlyWorksheet, deadline: float, max_rows: int, extra: list[str], distinct: int = 0
 ) -> TableInfo:
     rows_iter = ws.iter_rows(values_only=True)
     header = next(rows_iter, None)
@@ -176,7 +181,8 @@ def _first_sheet(
     values: list[set] = [set() for _ in names]  # at most max_rows each: scanning is capped
     rows_seen: set[tuple] = set()
     duplicates = 0
-    sample, scanned, finished = [], 0, True
+    sample: list[list[str]] = []
+    scanned, finished = 0, True
     for row in rows_iter:
         if scanned >= max_rows or time.monotonic() > deadline:
             finished = False

@@ -178,7 +178,7 @@ def read_fd(fd: int, limit: int, deadline: float) -> bytes:
 
 def list_dir_fd(fd: int, limit: int = 50) -> list[str]:
     """Entry names of an opened directory (symlinks and special files are marked, not followed)."""
-    out = []
+    out: list[str] = []
     with os.scandir(fd) as it:
         for entry in it:
             if len(out) >= limit:

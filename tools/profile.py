@@ -468,11 +468,12 @@ def _num(x: float | None) -> str:
 
 
 def human_size(n: int) -> str:
+    size: float = n  # an int while it is still bytes
     for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:,} bytes" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+        if size < 1024 or unit == "TiB":
+            return f"{size:,} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(size)
 
 
 def _rows_text(p: Profile) -> str:
@@ -495,8 +496,8 @@ def glance(p: Profile) -> str:
         return f"{p.kind}, {_rows_text(p)}"
     width = p.column_count or len(p.columns)
     line = f"{_rows_text(p)} × {width:,} column" + ("" if width == 1 else "s")
-    nulls = [c.nulls for c in p.columns]
-    if None in nulls:
+    nulls = [c.nulls for c in p.columns if c.nulls is not None]
+    if len(nulls) < len(p.columns):
         return line + ", missing values not counted"
     counted_in_part = width > len(p.columns) or any(c.nulls_note for c in p.columns)
     return line + f", {'at least ' if counted_in_part else ''}{sum(nulls):,} missing"

@@ -8,8 +8,9 @@ import logging
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
+from typing import Generic, TypedDict, TypeVar, Unpack
 
 import json_repair
 from jsonschema import Draft202012Validator
@@ -21,22 +22,26 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what the OpenAI API accepts a
 _CACHE_SIZE = 256
 
 
-class LRU:
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class LRU(Generic[K, V]):
     """A small thread-safe least-recently-used map: tool results, file profiles."""
 
     def __init__(self, size: int):
         self.size = size
-        self._items: OrderedDict = OrderedDict()
+        self._items: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key):
+    def get(self, key: K) -> V | None:
         with self._lock:
             hit = self._items.get(key)
             if hit is not None:
                 self._items.move_to_end(key)
             return hit
 
-    def put(self, key, value):
+    def put(self, key: K, value: V) -> V:
         with self._lock:
             self._items[key] = value
             while len(self._items) > self.size:
@@ -65,6 +70,14 @@ class Spec:
     parameters: dict  # JSON schema of the arguments (type object)
 
 
+class ToolOptions(TypedDict, total=False):
+    """Tool's optional fields, as Tool.of takes them."""
+
+    timeout_s: float
+    cacheable: bool
+    raises: tuple[type[Exception], ...]
+
+
 @dataclass
 class Tool:
     name: str
@@ -77,7 +90,9 @@ class Tool:
     raises: tuple[type[Exception], ...] = ()
 
     @classmethod
-    def of(cls, spec: Spec, function: Callable[..., str | ToolOutcome], **options) -> Tool:
+    def of(
+        cls, spec: Spec, function: Callable[..., str | ToolOutcome], **options: Unpack[ToolOptions]
+    ) -> Tool:
         """The tool `spec` defines, run by `function` (options: timeout_s, cacheable, raises)."""
         return cls(spec.name, spec.description, spec.parameters, function, **options)
 
@@ -108,7 +123,7 @@ class Registry:
             )  # a broken schema is a bug: fail early
             self._tools[tool.name] = tool
             self._validators[tool.name] = Draft202012Validator(tool.parameters)
-        self._cache = LRU(_CACHE_SIZE)
+        self._cache: LRU[tuple[str, str], ToolOutcome] = LRU(_CACHE_SIZE)
 
     @property
     def names(self) -> list[str]:
@@ -165,7 +180,8 @@ class Registry:
             if hit is not None:
                 return hit
         outcome = _run_with_timeout(tool, parsed)
-        if tool.cacheable and outcome.ok:  # failures (timeouts above all) are not worth remembering
+        # failures (timeouts above all) are not worth remembering
+        if key is not None and outcome.ok:  # key: set for cacheable tools alone
             self._cache.put(key, outcome)
         return outcome
 
@@ -246,7 +262,8 @@ def example_args(tool: Tool) -> str:
     return json.dumps(example, ensure_ascii=False)
 
 
-_JSON_TYPES = {str: "string", list: "array", dict: "object"}  # _json_type does the rest
+# _json_type does the rest
+_JSON_TYPES: dict[type, str] = {str: "string", list: "array", dict: "object"}
 
 
 def _json_type(value: object) -> str:
@@ -293,10 +310,17 @@ def _explain(err: ValidationError, schema: dict) -> str:
     return f"{arg}: {err.message}"
 
 
+class _Box(TypedDict, total=False):
+    """What the worker thread of _run_with_timeout hands back: a value or an error."""
+
+    value: object
+    error: BaseException
+
+
 def _run_with_timeout(tool: Tool, args: dict) -> ToolOutcome:
     """Run in a worker thread so a slow tool cannot stall the agent past its timeout. A thread
     cannot be killed, so tools must bound their own work; this is the backstop."""
-    box: dict[str, object] = {}
+    box: _Box = {}
 
     def target() -> None:
         try:

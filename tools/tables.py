@@ -14,6 +14,7 @@ import io
 import re
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import charset_normalizer
@@ -339,7 +340,7 @@ _limit_saved = 0
 
 
 @contextlib.contextmanager
-def _wide_fields():
+def _wide_fields() -> Iterator[None]:
     """csv's field size limit (process-wide, 131,072 characters by default) raised to
     FIELD_LIMIT while tables are parsed: one long cell, which pandas reads, is no reason to
     stop. Parses may overlap in threads; the last one to finish puts the old limit back."""

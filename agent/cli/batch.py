@@ -1,8 +1,11 @@
 """`sandcell batch JOBS.jsonl --output DIR --workers N`, or `--ray [ADDRESS]` for a Ray cluster."""
 
+from __future__ import annotations
+
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -20,6 +23,8 @@ from sandcell.agent.cli.options import (
 from sandcell.agent.jobs.batch import (
     RESULTS,
     Batch,
+    Executor,
+    Job,
     JobsError,
     JobSettings,
     ThreadExecutor,
@@ -28,6 +33,10 @@ from sandcell.agent.jobs.batch import (
 )
 from sandcell.agent.model.scripted import ScriptedModel
 from sandcell.sandbox.container import preflight
+
+if TYPE_CHECKING:
+    from sandcell.agent.jobs.ray_batch import RayExecutor
+    from sandcell.agent.seams import Model
 
 
 @click.command("batch")
@@ -77,18 +86,18 @@ from sandcell.sandbox.container import preflight
 @agent_options
 @exits.reported()
 def batch_cmd(
-    jobs_file,
-    output,
-    workers,
-    ray_address,
-    shared_paths,
-    max_input_mb,
-    no_progress,
-    recipe,
-    expect,
-    check_retries,
-    opts,
-):
+    jobs_file: Path,
+    output: Path,
+    workers: int,
+    ray_address: str | None,
+    shared_paths: bool,
+    max_input_mb: int,
+    no_progress: bool,
+    recipe: str | None,
+    expect: tuple[str, ...],
+    check_retries: int,
+    opts: dict[str, Any],
+) -> None:
     """Run every job of JOBS_FILE (one JSON object a line: {"id", "task", "inputs"}, and
     optionally "expect": {"output/clean.csv": "schema.yaml"}, schema paths relative to
     JOBS_FILE). --expect gives the jobs without their own "expect" these checks.
@@ -102,9 +111,9 @@ def batch_cmd(
         jobs = load_jobs(jobs_file, default_expect)
     except JobsError as error:
         raise click.UsageError(str(error)) from None
-    shared = None
+    shared: Model | None = None
 
-    def make_model(job):
+    def make_model(job: Job) -> Model:
         nonlocal shared
         if job.replay:
             return ScriptedModel(job.replay)
@@ -119,6 +128,7 @@ def batch_cmd(
         settings = recipe_settings(recipe, jobs, settings, output, ray_address)
     if not any(job.replay for job in jobs):
         make_model(jobs[0])  # a bad endpoint or key fails now (exit 4), not once per job
+    executor: Executor
     if ray_address is not None:
         executor = ray_executor(settings, ray_address, shared_paths, max_input_mb, opts)
     else:
@@ -133,7 +143,7 @@ def batch_cmd(
     sys.exit(batch_status(failed + unanswered))
 
 
-def refuse_misplaced_options(ray_address: str | None, opts: dict) -> None:
+def refuse_misplaced_options(ray_address: str | None, opts: dict[str, Any]) -> None:
     """Options that go with --ray only, or without it only, and --replay (one script cannot
     serve every job): usage errors before anything starts."""
     explicit = click.get_current_context().get_parameter_source
@@ -196,7 +206,9 @@ def say_what_recipes_did(records: list[dict]) -> None:
             terminal.echo(f"  {record['drift']}")
 
 
-def recipe_settings(recipe: str, jobs, settings: JobSettings, output: Path, ray_address):
+def recipe_settings(
+    recipe: str, jobs: list[Job], settings: JobSettings, output: Path, ray_address: str | None
+) -> JobSettings:
     """--recipe auto|DIR|FILE: every job needs checks (nothing else would tell a wrong output);
     a library must hold only recipes, a FILE must be one. Usage errors (exit 2) before any
     job starts. auto and DIR learn into OUT/recipes/ (a copy of DIR's first); on a Ray
@@ -222,6 +234,7 @@ def recipe_settings(recipe: str, jobs, settings: JobSettings, output: Path, ray_
         if given is not None and given.is_file():
             library = Library.single(given.resolve())
         elif ray_address is not None:
+            assert given is not None  # auto with --ray is refused above
             library = Library.load(given.resolve(), learning=False)
         else:
             library = start_library(given, output)
@@ -230,7 +243,13 @@ def recipe_settings(recipe: str, jobs, settings: JobSettings, output: Path, ray_
     return replace(settings, recipes=library)
 
 
-def ray_executor(settings: JobSettings, address, shared_paths, max_input_mb, opts):
+def ray_executor(
+    settings: JobSettings,
+    address: str,
+    shared_paths: bool,
+    max_input_mb: int,
+    opts: dict[str, Any],
+) -> RayExecutor:
     """The jobs on a Ray cluster: the nodes check Docker and the image themselves."""
     try:
         from sandcell.agent.jobs.ray_batch import RayExecutor, Settings

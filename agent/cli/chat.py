@@ -11,6 +11,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -29,7 +30,7 @@ from sandcell.agent.cli.options import (
     overwrite_option,
 )
 from sandcell.agent.cli.terminal import for_terminal
-from sandcell.agent.events import Question, Rebuilt, SandboxResumed, SessionStarted
+from sandcell.agent.events import Event, Question, Rebuilt, SandboxResumed, SessionStarted
 from sandcell.agent.records import history
 from sandcell.agent.records.replay import recorded_cells, rerun
 from sandcell.agent.records.trace import all_inputs, read_events
@@ -152,7 +153,13 @@ def _slash(command: str, session: Session, console: Console) -> bool:
 )
 @agent_options
 @exits.reported()
-def chat_cmd(inputs, output, overwrite, resume, opts):
+def chat_cmd(
+    inputs: tuple[Path, ...],
+    output: Path | None,
+    overwrite: bool,
+    resume: Path | None,
+    opts: dict[str, Any],
+) -> None:
     """Talk with the agent about your files."""
     console = Console(highlight=False)
     if resume is not None:
@@ -247,7 +254,7 @@ def pause(session: Session, console: Console) -> None:
     console.print(f"kernel paused in {paused.seconds:.1f} s ({paused.size / (1 << 20):.0f} MB)")
 
 
-def recorded(folder: Path) -> list:
+def recorded(folder: Path) -> list[Event]:
     """The events of the session in `folder`: UsageError when it holds none."""
     try:
         events = read_events(folder / "trace.jsonl")
@@ -258,7 +265,7 @@ def recorded(folder: Path) -> list:
     return events
 
 
-def continued(agent: Agent, folder: Path, events: list, console: Console) -> Session:
+def continued(agent: Agent, folder: Path, events: list[Event], console: Console) -> Session:
     """The session in `folder` again: its inputs, its conversation, and its kernel (restored
     from its pause, else rebuilt by re-running its cells)."""
     named = {item["name"]: Path(item["path"]) for item in all_inputs(events)}
@@ -268,7 +275,7 @@ def continued(agent: Agent, folder: Path, events: list, console: Console) -> Ses
     began, kept = time.monotonic(), (folder / PAUSED_DIR).is_dir()
     sandbox, why = restored(agent, folder, inputs)
     resumed = SandboxResumed(seconds=round(time.monotonic() - began, 2), error=why)
-    happened = [resumed] if kept else []
+    happened: list[Event] = [resumed] if kept else []
     if sandbox is not None:
         console.print(f"its kernel is back as it was (restored in {resumed.seconds:.1f} s)")
     elif cells:

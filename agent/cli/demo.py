@@ -14,6 +14,7 @@ from sandcell.agent.jobs.job_files import write_answer
 from sandcell.agent.model.openai_model import OpenAIModel
 from sandcell.agent.model.scripted import ScriptedModel
 from sandcell.agent.model.settings import endpoint_in
+from sandcell.agent.seams import Model
 from sandcell.agent.session import Agent
 
 DEMO = Path(__file__).parents[1] / "demo"  # agent/demo/: the data, package data of agent
@@ -30,6 +31,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--output", type=Path, default=Path("sandcell-out/demo"))
     args = parser.parse_args()
+    model: Model
     if endpoint_in():
         model = OpenAIModel()
         print(f"model: {model.name} at {model.where}")

@@ -38,7 +38,8 @@ class Check:
 
 def _engine_fix(error: BaseException) -> str:
     """How to fix an engine that does not answer, from how it failed."""
-    chain, said = error, str(error)
+    chain: BaseException | None = error
+    said = str(error)
     while chain is not None:  # the OSError under docker's and requests' wrappers
         if isinstance(chain, PermissionError) or getattr(chain, "errno", None) == errno.EACCES:
             return (

@@ -3,6 +3,8 @@
 import json
 import sys
 from dataclasses import replace
+from pathlib import Path
+from typing import IO, Any
 
 import click
 
@@ -38,8 +40,18 @@ def print_live(chunk: StreamChunk) -> None:
 @click.argument("file", required=False, type=click.File("r"))
 @exits.reported()
 def exec_cmd(
-    inputs, timeout, memory, output, rich_outputs, rich_mb, runtime, wheelhouse, as_json, code, file
-):
+    inputs: tuple[Path, ...],
+    timeout: float | None,
+    memory: int | None,
+    output: Path | None,
+    rich_outputs: int,
+    rich_mb: int,
+    runtime: str | None,
+    wheelhouse: str | None,
+    as_json: bool,
+    code: str | None,
+    file: IO[str] | None,
+) -> None:
     """Run Python in a fresh sandbox and print the observation.
 
     The code comes from -c CODE, from FILE, or from standard input (FILE = -).
@@ -47,8 +59,12 @@ def exec_cmd(
     2 usage error, 3 sandbox unavailable."""
     if (code is None) == (file is None):
         raise click.UsageError("give the code either with -c CODE or as FILE (- for stdin)")
-    source = code if code is not None else file.read()
-    overrides = {
+    if code is not None:
+        source = code
+    else:
+        assert file is not None  # -c or FILE, exactly one: checked above
+        source = file.read()
+    overrides: dict[str, Any] = {
         k: v for k, v in (("timeout_s", timeout), ("memory_mb", memory), ("runtime", runtime)) if v
     }
     limits = replace(

@@ -8,7 +8,7 @@ from sandcell.sandbox.container import REMOVAL_WAIT_S, engine, reap_orphans
 
 @click.command("gc")
 @exits.reported()
-def gc_cmd():
+def gc_cmd() -> None:
     """Remove sandbox containers whose owner process is gone."""
     removed = reap_orphans(engine(), wait_s=REMOVAL_WAIT_S)
     click.echo(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,6 +14,10 @@ from sandcell.agent.cli import exits
 from sandcell.agent.cli.options import runtime_option
 from sandcell.sandbox import image_build
 from sandcell.sandbox.container import DEFAULT_IMAGE, check_runtime, engine
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as Bar
+    from rich.progress import TaskID
 
 
 @click.group("image", invoke_without_command=True)
@@ -38,8 +43,8 @@ class Progress:
         from rich.console import Console
 
         self.console = Console(stderr=True)
-        self.bar = None
-        self.task = None
+        self.bar: Bar | None = None
+        self.task: TaskID | None = None
         self.started = time.monotonic()
 
     def say(self, line: str) -> None:
@@ -59,6 +64,7 @@ class Progress:
             )  # fmt: skip
             self.bar.start()
             self.task = self.bar.add_task("", total=n)
+        assert self.task is not None  # made with the bar
         self.bar.update(self.task, completed=i - 1, description=what[:60])
 
     def close(self) -> None:

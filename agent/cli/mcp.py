@@ -13,7 +13,8 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
-from typing import NoReturn
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -28,6 +29,11 @@ from sandcell.agent.cli.options import (
 )
 from sandcell.agent.hosting.server_options import server_options, users_of
 from sandcell.agent.seams import Terminated
+
+if TYPE_CHECKING:
+    from mcp.server.lowlevel import Server
+
+    from sandcell.sandbox import DockerSandbox, Inputs, Limits
 
 
 @click.command("mcp")
@@ -44,19 +50,19 @@ from sandcell.agent.seams import Terminated
 @limit_options
 @exits.reported()
 def mcp_cmd(
-    inputs,
-    output,
-    http,
-    host,
-    port,
-    users,
-    pool,
-    max_sessions,
-    idle_minutes,
-    allowed_hosts,
-    overwrite,
-    opts,
-):
+    inputs: tuple[Path, ...],
+    output: Path | None,
+    http: bool,
+    host: str,
+    port: int,
+    users: Path | None,
+    pool: int,
+    max_sessions: int,
+    idle_minutes: float,
+    allowed_hosts: tuple[str, ...],
+    overwrite: bool,
+    opts: dict[str, Any],
+) -> None:
     """Serve the sandbox to MCP clients: run_python, describe_file, list_files, read_file,
     write_file, calculator, export_outputs. Over stdio by default (one sandbox for the
     process); --http serves streamable HTTP at /mcp with bearer tokens, a sandbox per session."""
@@ -100,12 +106,12 @@ class HttpSettings:
     allowed_hosts: tuple[str, ...] = ()  # --allowed-host
 
 
-def _serve_stdio(limits, inputs, output) -> None:
+def _serve_stdio(limits: Limits, inputs: Inputs, output: Path | None) -> None:
     from sandcell.agent.mcp.server import SessionSandboxes, build_server, run_stdio
     from sandcell.sandbox import DockerSandbox
     from sandcell.sandbox.pool import warmed
 
-    def start():  # pandas loaded before the first call, as for a Session's sandbox
+    def start() -> DockerSandbox:  # pandas loaded before the first call, as for a Session's sandbox
         return warmed(DockerSandbox(limits, inputs))
 
     cells = SessionSandboxes(start, limits, inputs, output, per_session_output=False)
@@ -158,7 +164,9 @@ def _refuse_http_options() -> None:
             raise click.UsageError(f"{flag} is for --http; stdio has one client, its parent")
 
 
-def _serve_http(limits, inputs, output, settings: HttpSettings) -> None:
+def _serve_http(
+    limits: Limits, inputs: Inputs, output: Path | None, settings: HttpSettings
+) -> None:
     from sandcell.agent.mcp.server import SessionSandboxes, build_server
     from sandcell.sandbox import SandboxPool
 
@@ -173,7 +181,7 @@ def _serve_http(limits, inputs, output, settings: HttpSettings) -> None:
         warm.close()
 
 
-def _serve_on_socket(server, settings: HttpSettings) -> None:
+def _serve_on_socket(server: Server, settings: HttpSettings) -> None:
     from sandcell.agent.hosting.guard import Hosts
     from sandcell.agent.hosting.listening import (
         listening_socket,

@@ -7,9 +7,10 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from click.core import ParameterSource
@@ -28,11 +29,19 @@ from sandcell.agent.vision import VISION_ENV
 from sandcell.sandbox.limits import Limits
 
 if TYPE_CHECKING:
+    from sandcell.agent.events import OnEvent
+    from sandcell.agent.output_checks import Expect
     from sandcell.agent.seams import Model
     from sandcell.agent.session import Agent
 
+# What click's decorators take and give back: a function, or a command already made
+FC = TypeVar("FC", bound=Callable[..., Any] | click.Command)
+R = TypeVar("R")
+# An option decorator, as the shared lists hold them
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
-def input_option(help_text: str):
+
+def input_option(help_text: str) -> Callable[[FC], FC]:
     """The repeatable --input PATH option: an existing file, mounted read-only."""
     return click.option(
         "--input",
@@ -43,7 +52,7 @@ def input_option(help_text: str):
     )
 
 
-def output_option(help_text: str, required: bool = False):
+def output_option(help_text: str, required: bool = False) -> Callable[[FC], FC]:
     """The --output DIR option: a folder (made if missing), given as a Path."""
     return click.option(
         "--output",
@@ -63,7 +72,7 @@ RICH_OUTPUTS = click.IntRange(0, 1000)
 RICH_MB = click.IntRange(1, 1024)
 
 
-def rich_options(command):
+def rich_options(command: FC) -> FC:
     """--max-rich-outputs N and --max-rich-mb MB: the rich outputs a cell keeps (displays and
     its value, figures among them), capped in the kernel and again on the host."""
     command = click.option(
@@ -84,7 +93,7 @@ def rich_options(command):
     )(command)
 
 
-def runtime_option(command):
+def runtime_option(command: FC) -> FC:
     """--runtime NAME: the engine's OCI runtime for the sandbox (runsc: gVisor). Any name the
     engine registered is fine, so it is checked against `docker info` before a start (exit 3
     pointing to `sandcell doctor`), not against a fixed list here."""
@@ -116,7 +125,7 @@ def _wheelhouse(ctx: click.Context, param: click.Parameter, value: str | None) -
     return str(house.path.resolve())
 
 
-def wheelhouse_option(command):
+def wheelhouse_option(command: FC) -> FC:
     """--wheelhouse DIR|none: the operator's packages `%pip install` may take, offline."""
     return click.option(
         "--wheelhouse",
@@ -165,7 +174,7 @@ def output_folder(folder: Path, overwrite: bool) -> Path:
     return folder
 
 
-def overwrite_option(command):
+def overwrite_option(command: FC) -> FC:
     return click.option(
         "--overwrite",
         is_flag=True,
@@ -174,7 +183,7 @@ def overwrite_option(command):
 
 
 # No envvar= on the endpoint's options: ModelSettings.from_env reads those variables (once).
-_OPTIONS = [
+_OPTIONS: list[Decorator] = [
     click.option("--model", "model_name", help=f"Model name at the endpoint [env {MODEL_ENV}]."),
     click.option(
         "--base-url",
@@ -229,7 +238,7 @@ _OPTIONS = [
 ]
 
 # The sandbox limits: part of the agent options, and on their own for `mcp`.
-_LIMIT_OPTIONS = [
+_LIMIT_OPTIONS: list[Decorator] = [
     click.option(
         "--timeout",
         "timeout_s",
@@ -260,31 +269,34 @@ _LIMIT_NAMES = ["timeout_s", "memory_mb", "cpus", "rich_outputs", "rich_mb", "ru
 _LIMIT_NAMES += ["wheelhouse"]
 
 
-def _gathered(command, options: list, names: list[str]):
+def _gathered(
+    command: Callable[..., R], options: list[Decorator], names: list[str]
+) -> Callable[..., R]:
     """Add the options; the command receives them as `opts` (a dict)."""
 
     @functools.wraps(command)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> R:
         opts = {name: kwargs.pop(name) for name in names}
         return command(*args, opts=opts, **kwargs)
 
+    decorated: Callable[..., R] = wrapper
     for option in reversed(options):
-        wrapper = option(wrapper)
-    return wrapper
+        decorated = option(decorated)
+    return decorated
 
 
-def agent_options(command):
+def agent_options(command: Callable[..., R]) -> Callable[..., R]:
     """Add the model and limit options; the command receives them as `opts` (a dict), the
     endpoint's as one value, opts["model"] (ModelSettings), resolved before the command runs."""
 
     @functools.wraps(command)
-    def resolved(*args, opts: dict, **kwargs):
+    def resolved(*args: Any, opts: dict[str, Any], **kwargs: Any) -> R:
         return command(*args, opts=with_model_settings(opts), **kwargs)
 
     return _gathered(resolved, _OPTIONS + _LIMIT_OPTIONS, _MODEL_NAMES + _LIMIT_NAMES)
 
 
-def with_model_settings(opts: dict) -> dict:
+def with_model_settings(opts: dict[str, Any]) -> dict[str, Any]:
     """opts with the endpoint's flags replaced by opts["model"]: each flag given wins, else its
     variable, else the default. A bad SANDCELL_MAX_TOKENS is a usage error (exit 2)."""
     from sandcell.agent.seams import ModelError
@@ -303,13 +315,13 @@ def with_model_settings(opts: dict) -> dict:
     return opts
 
 
-def limit_options(command):
+def limit_options(command: Callable[..., R]) -> Callable[..., R]:
     """Add the sandbox limit options only (--timeout, --memory, --cpus, --max-rich-outputs,
     --max-rich-mb, --runtime, --wheelhouse), as `opts`."""
     return _gathered(command, _LIMIT_OPTIONS, _LIMIT_NAMES)
 
 
-def build_model(opts: dict) -> Model:
+def build_model(opts: dict[str, Any]) -> Model:
     from sandcell.agent.model.openai_model import OpenAIModel
     from sandcell.agent.model.scripted import ScriptedModel
 
@@ -318,7 +330,7 @@ def build_model(opts: dict) -> Model:
     return OpenAIModel.from_settings(opts["model"])
 
 
-def build_agent(opts: dict, on_event=None) -> Agent:
+def build_agent(opts: dict[str, Any], on_event: OnEvent | None = None) -> Agent:
     """The agent of `run` and `chat`. A missing engine or image is said now (exit 3), before
     any question; the sandbox itself starts in the background with the session."""
     from sandcell.agent.session import Agent
@@ -337,7 +349,7 @@ def build_agent(opts: dict, on_event=None) -> Agent:
     )
 
 
-def build_limits(opts: dict) -> Limits:
+def build_limits(opts: dict[str, Any]) -> Limits:
     return replace(
         Limits(),
         timeout_s=opts["timeout_s"],
@@ -350,14 +362,14 @@ def build_limits(opts: dict) -> Limits:
     )
 
 
-def build_rules(opts: dict) -> Rules:
+def build_rules(opts: dict[str, Any]) -> Rules:
     rules = replace(Rules(), max_steps=opts["max_steps"], wall_s=opts["wall_s"])
     if opts.get("check_retries") is not None:  # run and batch: --check-retries
         rules = replace(rules, check_retries=opts["check_retries"])
     return rules
 
 
-def check_options(command):
+def check_options(command: FC) -> FC:
     """--expect OUT=SCHEMA (repeatable) and --check-retries N, for run and batch."""
     command = click.option(
         "--check-retries",
@@ -376,7 +388,7 @@ def check_options(command):
     )(command)
 
 
-def expect_option_value(pairs: tuple[str, ...]) -> dict:
+def expect_option_value(pairs: tuple[str, ...]) -> Expect:
     """--expect values loaded (schema paths relative to here); a bad one exits 2."""
     from sandcell.agent.output_checks import ExpectError, parse_pairs
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from sandcell.agent.cli import exits, terminal
 
+if TYPE_CHECKING:
+    from sandcell.sandbox.wheelhouse import Wheelhouse
 
-def _house(value: str | None):
+
+def _house(value: str | None) -> Wheelhouse:
     from sandcell.sandbox.wheelhouse import Wheelhouse, default_dir
 
     return Wheelhouse(Path(value).expanduser() if value else default_dir())
@@ -45,7 +49,12 @@ def packages_cmd() -> None:
               "wheelhouse's, else the sandbox image's].")  # fmt: skip
 @folder_option
 @exits.reported()
-def add_cmd(wanted, requirement_files, python, wheelhouse) -> None:
+def add_cmd(
+    wanted: tuple[str, ...],
+    requirement_files: tuple[Path, ...],
+    python: str | None,
+    wheelhouse: str | None,
+) -> None:
     """Download wheels for NAME (and what it needs, held to the image's pinned versions), or
     take local .whl files, into the wheelhouse. Nothing is added unless all of it resolves.
     Exit 0 added, 1 refused (the wheelhouse unchanged), 2 usage, 3 no engine to ask the
@@ -80,7 +89,7 @@ def add_cmd(wanted, requirement_files, python, wheelhouse) -> None:
         terminal.echo(f"not kept, the image has them: {', '.join(said.in_image)}")
 
 
-def _python_for(house) -> str:
+def _python_for(house: Wheelhouse) -> str:
     """The wheelhouse's Python, else the image's (asked of the engine)."""
     if house.exists():
         return house.python

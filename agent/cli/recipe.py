@@ -79,6 +79,7 @@ def list_library(folder: Path) -> None:
         return
     for entry in library.entries:
         layout = entry.recipe.layout
+        assert layout is not None  # Library.load refuses a recipe without one
         count = None if solved is None else solved.get(entry.name, 0)
         jobs = "" if count is None else f"; solved {count} job" + ("" if count == 1 else "s")
         terminal.echo(f"{entry.name}: layout {layout.key} ({layout.describe()}){jobs}")

@@ -12,7 +12,7 @@ from sandcell.agent.jobs.batch_report import ReportError, rebuild
 @click.command("report")
 @click.argument("folder", metavar="DIR", type=click.Path(path_type=Path))
 @exits.reported()
-def report_cmd(folder: Path):
+def report_cmd(folder: Path) -> None:
     """Rebuild the batch report of DIR (the --output folder of `sandcell batch`)."""
     try:
         html, md = rebuild(folder)

@@ -3,6 +3,8 @@ and what the code made: /workspace/output to output/, charts to figures/, every 
 it wrote to workspace/. On a terminal the steps show as they happen (--quiet: not)."""
 
 import sys
+from pathlib import Path
+from typing import Any
 
 import click
 
@@ -36,7 +38,16 @@ from sandcell.sandbox.inputs import Inputs
 @check_options
 @agent_options
 @exits.reported()
-def run_cmd(task, inputs, output, overwrite, quiet, expect, check_retries, opts):
+def run_cmd(
+    task: str,
+    inputs: tuple[Path, ...],
+    output: Path,
+    overwrite: bool,
+    quiet: bool,
+    expect: tuple[str, ...],
+    check_retries: int,
+    opts: dict[str, Any],
+) -> None:
     """Run one task to its end (exit 0 when answered, else non-zero with the stop reason;
     Ctrl-C or SIGTERM keep what was done and exit 130 or 143). With --expect the answer is
     accepted only once those outputs pass their schemas (else exit 1, checks_failed)."""
@@ -66,7 +77,7 @@ def run_cmd(task, inputs, output, overwrite, quiet, expect, check_retries, opts)
         said = "passed" if result.checks["passed"] else "FAILED"
         terminal.echo(f"checks: {said} (see {output / 'answer.md'})", err=True)
     click.echo(f"trace: {result.trace_path}\nnotebook: {result.notebook_path}", err=True)
-    if result.answered:
+    if result.answer is not None and result.answered:  # answered: it has one
         terminal.echo(result.answer)
         return
     if result.stop_reason in (stops.INTERRUPTED, stops.TERMINATED):

@@ -7,7 +7,9 @@ its open requests, then every session ends and every container is removed."""
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
@@ -20,8 +22,11 @@ from sandcell.agent.hosting.listening import (
 )
 from sandcell.agent.hosting.server_options import server_options, users_of
 
+if TYPE_CHECKING:
+    from sandcell.agent.serve import ServeConfig
 
-def claim_data(data: Path):
+
+def claim_data(data: Path) -> TextIO:
     """The --data folder for this server alone: two servers on one folder would resume the
     same sessions and write the same traces. An flock on DATA/.lock, held while the process
     lives (the kernel lets it go however the process ends, kill -9 too)."""
@@ -100,20 +105,20 @@ def claim_data(data: Path):
 @agent_options
 @exits.reported()
 def serve_cmd(
-    host,
-    port,
-    data,
-    users,
-    max_sessions,
-    max_sessions_per_user,
-    max_user_mb,
-    pool,
-    idle_minutes,
-    max_upload_mb,
-    allowed_hosts,
-    stop_grace,
-    opts,
-):
+    host: str,
+    port: int,
+    data: Path,
+    users: Path | None,
+    max_sessions: int,
+    max_sessions_per_user: int | None,
+    max_user_mb: float,
+    pool: int,
+    idle_minutes: float,
+    max_upload_mb: float,
+    allowed_hosts: tuple[str, ...],
+    stop_grace: float,
+    opts: dict[str, Any],
+) -> None:
     """Serve sessions over HTTP: a page for people (upload files, ask, see the code, outputs
     and answer as they come) and a JSON API with a live event stream for programs."""
     from sandcell.agent.serve import ServeConfig, create_app
@@ -156,7 +161,7 @@ def serve_cmd(
         claimed.close()  # every session ended: --data is free for the next server
 
 
-def say_where(sock, config, users_file: Path | None) -> None:
+def say_where(sock: socket.socket, config: ServeConfig, users_file: Path | None) -> None:
     """The URLs of the page and the API; without --users, the one token they take."""
     from sandcell.agent.hosting.users import DEFAULT_USER
 

@@ -85,7 +85,8 @@ def _clip(text: str) -> str:
 def _grid(rows: list[list[tuple]]) -> list[list[tuple[str, bool]]]:
     """Rows of (text, is_header) with colspans and rowspans filled in (with blanks, as pandas
     leaves a repeated index label blank)."""
-    grid, spanning = [], {}  # column -> rows it still spans
+    grid: list[list[tuple[str, bool]]] = []
+    spanning: dict[int, int] = {}  # column -> rows it still spans
     for row in rows:
         line: list[tuple[str, bool]] = []
         cells = iter(row)

@@ -57,7 +57,8 @@ class Hosts:
 
     @cached_property
     def names(self) -> frozenset[str]:  # as hostname_of gives them: no port, lower case
-        return frozenset(n if n == ANY else hostname_of(n) for n in self.allowed) - {None}
+        names = (n if n == ANY else hostname_of(n) for n in self.allowed)
+        return frozenset(n for n in names if n is not None)
 
     def allows(self, name: str) -> bool:
         if ANY in self.names or name in self.names or loopback(name):

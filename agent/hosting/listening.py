@@ -4,10 +4,14 @@ Ctrl-C or SIGTERM, and a warning when it listens beyond this machine."""
 from __future__ import annotations
 
 import socket
+from typing import TYPE_CHECKING
 
 import click
 
 from sandcell.agent.hosting.guard import loopback
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
 
 GRACE_S = 5  # open streams get this long after Ctrl-C before they are cut
 
@@ -38,7 +42,7 @@ def warn_beyond_loopback(command: str, host: str) -> None:
         )
 
 
-def run_until_stopped(app, sock: socket.socket) -> None:
+def run_until_stopped(app: ASGIApp, sock: socket.socket) -> None:
     """uvicorn on the bound socket until Ctrl-C or SIGTERM, which it re-raises once it has
     stopped gracefully (open requests get GRACE_S)."""
     import uvicorn

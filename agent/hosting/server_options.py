@@ -4,9 +4,13 @@ its help says so."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
+
+F = TypeVar("F", bound=Callable[..., Any])  # the command function the options decorate
 
 ALLOWED_HOST_HELP = (
     "A name (Host header) this server answers to besides loopback names and the --host "
@@ -14,7 +18,9 @@ ALLOWED_HOST_HELP = (
 )
 
 
-def allowed_hosts_option(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+def allowed_hosts_option(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> tuple[str, ...]:
     from sandcell.agent.hosting.guard import allowed_host_problem
 
     for value in values:
@@ -24,7 +30,9 @@ def allowed_hosts_option(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]
     return values
 
 
-def server_options(port: int, *, sessions_help: str, idle_help: str, http_only: bool = False):
+def server_options(
+    port: int, *, sessions_help: str, idle_help: str, http_only: bool = False
+) -> Callable[[F], F]:
     """--host, --port, --users, --max-sessions, --pool, --idle-minutes, --allowed-host."""
 
     def said(text: str) -> str:
@@ -70,7 +78,7 @@ def server_options(port: int, *, sessions_help: str, idle_help: str, http_only: 
         ),
     ]
 
-    def apply(command):
+    def apply(command: F) -> F:
         for option in reversed(options):
             command = option(command)
         return command

@@ -16,6 +16,7 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from sandcell.sandbox.inputs import Inputs
 from sandcell.tools.file_metadata import InputsLike, profile_file
@@ -123,7 +124,8 @@ def audit(inputs: InputsLike, files: Iterable[str | Path], folder: Path) -> dict
     `files` the host paths of what was copied back into `folder`."""
     inputs = Inputs.from_paths(inputs, files_only=False)  # the API's Job takes plain paths too
     notes: list[str] = []
-    ins, outs = [], []
+    ins: list[dict[str, Any]] = []
+    outs: list[dict[str, Any]] = []
     for item in inputs:
         if len(ins) >= MAX_FILES:
             notes.append(f"only the first {MAX_FILES} input tables were audited")

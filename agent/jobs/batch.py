@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from tqdm import tqdm
 
@@ -35,9 +35,9 @@ from sandcell.agent.jobs.recipe_runner import AGENT, RECIPE, Tried, try_recipes
 from sandcell.agent.model.scripted import ScriptedModel, ScriptError
 from sandcell.agent.output_checks import Expect, ExpectError, load_expect
 from sandcell.agent.seams import Model, RunResult, Terminated
-from sandcell.agent.session import Agent
+from sandcell.agent.session import Agent, Session
 from sandcell.agent.stops import Rules
-from sandcell.sandbox import InputError, Inputs, Limits, SandboxPool
+from sandcell.sandbox import DockerSandbox, InputError, Inputs, Limits, Sandbox, SandboxPool
 
 log = logging.getLogger(__name__)
 RESULTS = batch_report.RESULTS  # "results.jsonl"
@@ -114,17 +114,17 @@ def _lines(path: Path) -> list[str]:
 RETRIED_STOPS = {stops.MODEL_ERROR, stops.SANDBOX_ERROR, stops.INTERRUPTED, stops.TERMINATED}
 
 
-def settled(record: dict) -> bool:
+def settled(record: dict[str, Any]) -> bool:
     """Whether a recorded job is finished for good (a rerun skips it)."""
     if record.get("status") == "answered":
         return True
     return record.get("status") == "stopped" and record.get("stop_reason") not in RETRIED_STOPS
 
 
-def finished(output: Path) -> dict[str, dict]:
+def finished(output: Path) -> dict[str, dict[str, Any]]:
     """Results already recorded, the last line of an id winning; a torn last line (killed
     mid-write) counts as not done."""
-    done = {}
+    done: dict[str, dict[str, Any]] = {}
     for line in _lines(output / RESULTS):
         try:
             record = json.loads(line)
@@ -138,13 +138,13 @@ class Running:
     """The sessions running now, so Ctrl-C or SIGTERM can stop them all; once stopping, a
     session made afterwards is cancelled as it registers."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sessions: set = set()
+        self._sessions: set[Session] = set()
         self.stopping: str | None = None  # the stop reason once Ctrl-C or SIGTERM came
 
     @contextmanager
-    def tracked(self, session) -> Iterator[None]:
+    def tracked(self, session: Session) -> Iterator[None]:
         with self._lock:
             self._sessions.add(session)
             stopping = self.stopping
@@ -203,7 +203,7 @@ def run_job(
     pool: SandboxPool | None,
     running: Running,
     learning: LayoutLearning | None = None,
-) -> dict | None:
+) -> dict[str, Any] | None:
     """Run one job into `folder` (made afresh) and return its line of results.jsonl, or
     PARKED when the job waits for another's agent run to learn its layout (nothing is
     recorded, its sandbox is given back, `learning` requeues it). The one job body: the local
@@ -211,13 +211,16 @@ def run_job(
     starts one."""
     paths = [item.path for item in Inputs.from_paths(job.inputs)]  # Inputs, or a list of paths
     layout = Layout.of(paths) if settings.recipes is not None else None
-    if learning is not None and learning.park_if_learning(layout.key, job):
-        return PARKED
-    learned = learning.learned(layout.key) if learning is not None else 0
+    learned = 0
+    if learning is not None:
+        assert layout is not None  # a batch learns layouts only with recipes
+        if learning.park_if_learning(layout.key, job):
+            return PARKED
+        learned = learning.learned(layout.key)
     attempt = Attempt(settings, pool, learning, layout, learned)
     fresh_folder(folder)  # an unfinished earlier attempt's is removed
     started = time.monotonic()
-    record = {"id": job.id, "task": job.task}
+    record: dict[str, Any] = {"id": job.id, "task": job.task}
     acquire = functools.partial(pool.acquire, inputs=job.inputs) if pool else None
     solved = PARKED
     try:
@@ -240,6 +243,7 @@ def run_job(
         write_job_files(result, job.inputs, folder)
         record.update(_results_line(result, folder, tried, layout))
         if settings.recipes is not None and settings.recipes.learning:
+            assert layout is not None and tried is not None  # both come with recipes
             _learn(settings.recipes, folder, layout, tried, record)
     except Exception as error:  # one job's failure is recorded, never stops the batch
         if solved is PARKED and learning is not None and learning.is_parked(job):
@@ -250,30 +254,41 @@ def run_job(
     return record
 
 
-def _solve(job: Job, session, attempt: Attempt) -> tuple[RunResult, Tried | None] | None:
+def _give_back(pool: SandboxPool, sandbox: Sandbox) -> None:
+    """A session's hand_back in a batch: its sandbox is the pool's (acquired for the job)."""
+    assert isinstance(sandbox, DockerSandbox), sandbox
+    pool.release(sandbox)
+
+
+def _solve(job: Job, session: Session, attempt: Attempt) -> tuple[RunResult, Tried | None] | None:
     """The recipes first, with no model, then the agent; PARKED when another job's agent
     run learns this layout now (or learnt it since this job chose its recipes)."""
     recipes, pool, learning = attempt.settings.recipes, attempt.pool, attempt.learning
-    tried = try_recipes(session, recipes.candidates(attempt.layout)) if recipes else None
-    if tried is not None and tried.result is not None:
+    if recipes is None:  # the agent alone (a batch learns layouts only with recipes)
+        return session.ask(job.task), None
+    assert attempt.layout is not None  # run_job knows the layout whenever there are recipes
+    tried = try_recipes(session, recipes.candidates(attempt.layout))
+    if tried.result is not None:
         if tried.solved_by is not None:
             recipes.solved(tried.solved_by)
         if pool is not None and tried.result.answered:  # no model ran: renewed, reused
-            session.hand_back = pool.release
+            session.hand_back = functools.partial(_give_back, pool)
         return tried.result, tried
     if learning is not None and not learning.claim(attempt.layout.key, job, attempt.learned_before):
         if pool is not None:  # only recipes ran: renewed, reused
-            session.hand_back = pool.release
+            session.hand_back = functools.partial(_give_back, pool)
         return PARKED
-    if tried is not None and tried.tried:
+    if tried.tried:
         session.start_over()  # the agent on a clean slate too
-    handover = tried.handover if tried is not None else ""
+    handover = tried.handover
     return session.ask(f"{job.task}\n\n{handover}" if handover else job.task), tried
 
 
-def _results_line(result: RunResult, folder: Path, tried: Tried | None, layout) -> dict:
+def _results_line(
+    result: RunResult, folder: Path, tried: Tried | None, layout: Layout | None
+) -> dict[str, Any]:
     """What results.jsonl says of a job that ran (its id, task and duration aside)."""
-    line = {
+    line: dict[str, Any] = {
         "status": _status(result),
         "stop_reason": result.stop_reason,
         "answer": result.answer,
@@ -298,7 +313,9 @@ def _results_line(result: RunResult, folder: Path, tried: Tried | None, layout) 
     return line
 
 
-def _learn(library: Library, folder: Path, layout: Layout, tried: Tried, record: dict) -> None:
+def _learn(
+    library: Library, folder: Path, layout: Layout, tried: Tried, record: dict[str, Any]
+) -> None:
     """A recipe from a passed agent run, added to the library: the results line says which,
     and, when its layout had recipes already and they failed, that the layout drifted."""
     if record.get("solved_by") != AGENT or not (record.get("checks") or {}).get("passed"):
@@ -316,13 +333,13 @@ def _learn(library: Library, folder: Path, layout: Layout, tried: Tried, record:
         record["drift"] = f"new recipe for a known layout: {own[0]} {how} on job {record['id']}"
 
 
-def _failed_how(failure: dict) -> str:
+def _failed_how(failure: dict[str, Any]) -> str:
     if failure.get("cell") is not None:
         return f"failed in its cell {failure['cell']} ({failure.get('error')})"
     return f"failed ({failure.get('error')})"
 
 
-def _status(result) -> str:
+def _status(result: RunResult) -> str:
     if result.answered:
         return "answered"
     if result.stop_reason in (stops.INTERRUPTED, stops.TERMINATED):
@@ -331,7 +348,7 @@ def _status(result) -> str:
     return "failed" if result.stop_reason == stops.CHECKS_FAILED else "stopped"
 
 
-def failed(job: Job, error: str) -> dict:
+def failed(job: Job, error: str) -> dict[str, Any]:
     """The results line of a job that failed outright (its error said)."""
     return {"id": job.id, "task": job.task, "status": "failed", "stop_reason": "error",
             "error": error, "duration_s": 0.0}  # fmt: skip
@@ -353,7 +370,7 @@ class Executor(Protocol):
 
     def __exit__(self, *exc: object) -> None: ...
 
-    def run(self, jobs: list[Job], batch: "Batch") -> list[dict]:
+    def run(self, jobs: list[Job], batch: "Batch") -> list[dict[str, Any]]:
         """Run `jobs`, each into batch.output/<id>/; call batch.started() as one starts and
         batch.record(record) as one ends; return the records. On Ctrl-C or SIGTERM
         (KeyboardInterrupt): stop the running jobs, record them as they end, start no more,
@@ -409,7 +426,7 @@ class ThreadExecutor:
     def __exit__(self, *exc: object) -> None:
         pass  # run() removes its pool and threads itself
 
-    def run(self, jobs: list[Job], batch: "Batch") -> list[dict]:
+    def run(self, jobs: list[Job], batch: "Batch") -> list[dict[str, Any]]:
         running, queue = Running(), JobQueue(jobs)
         recipes = self.settings.recipes
         learning = LayoutLearning(queue.requeue) if recipes and recipes.learning else None
@@ -418,7 +435,7 @@ class ThreadExecutor:
         # (under the engine's default runtime: a gVisor sandbox is never renewed).
         renewed = recipes is not None and self.settings.limits.runtime is None
         size = min(self.workers + (not renewed), len(jobs))
-        records: list[dict] = []
+        records: list[dict[str, Any]] = []
         with (
             SandboxPool(size=size, limits=self.settings.limits) as pool,
             ThreadPoolExecutor(max_workers=self.workers) as threads,
@@ -436,7 +453,15 @@ class ThreadExecutor:
                 threads.shutdown(wait=True, cancel_futures=True)
                 raise
 
-    def _work(self, queue: JobQueue, batch: "Batch", pool, running, learning, records) -> None:
+    def _work(
+        self,
+        queue: JobQueue,
+        batch: "Batch",
+        pool: SandboxPool,
+        running: Running,
+        learning: LayoutLearning | None,
+        records: list[dict[str, Any]],
+    ) -> None:
         """One thread: job after job until none is left (or a stop came)."""
         while (job := queue.take()) is not None:
             if running.stopping:  # taken as the stop came: not started, nothing recorded
@@ -451,7 +476,14 @@ class ThreadExecutor:
                 if not parked:
                     queue.ended()
 
-    def _one(self, job: Job, batch: "Batch", pool, running, learning) -> dict | None:
+    def _one(
+        self,
+        job: Job,
+        batch: "Batch",
+        pool: SandboxPool,
+        running: Running,
+        learning: LayoutLearning | None,
+    ) -> dict[str, Any] | None:
         folder = batch.output / job.id
         batch.started(waited=job.id in self._parked)
         self._parked.discard(job.id)
@@ -464,6 +496,7 @@ class ThreadExecutor:
             if record is PARKED:
                 self._parked.add(job.id)  # before it can be requeued
                 batch.parked()
+                assert learning is not None  # only a batch that learns parks a job
                 learning.settled(job)
                 return None
             batch.record(record)
@@ -483,10 +516,11 @@ class Batch:
         self._lock = threading.Lock()
         self._report_lock = threading.Lock()
         self._reporting = self._report_due = False
-        self.counts: dict = {"done": 0, "failed": 0, "running": 0}
+        # job counts, then an executor's figures (show): Ray's "slots" is a "2/4" string
+        self.counts: dict[str, Any] = {"done": 0, "failed": 0, "running": 0}
         self.skipped = 0  # jobs finished by an earlier run
 
-    def run(self) -> list[dict]:
+    def run(self) -> list[dict[str, Any]]:
         """Every job not finished for good yet. Ctrl-C or SIGTERM stops the running jobs (their
         cells interrupted, before their next model call), records them as interrupted (a rerun
         redoes them), starts no more, removes every container, then re-raises."""
@@ -535,7 +569,7 @@ class Batch:
                 self._reporting = False
             raise
 
-    def _rewrite(self, records: list[dict]) -> None:
+    def _rewrite(self, records: list[dict[str, Any]]) -> None:
         temporary = self.output / (RESULTS + ".tmp")
         with open(temporary, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in records)
@@ -558,13 +592,13 @@ class Batch:
             self.counts["waiting"] = self.counts.get("waiting", 0) + 1
             self.bar.set_postfix(self.counts, refresh=True)
 
-    def show(self, **figures) -> None:
+    def show(self, **figures: int | str) -> None:
         """Figures beside the bar (an executor adds its own: Ray's nodes and slots)."""
         with self._lock:
             self.counts.update(figures)
             self.bar.set_postfix(self.counts, refresh=True)
 
-    def record(self, record: dict) -> None:
+    def record(self, record: dict[str, Any]) -> None:
         """A job ended: its line appended to results.jsonl (flushed to disk), the report
         rewritten, the bar moved."""
         with self._lock:

@@ -31,12 +31,15 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import ray
+from ray.actor import ActorProxy
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from sandcell.agent import stops
@@ -64,6 +67,10 @@ NODE_RETRIES = 3  # runs of a job again after its worker or node died
 SCRATCH_PREFIX = "sandcell-ray-"  # a job's folder on its node (its inputs, its output)
 SCRATCH_LOCK = ".in-use"  # flocked by the job while it runs
 REFRESH_S = 2.0  # how often the driver looks for new nodes (and updates the bar's figures)
+
+Outcome = tuple[dict[str, Any], dict[str, bytes]]  # a job's record, its folder's files
+KeyBox = list[ray.ObjectRef[str]]  # the API key as an object (RayExecutor._key_box)
+Blobs = dict[str, ray.ObjectRef[bytes]]  # a job's inputs in the object store, by name
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,7 @@ def runner_name(node_id: str) -> str:
 class NodeRunner:
     """One per node: its warm pool and the jobs running there (so a stop reaches them)."""
 
-    def __init__(self, pool_size: int, settings: Settings, key_box: list | None):
+    def __init__(self, pool_size: int, settings: Settings, key_box: KeyBox | None):
         # each node mounts its own wheelhouse: the driver's folder when this node has it
         limits = settings.job.limits
         limits = replace(limits, wheelhouse=on_this_machine(limits.wheelhouse))
@@ -102,16 +109,17 @@ class NodeRunner:
         remove_dead_scratch()
         self.pool = SandboxPool(size=pool_size, limits=settings.job.limits)
         self.running = Running()
-        self._model = None  # one endpoint client for the node's jobs: it is thread-safe
+        # one endpoint client for the node's jobs: it is thread-safe
+        self._model: Model | None = None
         self._lock = threading.Lock()
 
-    def model(self):
+    def model(self) -> Model:
         with self._lock:
             if self._model is None:
                 self._model = endpoint_model(self.settings, self.key_box)
             return self._model
 
-    def run(self, job: RemoteJob, blobs: dict) -> tuple[dict, dict[str, bytes]] | None:
+    def run(self, job: RemoteJob, blobs: Blobs) -> Outcome | None:
         """The job's record and files; None once stopping (not started, nothing recorded)."""
         if self.running.stopping:
             return None
@@ -162,7 +170,7 @@ def scratch_folder() -> Iterator[Path]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def endpoint_model(settings: Settings, key_box: list | None):
+def endpoint_model(settings: Settings, key_box: KeyBox | None) -> Model:
     from sandcell.agent.model.openai_model import OpenAIModel  # loads openai: on the nodes only
 
     key = ray.get(key_box[0]) if key_box else None  # else OPENAI_API_KEY of the node
@@ -171,13 +179,13 @@ def endpoint_model(settings: Settings, key_box: list | None):
 
 def run_here(
     job: RemoteJob,
-    blobs: dict,
+    blobs: Blobs,
     settings: Settings,
-    key_box: list | None,
+    key_box: KeyBox | None,
     pool: SandboxPool | None,
     running: Running,
     model: Callable[[], Model] | None = None,
-) -> tuple[dict, dict[str, bytes]]:
+) -> Outcome:
     """Run one job on this node through run_job, in a scratch folder removed afterwards; the
     record and the folder's files as bytes (relative path -> content)."""
     node = ray.get_runtime_context().get_node_id()
@@ -186,7 +194,12 @@ def run_here(
             inputs = Inputs.from_paths(_inputs_here(job, blobs, work / "inputs", settings))
         except InputError as error:
             where = " (with --shared-paths every node reads the inputs at the driver's path)"
-            record = {"id": job.id, "task": job.task, "status": "failed", "stop_reason": "error"}
+            record: dict[str, Any] = {
+                "id": job.id,
+                "task": job.task,
+                "status": "failed",
+                "stop_reason": "error",
+            }
             record["error"] = f"InputError: on node {node[:12]}: {error}" + (
                 where if settings.shared_paths else ""
             )
@@ -199,18 +212,21 @@ def run_here(
 
         folder = work / "out"
         here = Job(job.id, job.task, inputs, expect=job.expect or {})
-        record = run_job(here, folder, settings.job, model=make_model, pool=pool, running=running)
-        return record | {"node": node}, _files(folder)
+        ran = run_job(here, folder, settings.job, model=make_model, pool=pool, running=running)
+        assert ran is not None  # parked only by a batch's layout learning, never here
+        return ran | {"node": node}, _files(folder)
 
 
-def _inputs_here(job: RemoteJob, blobs: dict, folder: Path, settings: Settings) -> dict:
+def _inputs_here(
+    job: RemoteJob, blobs: Blobs, folder: Path, settings: Settings
+) -> Mapping[str, str | Path]:
     """{name: path on this node}: the driver's paths (a shared filesystem), or the bytes from
     the object store written to a scratch folder (read-only: the sandbox mounts them)."""
     if settings.shared_paths:
         return job.inputs
     folder.mkdir(parents=True)
     names = list(blobs)
-    paths = {}
+    paths: dict[str, Path] = {}
     for name, data in zip(names, ray.get([blobs[n] for n in names]), strict=True):
         path = folder / name
         path.write_bytes(data)
@@ -220,7 +236,7 @@ def _inputs_here(job: RemoteJob, blobs: dict, folder: Path, settings: Settings) 
 
 
 def _files(folder: Path) -> dict[str, bytes]:
-    found = {}
+    found: dict[str, bytes] = {}
     for root, _, names in os.walk(folder):
         for name in names:
             path = Path(root, name)
@@ -229,10 +245,12 @@ def _files(folder: Path) -> dict[str, bytes]:
     return found
 
 
-_runner: list = []  # this worker's node runner, looked up once
+_runner: list[ActorProxy[NodeRunner]] = []  # this worker's node runner, looked up once
 
 
-def job_task(job: RemoteJob, blobs: dict, settings: Settings, key_box: list | None):
+def job_task(
+    job: RemoteJob, blobs: Blobs, settings: Settings, key_box: KeyBox | None
+) -> Outcome | None:
     """A job placed by Ray on a node with a free `sandcell` unit: run by that node's runner,
     or here with a fresh sandbox when the node has none (it joined after the batch began)."""
     if not _runner:
@@ -240,7 +258,10 @@ def job_task(job: RemoteJob, blobs: dict, settings: Settings, key_box: list | No
             _runner.append(ray.get_actor(runner_name(ray.get_runtime_context().get_node_id())))
         except ValueError:
             return run_here(job, blobs, settings, key_box, None, Running())
-    return ray.get(_runner[0].run.remote(job, blobs))
+    # ray types an actor's methods only when @ray.method-decorated: .remote is unknown to it
+    ran: ray.ObjectRef[Outcome | None]
+    ran = _runner[0].run.remote(job, blobs)  # type: ignore[attr-defined]
+    return ray.get(ran)
 
 
 class RayExecutor:
@@ -258,10 +279,12 @@ class RayExecutor:
     ):
         self.settings, self.api_key, self.max_input_mb = settings, api_key, max_input_mb
         self.address = address or os.environ.get("RAY_ADDRESS") or "auto"
-        self.runners: dict[str, object] = {}
+        self.runners: dict[str, ActorProxy[NodeRunner]] = {}
         self._runner_class = ray.remote(NodeRunner)
-        self.slots, self.figures = 0, {"nodes": 0, "slots": "0/0"}
-        self._sigterm, self._restore_sigterm = False, None
+        self.slots = 0
+        self.figures: dict[str, int | str] = {"nodes": 0, "slots": "0/0"}
+        self._sigterm = False
+        self._restore_sigterm: Callable[[int, FrameType | None], Any] | None = None
 
     def __enter__(self) -> RayExecutor:
         """Connected: a cluster that is not there (or offers no sandboxes) is said before the
@@ -285,7 +308,7 @@ class RayExecutor:
                 signal.signal(signal.SIGTERM, self._restore_sigterm)
                 self._restore_sigterm = None
 
-    def run(self, jobs: list[Job], batch: Batch) -> list[dict]:
+    def run(self, jobs: list[Job], batch: Batch) -> list[dict[str, Any]]:
         todo = [replace(job, inputs=Inputs.from_paths(job.inputs)) for job in jobs]
         self._refresh(len(todo))  # a runner per node, its pool sized for the jobs left
         batch.show(**self.figures)
@@ -310,7 +333,7 @@ class RayExecutor:
             signal.signal(signal.SIGTERM, before)
         if callable(before):  # note a SIGTERM, then handle it as before (exits: Terminated)
 
-            def noted(signum, frame):
+            def noted(signum: int, frame: FrameType | None) -> None:
                 self._sigterm = True
                 before(signum, frame)
 
@@ -346,11 +369,11 @@ class RayExecutor:
         self.figures = {"nodes": len(nodes), "slots": f"{self.slots - int(free)}/{self.slots}"}
 
     @functools.cached_property
-    def _key_box(self) -> list | None:
+    def _key_box(self) -> KeyBox | None:
         """The key as an object, in a list so no task spec ever carries it inline."""
         return [ray.put(self.api_key)] if self.api_key else None
 
-    def _run_all(self, todo: list[Job], batch: Batch) -> list[dict]:
+    def _run_all(self, todo: list[Job], batch: Batch) -> list[dict[str, Any]]:
         task = ray.remote(job_task).options(
             num_cpus=0,
             resources={RESOURCE: 1},
@@ -362,8 +385,10 @@ class RayExecutor:
         for job in todo:
             for item in job.inputs:
                 uses[item.path] = uses.get(item.path, 0) + 1
-        stored: dict[Path, object] = {}  # path -> ObjectRef, while a job to send needs it
-        queue, pending, records = deque(todo), {}, []
+        stored: dict[Path, ray.ObjectRef[bytes]] = {}  # while a job to send needs it
+        queue = deque(todo)
+        pending: dict[ray.ObjectRef[Outcome | None], Job] = {}
+        records: list[dict[str, Any]] = []
         try:
             while queue or pending:
                 while queue and len(pending) < 2 * max(1, self.slots):
@@ -407,10 +432,12 @@ class RayExecutor:
             "where every node reads them at the same path and pass --shared-paths"
         )
 
-    def _blobs(self, job: Job, stored: dict, uses: dict) -> dict:
+    def _blobs(
+        self, job: Job, stored: dict[Path, ray.ObjectRef[bytes]], uses: dict[Path, int]
+    ) -> Blobs:
         """{name: ObjectRef of the file's bytes}: each file read once, dropped by the driver
         once no job left to send needs it (Ray keeps it while a sent job does)."""
-        blobs = {}
+        blobs: Blobs = {}
         for item in job.inputs:
             if item.path not in stored:
                 stored[item.path] = ray.put(item.path.read_bytes())
@@ -433,29 +460,35 @@ class RayExecutor:
             job.expect,
         )
 
-    def _collect(self, ref, job: Job, batch: Batch) -> dict:
+    def _collect(
+        self, ref: ray.ObjectRef[Outcome | None], job: Job, batch: Batch
+    ) -> dict[str, Any]:
         """The job's record; its folder written under DIR/<id>/ first, then its results line."""
         try:
-            record, files = ray.get(ref)
+            outcome = ray.get(ref)
         except ray.exceptions.RayError as error:
             return self._failed(job, _lost(error), batch)
+        assert outcome is not None  # a runner gives None only once stopping (_stop_all)
+        record, files = outcome
         if not self.settings.shared_paths:
             files = driver_paths(files, job)
         write_folder(batch.output / job.id, files)
         batch.record(record)
         return record
 
-    def _failed(self, job: Job, error: str, batch: Batch) -> dict:
+    def _failed(self, job: Job, error: str, batch: Batch) -> dict[str, Any]:
         record = failed(job, error)
         batch.record(record)
         return record
 
-    def _stop_all(self, reason: str, pending: dict, batch: Batch) -> list[dict]:
+    def _stop_all(
+        self, reason: str, pending: dict[ray.ObjectRef[Outcome | None], Job], batch: Batch
+    ) -> list[dict[str, Any]]:
         """Ctrl-C or SIGTERM: every node stops its running jobs, which come back interrupted
         and are recorded (a rerun redoes them); jobs not started yet are cancelled."""
         for runner in self.runners.values():
-            runner.stop.remote(reason, STOP_WAIT_S)
-        records = []
+            runner.stop.remote(reason, STOP_WAIT_S)  # type: ignore[attr-defined]  # as in job_task
+        records: list[dict[str, Any]] = []
         deadline = time.monotonic() + STOP_WAIT_S + 10
         while pending and time.monotonic() < deadline:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
@@ -477,13 +510,15 @@ class RayExecutor:
 
     def _close_runners(self) -> None:
         """Each runner removes its warm sandboxes; one whose node died is gone already."""
-        closing = [runner.close.remote() for runner in self.runners.values()]
+        runners = self.runners.values()  # ray types .remote only under @ray.method (job_task)
+        closing = [runner.close.remote() for runner in runners]  # type: ignore[attr-defined]
         try:
             if closing:
                 ray.wait(closing, num_returns=len(closing), timeout=120)
         finally:
             for runner in self.runners.values():
-                ray.kill(runner)
+                # ray's own ActorClass.remote() gives ActorHandle | type, which kill() refuses
+                ray.kill(runner)  # type: ignore[arg-type]
             self.runners.clear()
 
 
@@ -540,7 +575,9 @@ def driver_paths(files: dict[str, bytes], job: Job) -> dict[str, bytes]:
 
 
 def _at_driver(item: object, job: Job) -> object:
-    source = job.inputs.get(item.get("name")) if isinstance(item, dict) else None
+    if not isinstance(item, dict) or not isinstance(name := item.get("name"), str):
+        return item
+    source = job.inputs.get(name)
     return item if source is None else {**item, "path": str(source.path)}
 
 

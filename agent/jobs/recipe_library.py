@@ -164,6 +164,7 @@ def _copy_in(given: Library, own: Path) -> None:
             continue
         name = entry.name
         if (own / name).exists():
+            assert entry.recipe.layout is not None  # Library.load refuses a recipe without one
             key = entry.recipe.layout.key
             taken = [_number(p) for p in own.glob(f"{key}-*.py")]
             name = f"{key}-{max(taken, default=0) + 1}.py"

@@ -15,6 +15,7 @@ import re
 import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeGuard
 
 import libcst as cst
 
@@ -110,7 +111,7 @@ def _sets_parameters(code: str) -> bool:
     return any(_assigns_inputs(node) for node in body)
 
 
-def _assigns_inputs(node: ast.stmt) -> bool:
+def _assigns_inputs(node: ast.stmt) -> TypeGuard[ast.Assign]:
     """`INPUTS = ...`: the statement a parameters cell is known by."""
     return isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
         PARAMETER
@@ -171,11 +172,12 @@ class _InputPaths(cst.CSTTransformer):
         # parenthesized, so that `"/data/a.csv x".split()` keeps applying to the whole string
         return joined.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
-    def _holds_path(self, node: cst.BaseString) -> bool:
+    def _path_string(self, node: cst.SimpleString | cst.ConcatenatedString) -> str | None:
+        """The string's value when it holds a path (never a bytes literal's), else None."""
         if "b" in getattr(node, "prefix", "").lower():
-            return False
+            return None
         value = node.evaluated_value
-        return isinstance(value, str) and bool(self.pattern.search(value))
+        return value if isinstance(value, str) and self.pattern.search(value) else None
 
     def visit_ConcatenatedString(self, node: cst.ConcatenatedString) -> bool:
         self.concatenated += 1  # its parts cannot become expressions one by one
@@ -185,16 +187,16 @@ class _InputPaths(cst.CSTTransformer):
         self, original: cst.ConcatenatedString, updated: cst.ConcatenatedString
     ) -> cst.BaseExpression:
         self.concatenated -= 1
-        if not _has_fstring(updated) and self._holds_path(updated):
-            return self._replaced(updated.evaluated_value)
+        if not _has_fstring(updated) and (value := self._path_string(updated)) is not None:
+            return self._replaced(value)
         return updated
 
     def leave_SimpleString(
         self, original: cst.SimpleString, updated: cst.SimpleString
     ) -> cst.BaseExpression:
-        if self.concatenated or not self._holds_path(updated):
+        if self.concatenated or (value := self._path_string(updated)) is None:
             return updated
-        return self._replaced(updated.evaluated_value)
+        return self._replaced(value)
 
     def leave_FormattedStringText(
         self, original: cst.FormattedStringText, updated: cst.FormattedStringText

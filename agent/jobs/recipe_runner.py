@@ -66,6 +66,7 @@ def try_recipes(session: Session, entries: list[Entry]) -> Tried:
             tried = [f.entry.name for f in failed] + [entry.name]
             solved = entry if result.answered else None
             return Tried(result, solved, tried, _failures(failed))
+        assert failure is not None  # try_recipe says how it failed whenever it gives no result
         failed.append(_Failed(entry, failure, how))
     return Tried(
         tried=[f.entry.name for f in failed], failures=_failures(failed), handover=_handover(failed)
@@ -105,6 +106,7 @@ def try_recipe(
         where = f"its cell {index} (of {len(recipe.cells)}) failed"
         return None, {"cell": index, "error": error}, f"{where}:\n{said}"
     feedback = session.checker(session.loop.questions)  # publishes the check run
+    assert session.checker.last is not None  # the call above set it
     checks = session.checker.last.record()
     if feedback is None:
         link = os.path.relpath(path, session.folder) if path.is_absolute() else str(path)

@@ -10,6 +10,7 @@ and gives it back when the client ends the session, when it has been idle for
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
@@ -56,7 +57,7 @@ def http_app(
     endpoint = RequireAuthMiddleware(StreamableHTTPASGIApp(manager), required_scopes=[])
 
     @asynccontextmanager
-    async def lifespan(_app: Starlette):
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         async with manager.run():  # on the way out every session ends, and its sandbox
             yield
 

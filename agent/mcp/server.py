@@ -14,11 +14,11 @@ import itertools
 import json
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias, TypeVar, TypeVarTuple
 
 import anyio
 from jsonschema import Draft202012Validator
@@ -26,18 +26,23 @@ from mcp.server.fastmcp import Context
 from mcp.server.fastmcp.exceptions import ToolError
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
-from mcp.types import CallToolResult, ImageContent, TextContent, Tool
+from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent, Tool
 
 from sandcell.agent.events import Event, Output
 from sandcell.agent.mcp.definitions import READ_DEFAULT, definitions
 from sandcell.sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
 from sandcell.sandbox.boundary import INTERNAL
-from sandcell.sandbox.execution import StreamChunk
+from sandcell.sandbox.execution import Execution, StreamChunk
 from sandcell.sandbox.render import render
 from sandcell.tools import Registry, calculator_tool, file_metadata_tool
 from sandcell.tools.paths import INPUT_ROOT, WORKSPACE_ROOT, parse_request
 from sandcell.tools.registry import ToolError as SandcellToolError
 from sandcell.tools.registry import schema_problem
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
+# a tool's handler: called with the request's Context and the call's arguments
+Handler: TypeAlias = Callable[..., Awaitable[CallToolResult | dict[str, Any] | str]]
 
 MAX_IMAGES = 8  # figures sent as image content per call; the rest are named, not sent
 
@@ -96,7 +101,11 @@ class SessionSandboxes:
             sandbox.close()
 
 
-async def blocking(function: Callable, *args, cancelled: Callable[[], None] | None = None):
+async def blocking(
+    function: Callable[[*Ts], T],
+    *args: *Ts,
+    cancelled: Callable[[], None] | None = None,
+) -> T:
     """Run a blocking call in a thread; a cancelled request (the client gave up) calls
     `cancelled`, e.g. to interrupt the cell, instead of leaving it running unseen."""
     try:
@@ -107,7 +116,7 @@ async def blocking(function: Callable, *args, cancelled: Callable[[], None] | No
         raise
 
 
-def observation(execution, chars: int) -> CallToolResult:
+def observation(execution: Execution, chars: int) -> CallToolResult:
     """The bounded observation as text, each figure as PNG image content; isError when the
     code raised, timed out or the kernel restarted (the text says which)."""
     text = render(execution, chars)
@@ -117,7 +126,7 @@ def observation(execution, chars: int) -> CallToolResult:
             f"\n[{len(pngs) - MAX_IMAGES} more figure(s) not sent; every figure is saved "
             "under /workspace/figures (list_files, read_file)]"
         )
-    content: list = [TextContent(type="text", text=text)]
+    content: list[ContentBlock] = [TextContent(type="text", text=text)]
     for png in pngs[:MAX_IMAGES]:
         content.append(ImageContent(type="image", data=png.strip(), mimeType="image/png"))
     return CallToolResult(content=content, isError=not execution.ok)
@@ -164,7 +173,7 @@ class ToolHandlers:
     def __init__(self, limits: Limits):
         self.limits = limits
 
-    def by_name(self) -> dict[str, Callable]:
+    def by_name(self) -> dict[str, Handler]:
         return {
             "run_python": self.run_python,
             "describe_file": self.describe_file,
@@ -188,7 +197,7 @@ class ToolHandlers:
         running, given_up = threading.Event(), threading.Event()
         progress = progress_of(ctx)
 
-        def run():
+        def run() -> Execution | None:
             with cell.lock:
                 if given_up.is_set():  # cancelled while it waited for another call's cell
                     return None
@@ -201,6 +210,7 @@ class ToolHandlers:
                 cell.sandbox.interrupt()
 
         execution = await blocking(run, cancelled=cancel)
+        assert execution is not None  # None only for a call given up, whose await raised
         return observation(execution, self.limits.observation_chars)
 
     async def describe_file(self, path: str, ctx: Context) -> CallToolResult:
@@ -288,7 +298,9 @@ def build_server(cells: SessionSandboxes, limits: Limits) -> Server:
         return listed
 
     @server.call_tool(validate_input=False)
-    async def call_tool(name: str, arguments: dict[str, Any]):
+    async def call_tool(
+        name: str, arguments: dict[str, Any]
+    ) -> tuple[list[TextContent], dict[str, Any]] | CallToolResult:
         handler = handlers.get(name)
         if handler is None:  # the low-level server answers isError with this text
             raise ToolError(f"Unknown tool: {name}")

@@ -4,8 +4,15 @@ an unstreamed message taken as one chunk (agent.model.openai_model sends the req
 from __future__ import annotations
 
 import types
+from typing import TYPE_CHECKING
 
 from sandcell.agent.seams import OnToken, Reply, ToolCall, Usage
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionChunk
+    from openai.types.chat.chat_completion import Choice
+    from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
+    from openai.types.completion_usage import CompletionUsage
 
 
 class Assembly:
@@ -23,7 +30,7 @@ class Assembly:
         self.chars = 0
         self.seen_choice = False
 
-    def add(self, chunk: object) -> None:
+    def add(self, chunk: ChatCompletionChunk | Delta) -> None:
         usage = getattr(chunk, "usage", None)
         if usage:
             self.usage = Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0)
@@ -60,7 +67,7 @@ class Assembly:
                 self.chars += len(name) + len(arguments)
         self.chunks += self.chars > before or bool(delta.tool_calls)
 
-    def add_message(self, choice: object, usage: object) -> None:
+    def add_message(self, choice: Choice, usage: CompletionUsage | None) -> None:
         """An unstreamed reply, taken as one big chunk: on_token sees it all at once."""
         message = choice.message
         calls = [
@@ -76,7 +83,7 @@ class Assembly:
             Delta(choices=[Delta(delta=delta, finish_reason=choice.finish_reason)], usage=usage)
         )
 
-    def _index(self, tc: object) -> int:
+    def _index(self, tc: ChoiceDeltaToolCall | Delta) -> int:
         if isinstance(tc.index, int):
             return tc.index
         last = max(self.calls, default=-1)  # no index: a new id starts the next call

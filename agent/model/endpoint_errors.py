@@ -4,6 +4,8 @@ short form of any error for a message."""
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import openai
 
 
@@ -14,7 +16,7 @@ def closed(exc: Exception) -> bool:
     )
 
 
-def invalid(exc: Exception) -> bool:
+def invalid(exc: Exception) -> TypeGuard[openai.InternalServerError]:
     """An HTTP 500 that says the request itself is invalid (llama-cpp-python's server answers
     a body it cannot validate so): not a passing failure, so not retried."""
     return isinstance(exc, openai.InternalServerError) and "validation error" in str(exc)

@@ -39,6 +39,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import Any, TypeGuard
 
 import openai
 
@@ -63,6 +64,8 @@ from sandcell.agent.vision import refused as refuses_images
 log = logging.getLogger(__name__)
 
 _TOOL_WORDS = ("tool", "function")  # in a 400 body: the endpoint refused the tool definitions
+# the streamed request's usage option (unpacked into each request, never changed)
+_INCLUDE_USAGE: dict[str, Any] = {"stream_options": {"include_usage": True}}
 
 
 class _BadBody(Exception):
@@ -94,9 +97,17 @@ class OpenAIModel:
     ):
         """The Python API: each argument not given is taken from the environment
         (ModelSettings.from_env), else its default."""
-        given = {"name": model, "base_url": base_url, "api_key": api_key, "max_tokens": max_tokens}
-        as_is = {"temperature": temperature, "timeout_s": timeout_s, "max_retries": max_retries}
-        self._start(ModelSettings.from_env(**given, **as_is, retry_base_s=retry_base_s), sleep)
+        settings = ModelSettings.from_env(
+            name=model,
+            base_url=base_url,
+            api_key=api_key,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            retry_base_s=retry_base_s,
+        )
+        self._start(settings, sleep)
 
     @classmethod
     def from_settings(
@@ -344,7 +355,7 @@ class OpenAIModel:
         # and no token for minutes: no wait between chunks outlasts the caller's deadline
         wait = self._wait(deadline)[0]
         try:
-            extra = {"stream_options": {"include_usage": True}} if self._usage_option else {}
+            extra = _INCLUDE_USAGE if self._usage_option else {}
             create = self.client.chat.completions.create
             with create(**request, stream=True, timeout=wait, **extra) as stream:
                 opened = True
@@ -471,7 +482,7 @@ def _wire(message: dict) -> dict:
     return message
 
 
-def _images_refused(exc: Exception, images: int) -> bool:
+def _images_refused(exc: Exception, images: int) -> TypeGuard[openai.APIStatusError]:
     """A request with images refused for them (the code field counts: llama-cpp-python's)."""
     if not images or not isinstance(exc, openai.APIStatusError):
         return False

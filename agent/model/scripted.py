@@ -99,6 +99,7 @@ def load_script(path: Path) -> list[tuple[int | None, object]]:
     except (OSError, UnicodeDecodeError) as exc:
         why = getattr(exc, "strerror", None) or "it is not UTF-8 text"
         raise ScriptError(f"cannot read the script of replies {path}: {why}") from None
+    entries: list[tuple[int | None, object]]
     try:
         if raw.lstrip().startswith("["):
             entries = [(None, e) for e in json.loads(raw)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import TypedDict, Unpack
 
 from sandcell.agent.model.redact import HIDDEN, redact_url
 from sandcell.agent.seams import ModelError
@@ -23,6 +24,15 @@ MODEL_ENV = "SANDCELL_MODEL"
 BASE_URL_ENV = "OPENAI_BASE_URL"
 API_KEY_ENV = "OPENAI_API_KEY"
 MAX_TOKENS_ENV = "SANDCELL_MAX_TOKENS"
+
+
+class _AsIs(TypedDict, total=False):
+    """The settings `from_env` takes as given (no variable, no fallback of its own)."""
+
+    temperature: float | None
+    timeout_s: float
+    max_retries: int
+    retry_base_s: float
 
 
 @dataclass(frozen=True)
@@ -45,7 +55,7 @@ class ModelSettings:
         base_url: str | None = None,
         api_key: str | None = None,
         max_tokens: int | None = None,
-        **rest,
+        **rest: Unpack[_AsIs],
     ) -> ModelSettings:
         """The settings from what is given, else env (os.environ unless given), else the
         defaults. None and "" count as not given, for the arguments and the variables alike

@@ -110,11 +110,11 @@ def _step_cells(event: Step) -> list:
     return cells
 
 
-def _code_cell(execution: dict):
+def _code_cell(execution: dict) -> nbformat.NotebookNode:
     cell = new_code_cell(
         execution.get("code", ""), execution_count=execution.get("execution_count")
     )
-    outputs = []
+    outputs: list[nbformat.NotebookNode] = []
     for chunk in execution.get("stream", []):
         if outputs and outputs[-1].output_type == "stream" and outputs[-1].name == chunk["name"]:
             outputs[-1].text += chunk["text"]

@@ -4,6 +4,7 @@ each cell's output with the recording (`sandcell replay` is the command over it)
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,7 +80,7 @@ class Replayed:
     changed: list[str]  # inputs whose content differs from the recorded run's (sha256)
 
 
-def replay(trace: Path, inputs: list[Path] = (), image: str | None = None) -> Replayed:
+def replay(trace: Path, inputs: Sequence[Path] = (), image: str | None = None) -> Replayed:
     """Every recorded python cell of TRACE, re-run in order in one fresh sandbox with the
     recorded limits and inputs (`inputs` overrides those by file name), resetting the kernel
     where the session did. Raises ReplayError for a file that is not a trace or inputs that
@@ -106,17 +107,18 @@ def replay(trace: Path, inputs: list[Path] = (), image: str | None = None) -> Re
         now = Inputs.from_paths(paths)
     except InputError as exc:
         raise ReplayError(str(exc)) from None
+    by_name = {item.name: item for item in now}  # every recorded name: `paths` had them all
     changed = [
-        f"{item['name']} ({now.get(item['name']).path})"
+        f"{item['name']} ({by_name[item['name']].path})"
         for item in recorded
-        if item.get("sha256") and item["sha256"] != now.get(item["name"]).sha256
+        if item.get("sha256") and item["sha256"] != by_name[item["name"]].sha256
     ]
     known = set(Limits.__dataclass_fields__)
     recorded_limits = (session.limits if session else None) or {}
     limits = Limits(**{k: v for k, v in recorded_limits.items() if k in known})
     cells = recorded_cells(events)
     if cells:  # no sandbox needed otherwise
-        image = image or (session and session.image)
+        image = image or (session.image if session else None)
         # staging, as a pool's (its inputs added once started): a batch job's next attempt
         # renewed its sandbox, and so does this
         with DockerSandbox(limits, image=image, staging=True) as sandbox:

@@ -5,6 +5,7 @@ stopping the server (Ctrl-C, SIGTERM, a test) removes every container. Errors ar
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from importlib.metadata import version
@@ -32,7 +33,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     config = replace(config, data=config.data.expanduser().resolve())
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.sessions = Sessions(config)
         try:
             yield

@@ -51,7 +51,9 @@ def as_json(m: Made, url: str) -> dict:
 def zipped(found: list[Made]) -> tuple[list[Made], list[Made]]:
     """The files one zip takes (newest first, within ZIP_MAX_FILES and ZIP_MAX_BYTES) and
     those it leaves out."""
-    taken, left, total = [], [], 0
+    taken: list[Made] = []
+    left: list[Made] = []
+    total = 0
     for m in found:
         if len(taken) < ZIP_MAX_FILES and total + m.size <= ZIP_MAX_BYTES:
             taken.append(m)
@@ -73,6 +75,9 @@ class _Pipe:
         return len(data)
 
     def flush(self) -> None:
+        pass
+
+    def close(self) -> None:  # zipfile's writable file has one (it never closes a given file)
         pass
 
     def take(self) -> bytes:

@@ -36,7 +36,9 @@ MAX_TEXT = 512 << 10  # characters of one message or one cell; the body cap is t
 # Downloads are attachments the browser never renders as a page of this origin: an uploaded
 # or model-made HTML file cannot run script here.
 DOWNLOAD_HEADERS = {"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox"}
-STATIC = Path(__file__).parent / "static"  # the page: index.html, page.js, page.css
+# the page: index.html, page.js, page.css. resolve(): in a strict editable install this module is
+# a link into the clone, and StaticFiles serves no links; the clone's folder holds real files
+STATIC = Path(__file__).resolve().parent / "static"
 # The page runs only its own script file: no inline script, no eval, no plugin, no framing.
 PAGE_CSP = (
     "default-src 'self'; script-src 'self'; object-src 'none'; base-uri 'none'; "

@@ -12,6 +12,7 @@ import stat
 import threading
 import time
 from pathlib import Path
+from typing import Literal
 from urllib.parse import quote
 
 from sandcell.agent.events import (
@@ -192,7 +193,7 @@ class ServedSession:
             resumed=self.resumed,
         )
 
-    def sandbox_state(self) -> str:
+    def sandbox_state(self) -> Literal["live", "paused", "released"]:
         if self.sandbox.live:
             return "live"
         return "paused" if self.sandbox.paused is not None else "released"

@@ -57,42 +57,17 @@ if TYPE_CHECKING:
 __version__ = sandcell_version()  # from the installed metadata: written once, in pyproject.toml
 
 __all__ = [
-    "Action",
-    "Agent",
-    "BackgroundSandbox",
-    "DockerSandbox",
-    "Execution",
-    "ExecutionError",
-    "Input",
-    "InputError",
-    "Inputs",
-    "Limits",
-    "Loop",
-    "Model",
-    "ModelError",
-    "OpenAIModel",
-    "Parsed",
-    "Registry",
-    "RenewableSandbox",
-    "Reply",
-    "Result",
-    "Rules",
-    "RunResult",
-    "Sandbox",
-    "SandboxError",
-    "SandboxPool",
-    "SandboxUnavailable",
-    "ScriptedModel",
-    "Session",
-    "StreamChunk",
-    "Tool",
-    "ToolCall",
-    "ToolError",
-    "ToolOutcome",
-    "Usage",
+    # the agent: a run, a session, their rules and result; the model seam and its two models
+    "Agent", "Session", "Rules", "RunResult", "Loop", "Model", "ModelError", "OpenAIModel",
+    "ScriptedModel", "Reply", "ToolCall", "Usage", "Action", "Parsed",
+    # where code runs: the sandboxes, their limits and inputs, what a cell gives back
+    "Sandbox", "DockerSandbox", "SandboxPool", "BackgroundSandbox", "RenewableSandbox",
+    "Limits", "Inputs", "Input", "InputError", "SandboxError", "SandboxUnavailable",
+    "Execution", "ExecutionError", "Result", "StreamChunk", "render",
+    # the tools: the registry and its types
+    "Registry", "Tool", "ToolError", "ToolOutcome",
     "__version__",
-    "render",
-]
+]  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
