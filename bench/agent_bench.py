@@ -20,7 +20,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from bench.tasks import TASKS, Task, sandcell_script, sent_chars, smolagents_script
-from sandcell.agent import Agent, OpenAIModel, Rules, ScriptedModel
+from sandcell import Agent, OpenAIModel, Rules, ScriptedModel
 from sandcell.agent.events import Event
 from sandcell.agent.loop import Loop
 from sandcell.agent.records.trace import TraceWriter

@@ -2,9 +2,9 @@
 in this run so machine noise hits both alike. Skipped, with the reason printed, when the
 engine has no runsc runtime (`make engine RUNTIME=runsc` registers it)."""
 
-import sys
 import time
 
+from bench import skipped_without
 from bench.sandbox_bench import cold_start_s, summary
 from sandcell.sandbox import DockerSandbox
 from sandcell.sandbox import container as ctr
@@ -21,11 +21,8 @@ def missing() -> str | None:
     return None
 
 
+@skipped_without(missing, "the runsc rows are skipped")
 def run(smoke: bool) -> dict:
-    reason = missing()
-    if reason:
-        print(f"bench: the runsc rows are skipped: {reason}", file=sys.stderr)
-        return {"skipped": reason}
     starts: dict[str, list[float]] = {runtime: [] for runtime in RUNTIMES}
     for _ in range(3 if smoke else 10):
         for runtime in RUNTIMES:

@@ -7,12 +7,11 @@ smoke run does the idle kernel alone."""
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench import gvisor_bench
+from bench import gvisor_bench, skipped_without
 from sandcell.agent.records.replay import Cell, rerun
 from sandcell.sandbox import DockerSandbox, Limits, checkpoint
 from sandcell.sandbox import container as ctr
@@ -65,11 +64,8 @@ def replayed(cells: list[str]) -> float:
         return time.perf_counter() - started
 
 
+@skipped_without(missing, "the pause rows are skipped")
 def run(smoke: bool) -> dict:
-    reason = missing()
-    if reason:
-        print(f"bench: the pause rows are skipped: {reason}", file=sys.stderr)
-        return {"skipped": reason}
     with tempfile.TemporaryDirectory(prefix="bench-pause-") as temp:
         out = {"idle": paused_and_resumed([WARMUP], Path(temp) / "idle")}
         if smoke:

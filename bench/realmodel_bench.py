@@ -10,14 +10,14 @@ Without the server package (scripts/ensure-llama.sh) the row says so and is skip
 from __future__ import annotations
 
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 import httpx
 
+from bench import skipped_without
 from bench.tasks import sent_chars
-from sandcell.agent import Agent, OpenAIModel, Rules
+from sandcell import Agent, OpenAIModel, Rules
 from tests.llama_server import MODEL, LlamaServer, missing
 
 TASK = "What is the total of the column n in /data/numbers.csv?"
@@ -45,11 +45,8 @@ def counted(url: str, body: dict, reply_text: str) -> tuple[int, int]:
     return prompt["usage"]["prompt_tokens"], text.json()["count"]
 
 
+@skipped_without(missing, "the real-server row is skipped")
 def run(smoke: bool) -> dict:
-    problem = missing()
-    if problem:
-        print(f"bench: the real-server row is skipped: {problem}", file=sys.stderr)
-        return {"skipped": problem}
     with tempfile.TemporaryDirectory(prefix="sandcell-bench-") as folder:
         csv = Path(folder) / "numbers.csv"
         csv.write_text("n\n1\n2\n3\n")

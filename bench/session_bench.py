@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandcell.agent import Agent, OpenAIModel
+from sandcell import Agent, OpenAIModel
 from sandcell.agent.events import Event, Observation
 from sandcell.sandbox import DockerSandbox, Limits
 from tests.scripted_server import ScriptedServer

@@ -13,59 +13,34 @@ import pytest
 
 from tests.cli_runner import sandcell_terminal
 from tests.containers import container_labels, owner_label
+from tests.serve_helpers import python
+
+
+def step(thought: str, code: str) -> dict:
+    """A reply that thinks aloud, then runs code."""
+    return {"content": f"Thought: {thought}", **python(code)}
+
+
+def slow(rounds: int) -> str:
+    """Code that takes rounds / 5 seconds."""
+    return f"import time\nfor i in range({rounds}):\n    time.sleep(0.2)"
+
 
 SCRIPT = [
-    {
-        "content": "Thought: sum the column.",
-        "tool_calls": [
-            {
-                "name": "python",
-                "arguments": {
-                    "code": "import pandas as pd\ndf = pd.read_csv('/data/numbers.csv')\n"
-                    "total = int(df.n.sum())\nprint('total', total)"
-                },
-            }
-        ],
-    },
+    step(
+        "sum the column.",
+        "import pandas as pd\ndf = pd.read_csv('/data/numbers.csv')\n"
+        "total = int(df.n.sum())\nprint('total', total)",
+    ),
     {"content": "Final Answer: the total is 6."},
-    {
-        "content": "Thought: reuse the total from before.",
-        "tool_calls": [{"name": "python", "arguments": {"code": "print('doubled', total * 2)"}}],
-    },
+    step("reuse the total from before.", "print('doubled', total * 2)"),
     {"content": "Final Answer: doubled, it is 12."},
-    {
-        "content": "Thought: a slow computation.",
-        "tool_calls": [
-            {
-                "name": "python",
-                "arguments": {"code": "import time\nfor i in range(600):\n    time.sleep(0.2)"},
-            }
-        ],
-    },
+    step("a slow computation.", slow(600)),
     {"content": "Final Answer: the computation was interrupted."},
-    {
-        "content": "Thought: state survived the interrupt.",
-        "tool_calls": [{"name": "python", "arguments": {"code": "print('still', total)"}}],
-    },
+    step("state survived the interrupt.", "print('still', total)"),
     {"content": "Final Answer: still 6."},
-    {
-        "content": "Thought: slow again.",
-        "tool_calls": [
-            {
-                "name": "python",
-                "arguments": {"code": "import time\nfor i in range(600):\n    time.sleep(0.2)"},
-            }
-        ],
-    },
-    {
-        "content": "Thought: and once more.",
-        "tool_calls": [
-            {
-                "name": "python",
-                "arguments": {"code": "import time\nfor i in range(601):\n    time.sleep(0.2)"},
-            }
-        ],
-    },
+    step("slow again.", slow(600)),
+    step("and once more.", slow(601)),
 ]
 
 

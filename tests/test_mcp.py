@@ -10,8 +10,10 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 import httpx
@@ -34,6 +36,7 @@ from tests.serve_helpers import ALICE, BOB, wait_for
 
 TOOLS = {"run_python", "describe_file", "list_files", "read_file", "write_file"}
 TOOLS |= {"calculator", "export_outputs"}
+T = TypeVar("T")
 
 
 @asynccontextmanager
@@ -44,6 +47,16 @@ async def stdio(*args: str):
     async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session
+
+
+def over_stdio(scenario: Callable[[ClientSession], Awaitable[T]], *args: str) -> T:
+    """scenario(session) run against `sandcell mcp ARGS` over stdio: what it returns."""
+
+    async def main() -> T:
+        async with stdio(*args) as session:
+            return await scenario(session)
+
+    return anyio.run(main)
 
 
 def text(result) -> str:
@@ -60,49 +73,48 @@ async def python(session: ClientSession, code: str, **extra):
 @pytest.mark.docker
 @pytest.mark.timeout(180)
 def test_stdio_tools_state_charts_errors_and_bad_arguments():
-    async def scenario():
-        async with stdio("--timeout", "30") as session:
-            listed = {tool.name: tool for tool in (await session.list_tools()).tools}
-            assert set(listed) == TOOLS
-            for tool in listed.values():
-                assert tool.description and len(tool.description) > 40, tool.name
-                assert tool.inputSchema["type"] == "object"
-            run = listed["run_python"].inputSchema
-            assert run["required"] == ["code"] and run["properties"]["code"]["type"] == "string"
-            assert run["properties"]["timeout_s"]["anyOf"][0]["maximum"] == 30  # --timeout
-            assert listed["write_file"].inputSchema["required"] == ["path", "content"]
-            assert listed["list_files"].inputSchema.get("required", []) == []
+    async def scenario(session):
+        listed = {tool.name: tool for tool in (await session.list_tools()).tools}
+        assert set(listed) == TOOLS
+        for tool in listed.values():
+            assert tool.description and len(tool.description) > 40, tool.name
+            assert tool.inputSchema["type"] == "object"
+        run = listed["run_python"].inputSchema
+        assert run["required"] == ["code"] and run["properties"]["code"]["type"] == "string"
+        assert run["properties"]["timeout_s"]["anyOf"][0]["maximum"] == 30  # --timeout
+        assert listed["write_file"].inputSchema["required"] == ["path", "content"]
+        assert listed["list_files"].inputSchema.get("required", []) == []
 
-            assert not (await python(session, "x = 21")).isError
-            answer = await python(session, "x * 2")
-            assert not answer.isError and text(answer) == "42"
+        assert not (await python(session, "x = 21")).isError
+        answer = await python(session, "x * 2")
+        assert not answer.isError and text(answer) == "42"
 
-            chart = await python(
-                session, "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"
-            )
-            images = [c for c in chart.content if c.type == "image"]
-            assert not chart.isError and len(images) == 1 and images[0].mimeType == "image/png"
-            assert base64.b64decode(images[0].data).startswith(b"\x89PNG\r\n\x1a\n")
-            assert "/workspace/figures/" in text(chart)
+        chart = await python(
+            session, "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"
+        )
+        images = [c for c in chart.content if c.type == "image"]
+        assert not chart.isError and len(images) == 1 and images[0].mimeType == "image/png"
+        assert base64.b64decode(images[0].data).startswith(b"\x89PNG\r\n\x1a\n")
+        assert "/workspace/figures/" in text(chart)
 
-            raised = await python(session, "1 / 0")
-            assert raised.isError and "ZeroDivisionError: division by zero" in text(raised)
+        raised = await python(session, "1 / 0")
+        assert raised.isError and "ZeroDivisionError: division by zero" in text(raised)
 
-            for bad in ({"code": 1}, {}, {"code": "1", "timeout_s": -1}, {"code": "1", "x": 2}):
-                refused = await session.call_tool("run_python", bad)
-                assert refused.isError, bad
-            worded = text(await session.call_tool("run_python", {"code": 7}))
-            assert worded == "run_python: `code` must be a string, got number", worded
-            extra = text(await session.call_tool("run_python", {"code": "1", "x": 2}))
-            assert "unknown argument(s) `x`" in extra, extra
-            assert text(await python(session, "x")) == "21"  # state kept through all of it
+        for bad in ({"code": 1}, {}, {"code": "1", "timeout_s": -1}, {"code": "1", "x": 2}):
+            refused = await session.call_tool("run_python", bad)
+            assert refused.isError, bad
+        worded = text(await session.call_tool("run_python", {"code": 7}))
+        assert worded == "run_python: `code` must be a string, got number", worded
+        extra = text(await session.call_tool("run_python", {"code": "1", "x": 2}))
+        assert "unknown argument(s) `x`" in extra, extra
+        assert text(await python(session, "x")) == "21"  # state kept through all of it
 
-            calc = await session.call_tool("calculator", {"expression": "2^10 + 4 * 1,000"})
-            assert not calc.isError and text(calc) == "5024"
-            nowhere = await session.call_tool("export_outputs", {})
-            assert nowhere.isError and "--output DIR" in text(nowhere)
+        calc = await session.call_tool("calculator", {"expression": "2^10 + 4 * 1,000"})
+        assert not calc.isError and text(calc) == "5024"
+        nowhere = await session.call_tool("export_outputs", {})
+        assert nowhere.isError and "--output DIR" in text(nowhere)
 
-    anyio.run(scenario)
+    over_stdio(scenario, "--timeout", "30")
 
 
 # What the agent calls each of its tools over MCP (the README's table names them so)
@@ -131,11 +143,10 @@ def test_listed_tools_are_the_agent_definitions_so_they_cannot_drift():
     agent = Registry([python_tool(agent_sandbox), file_metadata_tool(), calculator_tool])
     mcp_only = {tool.name: tool for tool in definitions(Limits(timeout_s=30))}
 
-    async def scenario():
-        async with stdio("--timeout", "30") as session:
-            return (await session.list_tools()).tools
+    async def scenario(session):
+        return (await session.list_tools()).tools
 
-    listed = anyio.run(scenario)
+    listed = over_stdio(scenario, "--timeout", "30")
     assert {tool.name for tool in listed} == TOOLS
     for tool in listed:
         if tool.name not in AGENT_TOOLS:
@@ -169,14 +180,13 @@ def test_stdio_a_cells_output_comes_as_progress_while_it_runs():
         "import time\nfor i in range(3):\n    print(f'line {i}', flush=True)\n    time.sleep(0.5)"
     )
 
-    async def scenario():
-        async with stdio("--timeout", "30") as session:
-            result = await session.call_tool(
-                "run_python", {"code": code}, progress_callback=on_progress
-            )
-            return time.monotonic(), result
+    async def scenario(session):
+        result = await session.call_tool(
+            "run_python", {"code": code}, progress_callback=on_progress
+        )
+        return time.monotonic(), result
 
-    done, result = anyio.run(scenario)
+    done, result = over_stdio(scenario, "--timeout", "30")
     assert not result.isError and text(result) == "line 0\nline 1\nline 2"
     assert "".join(m for _, m in got) == "line 0\nline 1\nline 2\n"
     assert got[0][0] < done - 0.8  # the first line came while the cell still ran
@@ -185,30 +195,29 @@ def test_stdio_a_cells_output_comes_as_progress_while_it_runs():
 @pytest.mark.docker
 @pytest.mark.timeout(180)
 def test_stdio_an_endless_loop_times_out_within_the_grace_and_the_network_is_absent():
-    async def scenario():
-        async with stdio() as session:
-            await python(session, "kept = 5")
-            started = time.monotonic()
-            stuck = await python(session, "while True:\n    pass", timeout_s=2)
-            took = time.monotonic() - started
-            # the text names the time the cell took: its 2 s deadline and the interrupt's delivery
-            assert stuck.isError and re.search(r"Timed out after \d+ s", text(stuck)), text(stuck)
-            assert took < 2 + 3 + 15, took  # the deadline, the interrupt grace, a loaded machine
-            assert text(await python(session, "kept + 1")) == "6"  # the next call works
+    async def scenario(session):
+        await python(session, "kept = 5")
+        started = time.monotonic()
+        stuck = await python(session, "while True:\n    pass", timeout_s=2)
+        took = time.monotonic() - started
+        # the text names the time the cell took: its 2 s deadline and the interrupt's delivery
+        assert stuck.isError and re.search(r"Timed out after \d+ s", text(stuck)), text(stuck)
+        assert took < 2 + 3 + 15, took  # the deadline, the interrupt grace, a loaded machine
+        assert text(await python(session, "kept + 1")) == "6"  # the next call works
 
-            fetched = await python(
-                session,
-                "import urllib.request\nurllib.request.urlopen('http://1.1.1.1', timeout=3)",
-            )
-            assert fetched.isError and "offline by design" in text(fetched)
-            probe = await python(
-                session,
-                "import socket\ns = socket.socket()\ntry:\n    s.connect(('1.1.1.1', 80))\n"
-                "except OSError as e:\n    print(type(e).__name__, e.errno)",
-            )
-            assert "Network is unreachable" in text(probe) or "101" in text(probe), text(probe)
+        fetched = await python(
+            session,
+            "import urllib.request\nurllib.request.urlopen('http://1.1.1.1', timeout=3)",
+        )
+        assert fetched.isError and "offline by design" in text(fetched)
+        probe = await python(
+            session,
+            "import socket\ns = socket.socket()\ntry:\n    s.connect(('1.1.1.1', 80))\n"
+            "except OSError as e:\n    print(type(e).__name__, e.errno)",
+        )
+        assert "Network is unreachable" in text(probe) or "101" in text(probe), text(probe)
 
-    anyio.run(scenario)
+    over_stdio(scenario)
 
 
 @pytest.mark.docker
@@ -219,93 +228,87 @@ def test_stdio_files_inputs_are_read_only_and_exports_reach_the_output_folder(tm
     digest = hashlib.sha256(data.read_bytes()).hexdigest()
     out = tmp_path / "out"
 
-    async def scenario():
-        async with stdio("--input", str(data), "--output", str(out)) as session:
-            call = session.call_tool
-            profile = await call("describe_file", {"path": "/data/sales.csv"})
-            assert not profile.isError and "region" in text(profile) and "2 rows" in text(profile)
+    async def scenario(session):
+        call = session.call_tool
+        profile = await call("describe_file", {"path": "/data/sales.csv"})
+        assert not profile.isError and "region" in text(profile) and "2 rows" in text(profile)
 
-            wrote = await call("write_file", {"path": "output/note.txt", "content": "héllo"})
-            assert not wrote.isError and "/workspace/output/note.txt" in text(wrote)
-            made = await python(
-                session,
-                "import pandas as pd\ndf = pd.read_csv('/data/sales.csv')\n"
-                "df.to_csv('/workspace/output/total.csv', index=False)\nopen('/data/sales.csv', 'a')",
-            )
-            assert made.isError and ("Read-only" in text(made) or "Permission" in text(made))
+        wrote = await call("write_file", {"path": "output/note.txt", "content": "héllo"})
+        assert not wrote.isError and "/workspace/output/note.txt" in text(wrote)
+        made = await python(
+            session,
+            "import pandas as pd\ndf = pd.read_csv('/data/sales.csv')\n"
+            "df.to_csv('/workspace/output/total.csv', index=False)\nopen('/data/sales.csv', 'a')",
+        )
+        assert made.isError and ("Read-only" in text(made) or "Permission" in text(made))
 
-            listing = (await call("list_files", {})).structuredContent
-            paths = {f["path"]: f for f in listing["files"]}
-            assert paths["/data/sales.csv"]["read_only"] is True
-            assert {"/workspace/output/note.txt", "/workspace/output/total.csv"} <= set(paths)
+        listing = (await call("list_files", {})).structuredContent
+        paths = {f["path"]: f for f in listing["files"]}
+        assert paths["/data/sales.csv"]["read_only"] is True
+        assert {"/workspace/output/note.txt", "/workspace/output/total.csv"} <= set(paths)
 
-            read = (
-                await call("read_file", {"path": "/workspace/output/note.txt"})
-            ).structuredContent
-            assert read == {
-                "path": "/workspace/output/note.txt",
-                "encoding": "utf-8",
-                "content": "héllo",
-                "truncated": False,
-            }
-            cut = await call("read_file", {"path": "/data/sales.csv", "max_bytes": 6})
-            assert (
-                cut.structuredContent["content"] == "region" and cut.structuredContent["truncated"]
-            )
-            await python(session, "open('/workspace/blob.bin', 'wb').write(bytes(range(256)))")
-            blob = (await call("read_file", {"path": "blob.bin"})).structuredContent
-            assert blob["encoding"] == "base64"
-            assert base64.b64decode(blob["content"]) == bytes(range(256))
+        read = (await call("read_file", {"path": "/workspace/output/note.txt"})).structuredContent
+        assert read == {
+            "path": "/workspace/output/note.txt",
+            "encoding": "utf-8",
+            "content": "héllo",
+            "truncated": False,
+        }
+        cut = await call("read_file", {"path": "/data/sales.csv", "max_bytes": 6})
+        assert cut.structuredContent["content"] == "region" and cut.structuredContent["truncated"]
+        await python(session, "open('/workspace/blob.bin', 'wb').write(bytes(range(256)))")
+        blob = (await call("read_file", {"path": "blob.bin"})).structuredContent
+        assert blob["encoding"] == "base64"
+        assert base64.b64decode(blob["content"]) == bytes(range(256))
 
-            for tool, args in [
-                ("read_file", {"path": "/etc/passwd"}),
-                ("read_file", {"path": "/workspace/../etc/passwd"}),
-                ("write_file", {"path": "/data/sales.csv", "content": "x"}),
-                ("write_file", {"path": "/tmp/x", "content": "x"}),
-                ("read_file", {"path": "/workspace/output/note.txt", "max_bytes": 0}),
-            ]:
-                assert (await call(tool, args)).isError, (tool, args)
+        for tool, args in [
+            ("read_file", {"path": "/etc/passwd"}),
+            ("read_file", {"path": "/workspace/../etc/passwd"}),
+            ("write_file", {"path": "/data/sales.csv", "content": "x"}),
+            ("write_file", {"path": "/tmp/x", "content": "x"}),
+            ("read_file", {"path": "/workspace/output/note.txt", "max_bytes": 0}),
+        ]:
+            assert (await call(tool, args)).isError, (tool, args)
 
-            exported = await call("export_outputs", {})
-            assert not exported.isError
-            files = sorted(exported.structuredContent["files"])
-            assert files == [str(out / "note.txt"), str(out / "total.csv")]
-            assert (out / "total.csv").read_text().splitlines()[1] == "north,10"
+        exported = await call("export_outputs", {})
+        assert not exported.isError
+        files = sorted(exported.structuredContent["files"])
+        assert files == [str(out / "note.txt"), str(out / "total.csv")]
+        assert (out / "total.csv").read_text().splitlines()[1] == "north,10"
 
-    anyio.run(scenario)
+    over_stdio(scenario, "--input", str(data), "--output", str(out))
     assert hashlib.sha256(data.read_bytes()).hexdigest() == digest  # inputs never modified
 
 
 @pytest.mark.docker
 @pytest.mark.timeout(120)
 def test_stdio_a_cancelled_call_interrupts_its_cell():
-    async def scenario():
-        async with stdio() as session:
-            await python(session, "kept = 1")
-            request_id = session._request_id  # the SDK numbers requests; the next one's id
-            slow = "import time\nfor _ in range(300):\n    time.sleep(0.1)\nfinished = True"
-            outcome = []
+    async def scenario(session):
+        await python(session, "kept = 1")
+        request_id = session._request_id  # the SDK numbers requests; the next one's id
+        slow = "import time\nfor _ in range(300):\n    time.sleep(0.1)\nfinished = True"
+        outcome = []
 
-            async def call():
-                try:
-                    outcome.append(await python(session, slow))
-                except McpError as error:
-                    outcome.append(error.error.message)
+        async def call():
+            try:
+                outcome.append(await python(session, slow))
+            except McpError as error:
+                outcome.append(error.error.message)
 
-            async with anyio.create_task_group() as calls:
-                calls.start_soon(call)
-                await anyio.sleep(2)
-                cancel = CancelledNotification(
-                    params=CancelledNotificationParams(requestId=request_id, reason="test")
-                )
-                await session.send_notification(ClientNotification(cancel))
-            assert outcome == ["Request cancelled"]
-            started = time.monotonic()
-            after = await python(session, "('finished' in globals(), kept)")
-            assert text(after) == "(False, 1)"  # interrupted, not finished; state kept
-            assert time.monotonic() - started < 10  # not waiting out the 30 s cell
+        async with anyio.create_task_group() as calls:
+            calls.start_soon(call)
+            await anyio.sleep(2)
+            cancel = CancelledNotification(
+                params=CancelledNotificationParams(requestId=request_id, reason="test")
+            )
+            await session.send_notification(ClientNotification(cancel))
+        assert outcome == ["Request cancelled"]
+        started = time.monotonic()
+        after = await python(session, "('finished' in globals(), kept)")
+        assert text(after) == "(False, 1)"  # interrupted, not finished; state kept
+        assert time.monotonic() - started < 10  # not waiting out the 30 s cell
 
-    anyio.run(scenario)
+    over_stdio(scenario)
 
 
 CLIENT = """

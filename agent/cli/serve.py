@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
 from sandcell.agent.cli import exits
-from sandcell.agent.cli.options import agent_options, build_limits, build_model, build_rules
+from sandcell.agent.cli.options import FC, agent_options, build_limits, build_model, build_rules
 from sandcell.agent.hosting.listening import (
     listening_socket,
     run_until_stopped,
@@ -59,6 +60,17 @@ def claim_data(data: Path) -> TextIO:
     return lock
 
 
+def _megabytes_option(name: str, most: float, default: float, help_text: str) -> Callable[[FC], FC]:
+    """A cap in megabytes, more than 0 and at most `most`."""
+    return click.option(
+        name,
+        type=click.FloatRange(0, most, min_open=True),
+        default=default,
+        show_default=True,
+        help=help_text,
+    )
+
+
 @click.command("serve")
 @server_options(
     8765,
@@ -79,20 +91,13 @@ def claim_data(data: Path) -> TextIO:
     help="Of those, one user's at once; past it that user gets 429 with Retry-After "
     "[default: half of --max-sessions; all of them with one user].",
 )
-@click.option(
+@_megabytes_option(
     "--max-user-mb",
-    type=click.FloatRange(0, 1 << 30, min_open=True),
-    default=2048.0,
-    show_default=True,
-    help="Disk for one user: uploads and session folders under DATA/<user> (507 past it).",
+    1 << 30,
+    2048.0,
+    "Disk for one user: uploads and session folders under DATA/<user> (507 past it).",
 )
-@click.option(
-    "--max-upload-mb",
-    type=click.FloatRange(0, 1 << 20, min_open=True),
-    default=100.0,
-    show_default=True,
-    help="Cap on one upload request (413 above it).",
-)
+@_megabytes_option("--max-upload-mb", 1 << 20, 100.0, "Cap on one upload request (413 above it).")
 @click.option(
     "--stop-grace",
     type=click.FloatRange(0, 3600),

@@ -233,7 +233,7 @@ class OpenAIModel:
         started = time.monotonic()
         with RequestDeadline(deadline, cancelled) as limit:
             try:
-                return self._send_once(request, on_token, deadline, limit)
+                return self._send_once(request, on_token, limit)
             except LimitReached:
                 raise  # the caller's own stop (a cancel, the wall seen in a token)
             except Exception:
@@ -264,20 +264,14 @@ class OpenAIModel:
             "(llama-cpp-python: --interrupt_requests true, for streamed requests)."
         )
 
-    def _send_once(
-        self,
-        request: dict,
-        on_token: OnToken | None,
-        deadline: float | None,
-        limit: RequestDeadline,
-    ) -> Reply:
+    def _send_once(self, request: dict, on_token: OnToken | None, limit: RequestDeadline) -> Reply:
         whole = False
         while True:  # each fallback below is taken at most once
             limit.begin()
             try:
                 if whole:
-                    return self._whole(request, on_token, deadline, limit)
-                return self._stream(request, on_token, deadline, limit)
+                    return self._whole(request, on_token, limit)
+                return self._stream(request, on_token, limit)
             except _Dropped:
                 if limit.ended():  # the deadline shut it: no second request after the wall
                     raise
@@ -308,18 +302,12 @@ class OpenAIModel:
                 else:
                     raise
 
-    def _whole(
-        self,
-        request: dict,
-        on_token: OnToken | None,
-        deadline: float | None,
-        limit: RequestDeadline,
-    ) -> Reply:
+    def _whole(self, request: dict, on_token: OnToken | None, limit: RequestDeadline) -> Reply:
         """One request unstreamed, for a server that can answer it only that way. Nothing
         arrives before the end, so the wait is bounded by the caller's deadline too, and a
         timeout, which may leave the server busy, is not retried. On a connection of its own:
         the dropped stream's may be back in the pool, and llama-cpp-python's server resets it."""
-        wait, why = self._wait(deadline)
+        wait, why = self._wait(limit.deadline)
         try:
             with self._new_client() as client:
                 create = client.chat.completions.with_streaming_response.create
@@ -341,19 +329,13 @@ class OpenAIModel:
         got.add_message(done.choices[0], done.usage)
         return got.reply()
 
-    def _stream(
-        self,
-        request: dict,
-        on_token: OnToken | None,
-        deadline: float | None,
-        limit: RequestDeadline,
-    ) -> Reply:
+    def _stream(self, request: dict, on_token: OnToken | None, limit: RequestDeadline) -> Reply:
         started = time.monotonic()
         got = Assembly(on_token)
         opened = False  # the endpoint answered 200 and the stream began
         # a server busy with an earlier request may keep the connection alive with SSE pings
         # and no token for minutes: no wait between chunks outlasts the caller's deadline
-        wait = self._wait(deadline)[0]
+        wait = self._wait(limit.deadline)[0]
         try:
             extra = _INCLUDE_USAGE if self._usage_option else {}
             create = self.client.chat.completions.create
