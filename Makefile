@@ -1,24 +1,28 @@
 # sandcell: every target sets up what it needs, so each works on a fresh machine.
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
-STAMP   := $(VENV)/.installed
 BASE    ?=
 EXTRA   ?=
 export SANDCELL_IMAGE ?= sandcell-sandbox:latest
 
-.PHONY: install engine image test unit bench demo lint clean
+.PHONY: install engine image test unit bench demo lint clean FORCE
 
 # An editable install in setuptools' strict mode: a tree of links to the clone's files under
 # build/, which a type checker follows (the default mode's import hook maps folders to names at
-# run time, and mypy cannot see through it). A new or removed module needs the links made anew:
-# the stamp also depends on the package folders, whose times change when a file is added.
-PACKAGE_DIRS := $(shell find src sandbox tools agent images -type d -not -name __pycache__ 2>/dev/null)
+# run time, and mypy cannot see through it). A module added or removed needs the links made
+# anew: the stamp's name carries a checksum of the package folders' file names (an edit changes
+# nothing), and a missing link tree (build/ removed) installs again.
+LINKED  := $(shell find src sandbox tools agent images -type f -not -path '*/__pycache__/*' 2>/dev/null | LC_ALL=C sort | cksum | cut -d' ' -f1)
+STAMP   := $(VENV)/.installed-$(LINKED)
 install: $(STAMP)
-$(STAMP): pyproject.toml constraints.txt $(PACKAGE_DIRS)
+$(STAMP): pyproject.toml constraints.txt $(if $(wildcard build/__editable__.*),,FORCE)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt \
 		--config-settings editable_mode=strict -e '.[test,bench,ray]'
+	rm -f $(VENV)/.installed*
 	touch $(STAMP)
+
+FORCE:
 
 engine:  # RUNTIME=runsc: install gVisor's runsc too and register it with the engine
 	@RUNTIME=$(RUNTIME) scripts/ensure-docker.sh
@@ -62,5 +66,5 @@ lint: install
 	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/mypy -p sandcell
 
-clean:
-	rm -rf $(VENV)  # the image's wheels stay cached in ~/.cache/sandcell/image-wheels
+clean:  # the editable install's links go with the venv that points at them
+	rm -rf $(VENV) build/__editable__.*  # the image's wheels stay cached in ~/.cache/sandcell/image-wheels

@@ -2,7 +2,7 @@
 
 Standard library only: the image build (sandbox/image_build.py) puts this file in the image next to the
 supervisor, the relay, the kernel extension and the file helper, which import it as
-`boundary`; the host modules import it as `sandbox.boundary`. Paths, socket names, signals,
+`boundary`; the host modules import it as `sandcell.sandbox.boundary`. Paths, socket names, signals,
 label and metadata keys, and every marker the two sides exchange live here, each marker with
 the one function that writes it and the one that parses it.
 """

@@ -283,9 +283,12 @@ class DockerSandbox:
             raise SandboxError("this sandbox is closed; start a new one")
 
     def interrupt(self) -> None:
-        """Interrupt the running cell (KeyboardInterrupt); kernel state is kept."""
+        """Interrupt the running cell (KeyboardInterrupt); kernel state is kept. During a
+        restart (another thread's) there is no kernel to interrupt: the restart stops it."""
         self._check_open()
-        kernel.interrupt(self._kernel_client)
+        client = self._client
+        if client is not None:
+            kernel.interrupt(client)
 
     def restart(self) -> None:
         """A fresh kernel: variables are lost, workspace files are kept."""

@@ -5,13 +5,18 @@ jupyter_core creates on first use and never closes. A front end that calls sandb
 worker threads (serve, MCP) leaves one per thread; the garbage collector then closes them at
 interpreter exit, after their sockets, and prints "Exception ignored in
 BaseEventLoop.__del__ ... Invalid file descriptor: -1" over a clean shutdown. Each loop made
-is noted here and the idle ones are closed by an atexit handler, before that teardown."""
+is noted here and the idle ones are closed by an atexit handler, before that teardown.
+
+Installed at the first kernel connection, not at import: `import sandcell` changes nothing in
+the importing program, and a program that set a policy of its own (uvloop's, say) keeps it."""
 
 import asyncio
 import atexit
+import threading
 import weakref
 
 _made: "weakref.WeakSet[asyncio.AbstractEventLoop]" = weakref.WeakSet()
+_installing = threading.Lock()  # sandboxes connect from several threads at once
 
 
 class _NotingPolicy(asyncio.DefaultEventLoopPolicy):
@@ -28,7 +33,9 @@ def close_idle_loops() -> None:
 
 
 def install() -> None:
-    """Once per process, before the first kernel client (sandbox.kernel imports it)."""
-    if not isinstance(asyncio.get_event_loop_policy(), _NotingPolicy):
-        asyncio.set_event_loop_policy(_NotingPolicy())
-        atexit.register(close_idle_loops)
+    """Before each kernel client (sandbox.kernel.connect): the first call in a process puts
+    the noting policy in place of asyncio's default one; any other policy is left alone."""
+    with _installing:
+        if type(asyncio.get_event_loop_policy()) is asyncio.DefaultEventLoopPolicy:
+            asyncio.set_event_loop_policy(_NotingPolicy())
+            atexit.register(close_idle_loops)

@@ -1,5 +1,5 @@
 """The sandbox image: its sources (images/ in a clone, installed as the package data
-sandbox.image), their hash, and the offline build `sandcell image build` runs.
+sandcell.images), their hash, and the offline build `sandcell image build` runs.
 
 No registry and no network inside the build: the base comes from debootstrap (made once,
 kept as an image) or from `--base`, and the Python wheels are downloaded on the host into a
@@ -30,7 +30,7 @@ import requests
 
 from sandcell.sandbox.errors import SandboxUnavailable
 
-SOURCES_DIR = Path(str(files("sandcell.images")))  # a wheel's copy, or images/ when editable
+SOURCES_DIR = Path(str(files("sandcell.images")))  # a wheel's copy, or links to images/ (editable)
 CONTRACT = Path(__file__).parent / "boundary.py"  # the host-container contract, copied in
 PROGRAMS = (
     "supervisor.py", "sandcell_kernel.py", "sandcell_pip.py", "relay.py", "files.py", "checks.py"
@@ -472,7 +472,7 @@ def smoke(client: docker.DockerClient, name: str, runtime: str) -> None:
 
 def repin(python: str = "3.11") -> None:
     """Developer task: re-resolve requirements.in into requirements.txt, keeping today's pins
-    (delete a line from requirements.txt to upgrade it). `python -m sandcell.sandbox.image_build`."""
+    (delete a line from requirements.txt to upgrade it). `python scripts/repin_image.py`."""
     requirements = SOURCES_DIR / "requirements.txt"
     with tempfile.TemporaryDirectory() as pins:
         download_wheels(
@@ -484,11 +484,7 @@ def repin(python: str = "3.11") -> None:
         )
     header = (
         f"# Pinned closure of requirements.in for Python {python} (the debootstrap base). "
-        "Regenerate: python -m sandcell.sandbox.image_build"
+        "Regenerate: python scripts/repin_image.py"
     )
     requirements.write_text("\n".join([header, *names]) + "\n")
     print(json.dumps({"requirements.txt": len(names)}))
-
-
-if __name__ == "__main__":
-    repin(*sys.argv[1:2])

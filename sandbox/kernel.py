@@ -20,8 +20,6 @@ from jupyter_client.connect import KernelConnectionInfo
 from sandcell.sandbox import boundary, event_loops
 from sandcell.sandbox.execution import CUT_NOTE, Execution, ExecutionError, Result, StreamChunk
 
-event_loops.install()  # the blocking client's per-thread loops, closed at exit
-
 MAX_MESSAGE_BYTES = 32 << 20  # a single ZMQ message larger than this is refused
 # Whole messages the host queues per socket before ZMQ stops reading; the kernel side
 # queues the rest in the container's memory. Not a hard bound on its own (one message may
@@ -131,6 +129,7 @@ def rotate_key(path: str, info: dict) -> dict:
 def connect(
     path: str, info: dict, ready_timeout: float, check: Callable[[], None] | None = None
 ) -> BlockingKernelClient:
+    event_loops.install()  # the blocking client's per-thread loops, closed at exit
     context = zmq.Context()
     context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
     context.setsockopt(zmq.RCVHWM, RECEIVE_HWM)

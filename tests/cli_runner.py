@@ -1,5 +1,5 @@
 """`sandcell` as a shell runs it, for tests and the bench: the command line (this interpreter,
-`-m agent.cli`, so PYTHONPATH and the venv carry over), a run to its end, a running process,
+`-m sandcell.agent.cli`, so PYTHONPATH and the venv carry over), a run to its end, a running process,
 a pseudo-terminal, and a free loopback port."""
 
 from __future__ import annotations

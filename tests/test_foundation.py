@@ -88,8 +88,10 @@ def test_the_kernel_clients_thread_loops_are_closed_at_exit_not_left_to_the_coll
 import atexit, threading
 seen = []
 atexit.register(lambda: print("closed" if seen[0].is_closed() else "open"))  # runs last
-import sandcell.sandbox.kernel
+from sandcell.sandbox import event_loops
 from jupyter_core.utils import ensure_event_loop, run_sync
+
+event_loops.install()  # as each kernel connection does
 
 async def nothing():
     return 1
@@ -105,3 +107,29 @@ thread.join()
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
     assert run.returncode == 0 and run.stdout.strip() == "closed", run.stdout + run.stderr
     assert "Exception ignored" not in run.stderr
+
+
+@pytest.mark.timeout(60)
+def test_importing_sandcell_leaves_the_programs_event_loop_policy_alone():
+    """`import sandcell` changes nothing in the importing program; the noting policy goes in
+    at the first kernel connection, and only in place of asyncio's default one (a program's
+    own policy, uvloop's say, stays)."""
+    script = """
+import asyncio
+
+class Own(asyncio.DefaultEventLoopPolicy):
+    pass
+
+default = asyncio.get_event_loop_policy()
+import sandcell
+from sandcell import Agent, DockerSandbox, Limits
+print(asyncio.get_event_loop_policy() is default)
+from sandcell.sandbox import event_loops
+event_loops.install()
+print(type(asyncio.get_event_loop_policy()).__name__)
+asyncio.set_event_loop_policy(Own())
+event_loops.install()
+print(type(asyncio.get_event_loop_policy()).__name__)
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
+    assert run.stdout.split() == ["True", "_NotingPolicy", "Own"], run.stdout + run.stderr

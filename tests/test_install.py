@@ -44,6 +44,7 @@ FRONT_DOOR = (
 
 def _copy_project(tree: Path) -> Path:
     """The files a packager gets, copied: building or linking writes into the source tree."""
+    tree.mkdir(parents=True, exist_ok=True)
     for name in PROJECT:
         source = ROOT / name
         if source.is_dir():

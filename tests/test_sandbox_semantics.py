@@ -373,7 +373,7 @@ def test_pool_hands_out_fresh_distinct_sandboxes_with_inputs(input_file, runtime
         second = pool.acquire(inputs=[input_file], timeout=60)
         try:
             assert first.container.id != second.container.id
-            assert first.session != second.session
+            assert first.label != second.label
             assert first.run("secret = 'first'").ok
             ex = second.run("secret")
             assert ex.error is not None and ex.error.name == "NameError"  # nothing shared

@@ -17,7 +17,7 @@ from sandcell.agent.model.settings import endpoint_in
 from sandcell.agent.seams import Model
 from sandcell.agent.session import Agent
 
-DEMO = Path(__file__).parents[1] / "demo"  # agent/demo/: the data, package data of agent
+DEMO = Path(__file__).parents[1] / "demo"  # agent/demo/: the data, package data of sandcell.agent
 TASK = (
     "Clean /data/messy_sales.csv: it is not UTF-8, has mixed date formats, duplicate rows, "
     "amounts with thousands separators and missing values. Write the cleaned table as UTF-8 "

@@ -13,8 +13,8 @@
     143 TERMINATED   SIGTERM (128 + SIGTERM), handled like Ctrl-C: work so far is kept and
                      every container is removed
 
-Nothing heavy is imported here: the error classes load when an error is mapped, so `exec`,
-`gc` and `tool` still start without the model client."""
+Nothing of the model client is imported here, so `exec`, `gc` and `tool` still start without
+`openai` (any `sandcell` import loads the package's front door, which never loads it)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from sandcell.agent.seams import Terminated  # light: json_repair only
+from sandcell.agent.seams import Terminated
 
 if TYPE_CHECKING:
     from sandcell.agent.seams import RunResult
@@ -50,7 +50,7 @@ class OneLine(logging.Formatter):
     traceback a log record may carry is for --debug, not for the user's terminal."""
 
     def format(self, record: logging.LogRecord) -> str:
-        from sandcell.agent.cli.terminal import for_terminal, is_terminal  # light: click only
+        from sandcell.agent.cli.terminal import for_terminal, is_terminal
 
         said = for_terminal(record.getMessage(), is_terminal(sys.stderr))  # may quote a server
         if record.exc_info and record.exc_info[1] is not None:  # kept in a file, named here
@@ -101,11 +101,11 @@ def for_error(exc: BaseException) -> int:
         return TERMINATED
     if isinstance(exc, KeyboardInterrupt):
         return INTERRUPTED
-    from sandcell.sandbox.inputs import InputError  # light: stdlib only
+    from sandcell.sandbox.inputs import InputError
 
     if isinstance(exc, InputError):
         return USAGE
-    from sandcell.agent.seams import ModelError  # light: json_repair only
+    from sandcell.agent.seams import ModelError
 
     if isinstance(exc, ModelError):
         return MODEL
@@ -152,7 +152,7 @@ def with_doctor(message: str) -> str:
 def fail(message: str, status: int) -> NoReturn:
     """Say what went wrong on stderr, as `sandcell: <message>`, and exit with status; exit 3
     points to `sandcell doctor`."""
-    from sandcell.agent.cli import terminal  # light: click only
+    from sandcell.agent.cli import terminal
 
     if status == UNAVAILABLE:
         message = with_doctor(message)
