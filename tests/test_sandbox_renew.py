@@ -239,17 +239,17 @@ def test_pool_renews_in_the_background_and_starts_no_sandbox_for_one_renewing():
     with SandboxPool(size=1, limits=FAST, warmup=None) as pool:
         first = pool.acquire()  # started here: the pool's own start is under way
         wait_for(lambda: pool.ready() == 1)
-        fresh = {s.session for s in pool._ready}
+        fresh = {s.label for s in pool._ready}
         assert pool.release(first)
         wait_for(lambda: len(pool._renewed) == 1)
         second = pool.acquire()
         assert second is first  # renewed: handed out before the fresh one
         assert pool.release(second)
         third = pool.acquire()  # the fresh one, or the first again if renewed already
-        assert third.session in fresh | {first.session}
+        assert third.label in fresh | {first.label}
         wait_for(lambda: pool._renewing == 0)
-        held = {s.session for s in [*pool._ready, *pool._renewed]} | {third.session}
-        assert held == fresh | {first.session}
+        held = {s.label for s in [*pool._ready, *pool._renewed]} | {third.label}
+        assert held == fresh | {first.label}
         assert pool._idle == 1 and pool._wanted._value == 0  # and none is starting
         ex = third.run("import os; os.listdir('/data'), 'x' in globals()")
         assert ex.text == "([], False)", render(ex)

@@ -547,3 +547,23 @@ def test_sigkill_of_the_server_then_a_restart_leaves_no_container_and_loses_no_s
         again.kill()
     assert again.returncode == 143, err
     assert container_labels(owner_label(again.pid)) == []
+
+
+def test_a_warning_goes_into_its_header_as_one_line_of_ascii():
+    """A warning that carries an engine's multi-line error, a control character or a file name
+    in any script must not make the server refuse its own response after the cell ran
+    (h11: "Illegal header value", seen in a CI run)."""
+    import h11
+
+    from sandcell.agent.serve.routes import header_text
+
+    warning = "could not be paused: the engine said\nError: \x1b[31mno\x1b[0m for café.csv 数据"
+    value = header_text(warning)
+    h11.Response(status_code=200, headers=[("X-Sandcell-Warning", value)])  # raises if illegal
+    assert value == (
+        "could not be paused: the engine said\\nError: \\x1b[31mno\\x1b[0m for "
+        "caf\\xe9.csv \\u6570\\u636e"
+    )
+    assert header_text("a plain warning (it could not be paused)") == (
+        "a plain warning (it could not be paused)"
+    )

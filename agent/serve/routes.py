@@ -319,8 +319,15 @@ def execute(body: Code, served: Owned, request: Request, response: Response) -> 
     finally:
         served.done()
     if warning:
-        response.headers["X-Sandcell-Warning"] = warning
+        response.headers["X-Sandcell-Warning"] = header_text(warning)
     return ex.to_dict()
+
+
+def header_text(text: str) -> str:
+    """A text as one header value: a warning may carry an engine's multi-line error or a file
+    name in any script, and a newline, a control character or non-Latin-1 text in a header
+    is refused by the server after the cell ran. Escaped as Python does (\\n, \\x1b, \\u00e9)."""
+    return text.encode("unicode_escape").decode("ascii")
 
 
 @router.get("/api/sessions/{id}/notebook")
