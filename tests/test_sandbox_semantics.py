@@ -242,12 +242,20 @@ def test_a_container_that_stops_before_its_kernel_answers_is_said_at_once(
             DockerSandbox(image=tag, runtime=runtime)
         took = time.monotonic() - started
         left = client.containers.list(all=True, filters={"ancestor": tag})
+        first_seen = [(c.short_id, c.status) for c in left]
+        # Twice under load a container was still listed at once with no warning (its removal
+        # had not failed): is it gone a moment later (the engine still finishing a removal)
+        # or left for good? The message keeps what was seen first.
+        deadline = time.monotonic() + 10
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = client.containers.list(all=True, filters={"ancestor": tag})
     finally:
         client.images.remove(tag, force=True)
     assert "stopped" in str(err.value) and "Traceback" not in str(err.value), err.value
     assert took < 60, took  # a loaded machine's slow start, but not the ready wait's 120 s
     # a removal that failed warns (sandbox._cleanup): say why, if a container was left
-    assert left == [], [str(w.message) for w in recwarn]
+    assert left == [], (first_seen, [c.status for c in left], [str(w.message) for w in recwarn])
 
 
 @pytest.mark.timeout(150)
