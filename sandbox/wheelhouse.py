@@ -22,7 +22,7 @@ import re
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -260,7 +260,7 @@ def add(
     requirement_files: list[Path],
     local_wheels: list[Path],
     python: str,
-    say: Callable[[str], None] = lambda line: None,
+    say: image_build.Say = lambda line: None,
 ) -> Added:
     """Resolve what was asked (and what it needs) for `python` on x86_64 Linux, held to the
     image's pins, and move the new wheels in. Only wheels: a package with none for this
@@ -292,7 +292,7 @@ def _download(
     requirement_files: list[Path],
     local_wheels: list[Path],
     python: str,
-    say: Callable[[str], None],
+    say: image_build.Say,
 ) -> None:
     pins = image_build.SOURCES_DIR / "requirements.txt"
     links = [house.path / WHEELS, *image_build.cache_dir().glob(f"image-wheels/*-py{python}")]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from click.core import ParameterSource
+from click.decorators import FC  # a function, or a command already made: what click decorates
 
 from sandcell.agent.model.settings import (
     API_KEY_ENV,
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from sandcell.agent.seams import Model
     from sandcell.agent.session import Agent
 
-# What click's decorators take and give back: a function, or a command already made
-FC = TypeVar("FC", bound=Callable[..., Any] | click.Command)
 R = TypeVar("R")
 # An option decorator, as the shared lists hold them
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
-
-F = TypeVar("F", bound=Callable[..., Any])  # the command function the options decorate
+from click.decorators import FC  # a function, or a command already made: what click decorates
 
 ALLOWED_HOST_HELP = (
     "A name (Host header) this server answers to besides loopback names and the --host "
@@ -32,7 +30,7 @@ def allowed_hosts_option(
 
 def server_options(
     port: int, *, sessions_help: str, idle_help: str, http_only: bool = False
-) -> Callable[[F], F]:
+) -> Callable[[FC], FC]:
     """--host, --port, --users, --max-sessions, --pool, --idle-minutes, --allowed-host."""
 
     def said(text: str) -> str:
@@ -78,7 +76,7 @@ def server_options(
         ),
     ]
 
-    def apply(command: F) -> F:
+    def apply(command: FC) -> FC:
         for option in reversed(options):
             command = option(command)
         return command
