@@ -38,12 +38,18 @@ import time
 import boundary
 
 PR_SET_DUMPABLE = 4
-CONNECTION_FILE = f"{boundary.CONNECTION_DIR}/{boundary.CONNECTION_FILE}"
+# Reached over the stream transport (boundary.TRANSPORT_ENV), the connection file comes from
+# the host's bridge, into a folder of its own; otherwise from the host's bind-mounted folder.
+STREAMED = os.environ.get(boundary.TRANSPORT_ENV) == "stream"
+CONNECTION_FILE = (
+    f"{boundary.KEY_DIR if STREAMED else boundary.CONNECTION_DIR}/{boundary.CONNECTION_FILE}"
+)
 INTERNAL_DIR = (
     boundary.KERNEL_DIR if os.access(boundary.KERNEL_DIR, os.W_OK) else boundary.KERNEL_DIR_FALLBACK
 )
 INTERNAL_FILE = f"{INTERNAL_DIR}/{boundary.CONNECTION_FILE}"
-RELAY_CMD = [sys.executable, boundary.RELAY_PROGRAM, f"{INTERNAL_DIR}/k", CONNECTION_FILE]
+RELAY_CMD = [sys.executable, boundary.RELAY_PROGRAM, f"{INTERNAL_DIR}/k", INTERNAL_FILE]
+BRIDGE_UID = os.getuid() + boundary.BRIDGE_UID_OFFSET
 KERNEL_ARGS = [
     "-f",
     INTERNAL_FILE,
@@ -245,16 +251,26 @@ def spawn(cmd: list[str], oom_score_adj: int, run=None) -> int:
     return pid
 
 
-def start(forked: bool) -> tuple[int, int]:
+def connection() -> dict:
+    """The next kernel's connection file. Over the stream transport, the host's bridge
+    writes it after the container starts: waited for then (KEY_WAIT_S)."""
+    deadline = time.monotonic() + boundary.KEY_WAIT_S
+    while STREAMED and not os.path.exists(CONNECTION_FILE):
+        if time.monotonic() > deadline:
+            sys.exit("supervisor: no connection file came from the host's bridge")
+        time.sleep(0.01)
+    with open(CONNECTION_FILE) as f:
+        return json.load(f)
+
+
+def start(forked: bool, info: dict) -> tuple[int, int]:
     """A fresh relay and kernel. The kernel binds its sockets in INTERNAL_DIR."""
     os.makedirs(INTERNAL_DIR, mode=0o700, exist_ok=True)
     try:  # every session starts with the folder a job hands back
         os.makedirs(boundary.OUTPUT, exist_ok=True)
     except OSError:
         pass  # a full or missing workspace must not stop the kernel
-    with open(CONNECTION_FILE) as f:
-        info = json.load(f)
-    info["ip"] = f"{INTERNAL_DIR}/k"
+    info = dict(info, ip=f"{INTERNAL_DIR}/k")
     with open(INTERNAL_FILE, "w") as f:
         json.dump(info, f)
     return start_relay(forked), spawn(KERNEL_CMD, 1000, run_kernel if forked else None)
@@ -295,6 +311,7 @@ def reap() -> list[tuple[int, int]]:
 
 
 def live_pids(keep: set[int], spare_helpers: bool = False) -> list[int]:
+    """Every process but `keep` and the host's bridge (another uid: never ours to kill)."""
     pids = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) in keep:
@@ -302,7 +319,8 @@ def live_pids(keep: set[int], spare_helpers: bool = False) -> list[int]:
         try:
             with open(f"/proc/{name}/stat", "rb") as f:
                 state = f.read().rsplit(b")", 1)[1].split()[0]
-            if spare_helpers and real_gid(name) == HELPER_GID:
+            uid, gid = real_ids(name)
+            if uid == BRIDGE_UID or (spare_helpers and gid == HELPER_GID):
                 continue
         except (OSError, IndexError):
             continue
@@ -311,10 +329,14 @@ def live_pids(keep: set[int], spare_helpers: bool = False) -> list[int]:
     return pids
 
 
-def real_gid(pid: str) -> int:
+def real_ids(pid: str) -> tuple[int, int]:
+    """A process's real uid and gid."""
+    ids = {}
     with open(f"/proc/{pid}/status", "rb") as f:
-        line = next((line for line in f if line.startswith(b"Gid:")), b"Gid: -1")
-    return int(line.split()[1])
+        for line in f:
+            if line.startswith((b"Uid:", b"Gid:")):
+                ids[line[:3]] = int(line.split()[1])
+    return ids.get(b"Uid", -1), ids.get(b"Gid", -1)
 
 
 def kill_all(keep: set[int], seconds: float = 10.0, spare_helpers: bool = False) -> bool:
@@ -420,7 +442,7 @@ def main() -> None:
     copy_font_cache()
     listener = checks_socket()
     preloaded = forked = False
-    relay, kernel = start(forked)
+    relay, kernel = start(forked, connection())
     while True:
         info = signal.sigwaitinfo(HANDLED)
         sig = info.si_signo
@@ -435,7 +457,7 @@ def main() -> None:
                 kernel = -1  # the host notices through the heartbeat and asks for a restart
         elif sig == boundary.RESTART:
             kill_all({1})
-            relay, kernel = start(forked)
+            relay, kernel = start(forked, connection())
         elif sig == boundary.RENEW:
             # No process of the last job may see the next job's files: if one outlives the
             # kill, or anything it wrote stays, the container ends (the host then says so).
@@ -449,7 +471,7 @@ def main() -> None:
                 preloaded, forked = True, preload()
                 if forked:
                     preload_checker(listener)
-            relay, kernel = start(forked)
+            relay, kernel = start(forked, connection())
         elif sig == boundary.QUIESCE:  # a pause: the host checkpoints the container next
             stop_relay(relay)
             relay = -1

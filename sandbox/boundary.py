@@ -142,6 +142,74 @@ def socket_name(port: int) -> str:
     return f"{SOCKET_BASE}-{port}"
 
 
+# -- the stream transport: the kernel's channels over an exec stream (sandbox/stream.py) -----
+# With no folder shared with the host, the relay binds its sockets in CONNECTION_DIR on a tmpfs,
+# and the host starts BRIDGE_PROGRAM with `docker exec` as a uid of its own (the sandbox's plus
+# BRIDGE_UID_OFFSET, in the sandbox's group to reach the relay's sockets): model code can
+# neither signal it nor open its /proc/<pid>/fd, and the supervisor's kills spare it. The
+# bridge writes each new connection file into KEY_DIR, a tmpfs of its uid that model code
+# cannot write to (gVisor's tmpfs ignores the sticky bit, and its SO_PEERCRED names the
+# listener: neither a shared folder nor a socket could tell the bridge from model code).
+TRANSPORT_ENV = "SANDCELL_TRANSPORT"  # "stream" in a container reached that way
+BRIDGE_PROGRAM = f"{SCRIPTS}/bridge.py"
+BRIDGE_UID_OFFSET = 2000
+KEY_DIR = "/run/sandcell-key"
+KEY_WAIT_S = 60  # how long the supervisor waits for the first connection file
+CONTROL = 0  # the channel number of the bridge's own messages (ready, errors)
+STREAM_MAX_FRAMES = 64  # frames of one message, as the relay allows
+STREAM_HEADER = struct.Struct(">BBI")  # channel, frame count, body length
+STREAM_FRAME = struct.Struct(">I")  # each frame's length, before its bytes
+
+
+def encode_message(channel: int, frames: list) -> bytes:
+    """One message of the stream: its header, then each frame's length and bytes."""
+    parts = [STREAM_HEADER.pack(channel, len(frames), 0)]
+    for frame in frames:
+        data = bytes(frame)
+        parts += [STREAM_FRAME.pack(len(data)), data]
+    body = sum(len(part) for part in parts) - STREAM_HEADER.size
+    parts[0] = STREAM_HEADER.pack(channel, len(frames), body)
+    return b"".join(parts)
+
+
+class MessageReader:
+    """Messages out of a stream of bytes fed in pieces, each checked as it comes: a known
+    channel, at most STREAM_MAX_FRAMES frames, a body of at most `max_body` bytes whose frames
+    fill it exactly. ValueError on anything else: the stream is then not to be read further."""
+
+    def __init__(self, max_body: int):
+        self.max_body = max_body
+        self.buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, list[bytes]]]:
+        self.buffer += data
+        done = []
+        while len(self.buffer) >= STREAM_HEADER.size:
+            channel, count, size = STREAM_HEADER.unpack_from(self.buffer)
+            if channel != CONTROL and channel not in CHANNELS.values():
+                raise ValueError(f"a message on unknown channel {channel}")
+            if count > STREAM_MAX_FRAMES or size > self.max_body:
+                raise ValueError(f"a message of {count} frames and {size} bytes, over the caps")
+            end = STREAM_HEADER.size + size
+            if len(self.buffer) < end:
+                break
+            frames, at = [], STREAM_HEADER.size
+            for _ in range(count):
+                if at + STREAM_FRAME.size > end:
+                    raise ValueError("a frame's length runs past its message")
+                (length,) = STREAM_FRAME.unpack_from(self.buffer, at)
+                at += STREAM_FRAME.size
+                if at + length > end:
+                    raise ValueError("a frame runs past its message")
+                frames.append(bytes(self.buffer[at : at + length]))
+                at += length
+            if at != end:
+                raise ValueError("a message's frames do not fill its body")
+            del self.buffer[:end]
+            done.append((channel, frames))
+        return done
+
+
 # -- signals the supervisor (PID 1) obeys when the host sends them --------------------------
 RESTART = signal.SIGUSR1  # kill everything but PID 1, start a fresh kernel and relay
 # kill everything but PID 1, empty every folder a job can write to (workspace, /tmp, /dev/shm,

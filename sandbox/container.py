@@ -9,6 +9,7 @@ import socket
 import struct
 import tarfile
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,9 @@ REMOVAL_WAIT_S = 30  # a removal another process began, waited for
 # connection folder and could undo its seal. The image's user is 1000; 1001 is its stand-in.
 SANDBOX_UID = 1001 if os.getuid() == 1000 else 1000
 SANDBOX_USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
+# The stream transport's bridge (sandbox/stream.py): a uid of its own, the sandbox's group.
+BRIDGE_UID = SANDBOX_UID + boundary.BRIDGE_UID_OFFSET
+BRIDGE_USER = f"{BRIDGE_UID}:{SANDBOX_UID}"
 # The host's own commands (the file helper) run as the sandbox's uid, so they read and write
 # every workspace file, but in a group model code is not in: the kernel then refuses model
 # code the helper's /proc/<pid>/fd (ptrace access needs uid AND gid equal), so it cannot open
@@ -145,50 +149,90 @@ def start(
     client: docker.DockerClient,
     image: str,
     limits: Limits,
-    conn_dir: str,
-    inputs: dict[str, Path],
     label: str,
-    staging_dir: Path | None = None,
+    conn_dir: str,
+    volumes: dict,
     gvisor: bool = False,
-    wheelhouse: Path | None = None,
     checkpoint: Path | None = None,
+    streamed: bool = False,
 ) -> Container:
     """Start a sealed container whose PID 1 (the supervisor) starts the kernel; or, from a
-    paused sandbox's `checkpoint`, restore it (the kernel as it was)."""
+    paused sandbox's `checkpoint`, restore it (the kernel as it was). `volumes`: its mounts
+    (bind_mounts, or the stream transport's data volume); `streamed`: reached through the
+    engine's API (sandbox/stream.py), its relay's sockets on a tmpfs of its own."""
     check_image(client, image)  # and DockerSandbox has checked limits.runtime
-    volumes = _mounts(conn_dir, inputs, staging_dir, wheelhouse)
+    environment = {
+        boundary.OUTPUT_CHARS_ENV: str(limits.output_bytes),
+        boundary.SPILL_BYTES_ENV: str(limits.spill_bytes),
+        boundary.RICH_OUTPUTS_ENV: str(limits.rich_outputs),
+        boundary.RICH_BYTES_ENV: str(limits.rich_bytes),
+    }
+    tmpfs = _tmpfs(limits)
+    if streamed:
+        environment[boundary.TRANSPORT_ENV] = "stream"
+        # the relay's sockets: its uid makes them, the bridge (its group) reaches them
+        tmpfs[boundary.CONNECTION_DIR] = (
+            f"size=1m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0770,nosuid,nodev,noexec"
+        )
+        # the bridge's connection files, which model code cannot replace
+        tmpfs[boundary.KEY_DIR] = (
+            f"size=64k,uid={BRIDGE_UID},gid={SANDBOX_UID},mode=0755,nosuid,nodev,noexec"
+        )
     options = dict(
         image=image,
         network_mode="none",
         read_only=True,
-        tmpfs=_tmpfs(limits),
+        tmpfs=tmpfs,
         volumes=volumes,
         mem_limit=f"{limits.memory_mb}m",
         memswap_limit=f"{limits.memory_mb}m",  # equal to memory: no swap
         nano_cpus=int(limits.cpus * 1e9),
         pids_limit=host_pids_limit(limits, gvisor),
-        ulimits=[Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)]
-        + ([Ulimit(name="nproc", soft=limits.pids, hard=limits.pids)] if gvisor else []),
+        ulimits=ulimits(limits, gvisor),
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
         user=SANDBOX_USER,
-        environment={
-            boundary.OUTPUT_CHARS_ENV: str(limits.output_bytes),
-            boundary.SPILL_BYTES_ENV: str(limits.spill_bytes),
-            boundary.RICH_OUTPUTS_ENV: str(limits.rich_outputs),
-            boundary.RICH_BYTES_ENV: str(limits.rich_bytes),
-        },
-        log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
-        labels={
-            LABEL: "1",
-            OWNER_LABEL: owner(),
-            SESSION_LABEL: label,
-            HOST_DIR_LABEL: conn_dir,
-        },
+        environment=environment,
+        log_config=LOG_CONFIG,
+        labels=labels(label) | {HOST_DIR_LABEL: conn_dir},
         runtime=limits.runtime,
         stop_signal=boundary.STOP.name,
     )
     return _created(client, options, conn_dir, checkpoint)
+
+
+LOG_CONFIG = LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"})
+
+
+def ulimits(limits: Limits, gvisor: bool) -> list[Ulimit]:
+    """The open files limit, and under gVisor the processes limit (see host_pids_limit).
+    Not under runc: there RLIMIT_NPROC counts every process of the uid on the host, and the
+    engine refuses one above its own hard limit."""
+    nofile = [Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)]
+    return nofile + ([Ulimit(name="nproc", soft=limits.pids, hard=limits.pids)] if gvisor else [])
+
+
+def labels(label: str) -> dict[str, str]:
+    """What every container and volume of a sandbox carries: the reaper reads it."""
+    return {LABEL: "1", OWNER_LABEL: owner(), SESSION_LABEL: label}
+
+
+def helper_options(label: str) -> dict:
+    """The options of a short-lived helper container of a sandbox (it fills its inputs): no
+    network, no capabilities, small limits, the sandbox's labels."""
+    small = Limits(memory_mb=256, pids=64)
+    return dict(
+        network_mode="none",
+        read_only=True,
+        mem_limit=f"{small.memory_mb}m",
+        memswap_limit=f"{small.memory_mb}m",
+        pids_limit=small.pids,
+        ulimits=ulimits(small, gvisor=False),
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        log_config=LOG_CONFIG,
+        labels=labels(label),
+    )
 
 
 def _created(
@@ -228,7 +272,7 @@ def _tmpfs(limits: Limits) -> dict[str, str]:
     }
 
 
-def _mounts(
+def bind_mounts(
     conn_dir: str, inputs: dict[str, Path], staging_dir: Path | None, wheelhouse: Path | None
 ) -> dict:
     """The bind mounts: the connection folder, its connection file again read-only, each
@@ -362,13 +406,13 @@ def exec_in(
         check_running(container)  # it stopped (a fork bomb ends a gVisor sandbox): said so
         raise
     raw = sock._sock  # the plain socket: needed to half-close after stdin
-    stream = _upgraded(sock)
+    stream = upgraded_stream(sock)
     out, err = bytearray(), bytearray()
     try:
         if stdin is not None:
             raw.sendall(stdin)
         raw.shutdown(socket.SHUT_WR)
-        for stream_id, payload in _frames(stream):
+        for stream_id, payload in exec_frames(stream):
             target = out if stream_id == 1 else err
             target += payload
             if len(out) > max_out or len(err) > EXEC_ERR_BYTES:
@@ -388,7 +432,7 @@ def exec_in(
 
 
 # `sock`: docker's exec socket, a socket.SocketIO that docker hangs its `_response` on
-def _upgraded(sock: Any) -> io.BufferedReader:
+def upgraded_stream(sock: Any) -> io.BufferedReader:
     """The stream after the engine's `101 UPGRADED`, read through the buffered reader that
     parsed its headers: frames that came in the same read as those headers wait in its
     buffer, and the plain socket no longer has them. Read from the socket, a fast command's
@@ -397,20 +441,19 @@ def _upgraded(sock: Any) -> io.BufferedReader:
     return sock._response.raw._fp.fp
 
 
-def _frames(stream: io.BufferedReader) -> Iterator[tuple[int, bytes]]:
-    """Docker's multiplexed exec stream: 8-byte header (stream, size) then the payload."""
-    buffer = b""
-    while True:
-        chunk = stream.read1(1 << 16)
-        if not chunk:
-            return
+def exec_frames(stream: io.BufferedReader) -> Iterator[tuple[int, bytes]]:
+    """Docker's multiplexed exec stream: (stream id, payload) of each frame as it arrives
+    (an 8-byte header, stream and size, then the payload)."""
+    header = struct.Struct(">BxxxL")
+    buffer = bytearray()  # deleting from its front is cheap: a large output is read in O(n)
+    while chunk := stream.read1(1 << 16):
         buffer += chunk
-        while len(buffer) >= 8:
-            stream_id, size = struct.unpack(">BxxxL", buffer[:8])
-            if len(buffer) < 8 + size:
+        while len(buffer) >= header.size:
+            stream_id, size = header.unpack_from(buffer)
+            if len(buffer) < header.size + size:
                 break
-            yield stream_id, buffer[8 : 8 + size]
-            buffer = buffer[8 + size :]
+            yield stream_id, bytes(buffer[header.size : header.size + size])
+            del buffer[: header.size + size]
 
 
 def extract_tar(data: bytes, host_dir: Path, cap: int) -> list[str]:
@@ -440,13 +483,23 @@ def extract_tar(data: bytes, host_dir: Path, cap: int) -> list[str]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+STOPPING_WAIT_S = 2.0  # a container the engine is ending reads as running for a moment
+
+
 def send_signal(container: Container, signal_name: str) -> None:
-    """A signal to the supervisor (PID 1). A container that dies as it is sent (a fork bomb
-    ends a gVisor sandbox) makes the engine answer 500: said as the stop it is."""
+    """A signal to the supervisor (PID 1). A container that stops as it is sent (under gVisor a
+    fork bomb ends the whole sandbox) makes the engine refuse the signal while its state may
+    still read running: its state is watched up to STOPPING_WAIT_S, so a stop is said as the
+    stop it is, with its likely cause, and never as a signal the sandbox did not take."""
     try:
         container.kill(signal=signal_name)
     except docker.errors.APIError as error:
-        check_running(container)  # stopped or gone: that error
+        deadline = time.monotonic() + STOPPING_WAIT_S
+        while True:
+            check_running(container)  # stopped or gone: that error
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
         raise SandboxError(
             f"the sandbox container did not take {signal_name}: {error.explanation or error}"
         ) from None
@@ -458,6 +511,20 @@ def check_running(container: Container) -> None:
     except docker.errors.NotFound:
         raise SandboxError("the sandbox container is gone (removed from outside?)") from None
     if container.status != "running":
-        # Under gVisor the memory limit holds the whole sandbox: running out ends it all.
-        oom = ", out of memory" if container.attrs.get("State", {}).get("OOMKilled") else ""
-        raise SandboxError(f"the sandbox container stopped (status {container.status}{oom})")
+        raise SandboxError(f"the sandbox container stopped ({stop_cause(container)})")
+
+
+def stop_cause(container: Container) -> str:
+    """Why a container stopped, as far as its state tells: out of memory (under gVisor the
+    memory limit holds the whole sandbox: running out ends it all), or its exit status with
+    the likely cause of each."""
+    state = container.attrs.get("State", {})
+    said = f"status {container.status}"
+    if state.get("OOMKilled"):
+        return f"{said}, out of memory"
+    code = state.get("ExitCode")
+    if code in (137, -9) or state.get("Error"):
+        # killed from outside or by its runtime: under gVisor, a fork bomb or a process
+        # count past the limit ends the whole sandbox
+        return f"{said}, exit {code}: killed; under gVisor a fork bomb ends the whole sandbox"
+    return f"{said}, exit {code}" if code is not None else said

@@ -2,12 +2,16 @@
 
 One container per sandbox; its PID 1 is a small supervisor that (re)starts the kernel,
 so the workspace (a tmpfs) survives kernel restarts. The host talks to the kernel over
-ipc sockets in a connection directory it seals once the kernel is up.
+ipc sockets: on a local engine (transport `ipc`) in a connection directory it bind-mounts
+and seals once the kernel is up; on any other (transport `stream`) in a private folder of
+its own, carried to the container over an exec stream (sandbox/stream.py), with the inputs
+in a volume of the sandbox's (sandbox/data_volume.py).
 """
 
 import json
 import os
 import shutil
+import tempfile
 import time
 import uuid
 import warnings
@@ -22,12 +26,13 @@ import requests
 from docker.models.containers import Container
 from jupyter_client import BlockingKernelClient
 
-from sandcell.sandbox import boundary, checkpoint, image_build, kernel
+from sandcell.sandbox import boundary, checkpoint, data_volume, image_build, kernel, transport
 from sandcell.sandbox import container as ctr
 from sandcell.sandbox.errors import SandboxError, SandboxUnavailable
 from sandcell.sandbox.execution import Execution
 from sandcell.sandbox.inputs import Inputs
 from sandcell.sandbox.limits import Limits
+from sandcell.sandbox.stream import StreamLink
 from sandcell.sandbox.wheelhouse import Offer, offer, resolve
 
 
@@ -97,15 +102,31 @@ class DockerSandbox:
         self.client = ctr.engine()
         self.gvisor = ctr.check_runtime(self.client, self.limits.runtime)
         ctr.reap_orphans(self.client)
-        self.wheelhouse = wheelhouse_offer(self.client, self.image, self.limits.wheelhouse)
+        self.transport = transport.choose(self.client, self.limits.transport, self.image)
+        self.streamed = self.transport.name == "stream"
+        self.wheelhouse = (
+            Offer(refused=STREAMED_WHEELHOUSE)
+            if self.streamed and resolve(self.limits.wheelhouse) is not None
+            else wheelhouse_offer(self.client, self.image, self.limits.wheelhouse)
+        )
         resume = Path(resume_from) if resume_from else None
         paused = self._restorable(resume, staging) if resume else None
-        self.conn_dir, info = kernel.make_connection_dir(paused.connection if paused else None)
-        # A pool sandbox gets its inputs later: it mounts a private, empty staging folder.
-        self.staging_dir = ctr.make_staging(self.conn_dir) if staging else None
+        if self.streamed:  # the host's sockets only: nothing of it is mounted
+            self.conn_dir, info = (
+                tempfile.mkdtemp(prefix=kernel.CONN_PREFIX),
+                kernel.new_connection_info(),
+            )
+        else:
+            self.conn_dir, info = kernel.make_connection_dir(paused.connection if paused else None)
+        # A pool sandbox gets its inputs later: it mounts a private, empty staging folder
+        # (over the stream transport its volume takes them).
+        self.staging = staging
+        self.staging_dir = (
+            ctr.make_staging(self.conn_dir) if staging and not self.streamed else None
+        )
         mounts = self.inputs.mounts()
         if paused is not None and self.staging_dir is not None:  # as they were at the pause
-            _place(self.staging_dir, self.inputs)
+            _place(self.staging_dir, self.inputs.mounts())
             mounts = {}
         self._info = info
         self._client: BlockingKernelClient | None = None
@@ -113,46 +134,90 @@ class DockerSandbox:
         # close() must still close its ZMQ sockets. Left to the garbage collector, a context
         # whose sockets were collected first blocks forever in zmq_term (seen in a test run).
         self._live: list[BlockingKernelClient] = []
+        self._links: list[StreamLink] = []  # the stream transport's bridge, while there is one
+        self.volume: str | None = None  # the stream transport's inputs, when it has any
         self.container: Container  # set by _start, below
-        self._finalizer = weakref.finalize(self, _cleanup, None, self.conn_dir, self._live)
+        self._finalizer = weakref.finalize(
+            self, _cleanup, self.client, None, self.conn_dir, self._live, self._links, None
+        )
         started = time.monotonic()
         self._start(mounts, resume / checkpoint.SAVED if resume else None)
         self.start_seconds = time.monotonic() - started
         self.container.reload()  # the attributes from `run` predate the start: no PID yet
         # found once: each cell reads only the counter, not /proc and the cgroup tree
-        self._oom_file = _oom_counter_file(self.container.attrs.get("State", {}).get("Pid"))
+        self._oom_file = _oom_counter_file(
+            self.container.attrs.get("State", {}).get("Pid"), self.container.id
+        )
 
     # -- lifecycle -------------------------------------------------------------------
     def _start(self, mounts: dict[str, Path], saved: Path | None) -> None:
         """The container started (or restored from the checkpoint `saved`) and connected."""
+        if self.streamed:
+            volumes = {}
+            if mounts or self.staging:
+                self.volume = data_volume.create(self.client, ctr.labels(self.label))
+                self._refinalize(None)
+                self._place(mounts, emptied=False)
+                volumes = {self.volume: {"bind": boundary.DATA, "mode": "ro"}}
+        else:
+            volumes = ctr.bind_mounts(
+                self.conn_dir, mounts, self.staging_dir, self.wheelhouse.mount
+            )
         self.container = ctr.start(
-            self.client,
-            self.image,
-            self.limits,
-            self.conn_dir,
-            mounts,
-            self.label,
-            staging_dir=self.staging_dir,
-            gvisor=self.gvisor,
-            wheelhouse=self.wheelhouse.mount,
-            checkpoint=saved,
-        )
-        self._finalizer.detach()
-        self._finalizer = weakref.finalize(
-            self, _cleanup, self.container, self.conn_dir, self._live
-        )
+            self.client, self.image, self.limits, self.label, self.conn_dir, volumes,
+            gvisor=self.gvisor, checkpoint=saved, streamed=self.streamed,
+        )  # fmt: skip
+        self._refinalize(self.container)
         if saved is not None:  # the restored supervisor starts a relay for its kernel
             ctr.send_signal(self.container, boundary.NEW_RELAY.name)
-        self._set_client(self._connect())
+        # over the stream transport the supervisor waits for its first key from the bridge
+        self._set_client(
+            self._connect(self._before_kernel(new_key=True) if self.streamed else None)
+        )
         if saved is not None:
             self._in_kernel("after_resume()")
+
+    def _refinalize(self, container: Container | None) -> None:
+        """The finalizer again, holding what is to be removed now."""
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(
+            self, _cleanup, self.client, container, self.conn_dir, self._live, self._links,
+            self.volume,
+        )  # fmt: skip
+
+    def _before_kernel(self, new_key: bool = False) -> list | None:
+        """Before the supervisor is asked for a new kernel (restart, renewal; over the stream
+        transport also the first): what _connect needs to find it, and with `new_key` a
+        new connection key for it. ipc: the folder unsealed, its socket files noted. stream:
+        a new bridge, which notes them in the container and hands the key over."""
+        if new_key and self.streamed:
+            self._info = dict(self._info, key=kernel.new_connection_info()["key"])
+        if self.streamed:
+            for old in self._links:
+                old.close()
+            self._links.clear()
+            link = StreamLink(self.container, self.conn_dir)
+            self._links.append(link)  # closed with the sandbox, whatever happens next
+            link.open(
+                self._info if new_key else None, check=lambda: ctr.check_running(self.container)
+            )
+            return None
+        kernel.unseal(self.conn_dir)
+        before = kernel.socket_files(self.conn_dir, self._info)
+        if new_key:
+            self._info = kernel.rotate_key(self.conn_dir, self._info)
+        return before
 
     def _connect(self, replacing: list | None = None) -> BlockingKernelClient:
         """Connect once the kernel answers; after a restart, only to the new relay."""
         check = self._stopped_while_waiting
         try:
-            if replacing is not None and not kernel.await_new_sockets(
-                self.conn_dir, self._info, replacing, READY_TIMEOUT_S, check=check
+            if (
+                replacing is not None
+                and not self.streamed
+                and not kernel.await_new_sockets(
+                    self.conn_dir, self._info, replacing, READY_TIMEOUT_S, check=check
+                )
             ):
                 raise RuntimeError("no new relay")
             client = kernel.connect(self.conn_dir, self._info, READY_TIMEOUT_S, check=check)
@@ -164,12 +229,16 @@ class DockerSandbox:
             log = self._kernel_log()
             self.close()
             raise SandboxError(f"the kernel did not start within {READY_TIMEOUT_S:.0f} s.\n{log}")
-        kernel.seal(self.conn_dir)
+        if not self.streamed:
+            kernel.seal(self.conn_dir)
         return client
 
     def _stopped_while_waiting(self) -> None:
-        """Raise SandboxError if the container has stopped or is gone. An engine too busy to
-        answer says nothing about the container: the wait for the kernel goes on."""
+        """Raise SandboxError if the container has stopped or is gone, or the bridge to it
+        ended. An engine too busy to answer says nothing about the container: the wait for
+        the kernel goes on."""
+        for link in self._links:
+            link.check()
         try:
             ctr.check_running(self.container)
         except (docker.errors.APIError, requests.exceptions.RequestException):
@@ -299,8 +368,7 @@ class DockerSandbox:
         """Kill every process but the supervisor, which then starts a fresh kernel."""
         ctr.check_running(self.container)
         self._set_client(None)
-        kernel.unseal(self.conn_dir)
-        before = kernel.socket_files(self.conn_dir, self._info)
+        before = self._before_kernel()
         ctr.send_signal(self.container, boundary.RESTART.name)
         self._set_client(self._connect(replacing=before))
 
@@ -312,6 +380,8 @@ class DockerSandbox:
         `folder` is not left, and the sandbox runs on as it was unless the error says it
         ended (runsc ends a sandbox whose checkpoint failed)."""
         self._check_open()
+        if self.streamed:
+            raise checkpoint.PauseError(STREAMED_PAUSE)
         if not self.gvisor:
             raise checkpoint.PauseError(
                 "only a sandbox under gVisor (--runtime runsc) can be paused: runc's checkpoints "
@@ -325,7 +395,7 @@ class DockerSandbox:
         paused = checkpoint.Paused(
             connection=self._info,
             limits=self.limits.to_dict(),
-            **self._identity(staging=self.staging_dir is not None),
+            **self._identity(staging=self.staging),
         )
         if not self._in_kernel("before_pause()"):
             self._in_kernel("after_resume()")
@@ -411,6 +481,8 @@ class DockerSandbox:
         """The pause in `folder`, once it is this machine's and matches what this sandbox
         would mount and run: PauseError (said why) otherwise."""
         paused = checkpoint.Paused.read(folder)
+        if self.streamed:
+            raise checkpoint.PauseError(STREAMED_PAUSE)
         if not self.gvisor:
             raise checkpoint.PauseError("a paused sandbox resumes only under gVisor (runsc)")
         now = self._identity(staging)
@@ -440,7 +512,7 @@ class DockerSandbox:
         could not be removed, no kernel started) the sandbox is closed and SandboxError
         raised: start a new one. A bad input path raises InputError before anything changes."""
         self._check_open()
-        if self.staging_dir is None:
+        if not self.staging:
             raise SandboxError(
                 "only a sandbox started with staging=True (a pool's) can be renewed: its /data "
                 "is a folder the host fills; start a new sandbox instead"
@@ -449,17 +521,13 @@ class DockerSandbox:
         try:
             ctr.check_running(self.container)
             self._set_client(None)
-            kernel.unseal(self.conn_dir)
-            before = kernel.socket_files(self.conn_dir, self._info)
-            self._info = kernel.rotate_key(self.conn_dir, self._info)
+            before = self._before_kernel(new_key=True)
             ctr.send_signal(self.container, boundary.RENEW.name)
             self._set_client(self._connect(replacing=before))
             # The supervisor kills the last job's processes before it starts the kernel just
             # reached: only now may /data change, so none of them can see the new inputs.
-            for link in self.staging_dir.iterdir():
-                link.unlink()
-            self.inputs = Inputs()
-            self.add_inputs(fresh)
+            self._place(fresh.mounts(), emptied=True)
+            self.inputs = fresh
         except SandboxError as error:
             self.close()
             raise SandboxError(f"the sandbox could not be renewed: {error}") from None
@@ -476,6 +544,8 @@ class DockerSandbox:
         return f" ({text})" if text else ""
 
     def _kernel_died(self) -> bool:
+        if any(link.ended for link in self._links):
+            return True  # the bridge went: a restart makes a new one, with a new kernel
         if kernel.beating(self._kernel_client, self.conn_dir, self._info):
             return False
         ctr.check_running(self.container)
@@ -600,22 +670,46 @@ class DockerSandbox:
 
     def add_inputs(self, paths: Inputs | Sequence[str | Path]) -> None:
         """Give a pool sandbox its input files (read-only under /data)."""
-        if self.staging_dir is None:
+        if not self.staging:
             raise SandboxError(
                 "this sandbox takes no new inputs (they were fixed when it started); start "
                 "a new session, or a DockerSandbox with every input"
             )
         more = Inputs.from_paths(paths)
         combined = self.inputs.extended(more)  # a name taken already is refused here
-        _place(self.staging_dir, more)
+        self._place(more.mounts(), emptied=False)
         self.inputs = combined
 
+    def _place(self, inputs: dict[str, Path], emptied: bool) -> None:
+        """Inputs into /data (with `emptied`, in place of what it held): the staging folder
+        of the ipc transport, or the volume of the stream transport."""
+        if self.staging_dir is not None:
+            if emptied:
+                for link in self.staging_dir.iterdir():
+                    link.unlink()
+            _place(self.staging_dir, inputs)
+        elif self.volume is not None:
+            data_volume.fill(
+                self.client, self.image, self.volume, inputs,
+                ctr.helper_options(self.label), emptied=emptied,
+            )  # fmt: skip
 
-def _place(staging_dir: Path, inputs: Inputs) -> None:
-    """Inputs into a pool sandbox's staging folder; all of them or none."""
+
+STREAMED_WHEELHOUSE = (
+    "the wheelhouse is a folder of this machine, and the engine is reached through its API "
+    "(transport stream): it is not mounted"
+)
+STREAMED_PAUSE = (
+    "pausing needs the ipc transport (a local engine that sees this machine's folders): "
+    "gVisor's checkpoint is made and kept on the engine's machine"
+)
+
+
+def _place(staging_dir: Path, inputs: dict[str, Path]) -> None:
+    """Inputs (name -> host file) into a pool sandbox's staging folder; all or none."""
     placed: list[Path] = []
     try:
-        for name, path in inputs.mounts().items():
+        for name, path in inputs.items():
             target = staging_dir / name
             try:
                 os.link(path, target)  # same filesystem: no copy at all
@@ -630,8 +724,10 @@ def _place(staging_dir: Path, inputs: Inputs) -> None:
         raise
 
 
-def _oom_counter_file(host_pid: int | None) -> Path | None:
-    """The memory cgroup file (v1 or v2) holding the container's `oom_kill` count."""
+def _oom_counter_file(host_pid: int | None, container_id: str) -> Path | None:
+    """The memory cgroup file (v1 or v2) holding the container's `oom_kill` count, when the
+    engine runs on this machine: the process of that pid here is in the container's cgroup
+    (an engine elsewhere gives the pid of its own machine)."""
     if not host_pid:
         return None
     try:
@@ -640,6 +736,8 @@ def _oom_counter_file(host_pid: int | None) -> Path | None:
         return None  # not a Linux host, or the engine runs in a VM
     for line in lines:
         _, controllers, path = line.split(":", 2)
+        if container_id not in path:
+            continue
         if "memory" in controllers.split(","):
             candidate = Path(f"/sys/fs/cgroup/memory{path}/memory.oom_control")
         elif controllers == "":
@@ -651,11 +749,21 @@ def _oom_counter_file(host_pid: int | None) -> Path | None:
     return None
 
 
-def _cleanup(container: Container | None, conn_dir: str, live: list[BlockingKernelClient]) -> None:
+def _cleanup(
+    engine: docker.DockerClient,
+    container: Container | None,
+    conn_dir: str,
+    live: list[BlockingKernelClient],
+    links: list[StreamLink],
+    volume: str | None,
+) -> None:
     """Runs once: on close(), at garbage collection, or at interpreter exit."""
     for client in live:
         kernel.disconnect(client)
     live.clear()
+    for link in links:
+        link.close()
+    links.clear()
     if container is not None:
         try:
             container.remove(force=True)
@@ -664,6 +772,15 @@ def _cleanup(container: Container | None, conn_dir: str, live: list[BlockingKern
         except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
             warnings.warn(
                 f"sandbox container {container.short_id} was not removed ({error}); "
+                "`sandcell gc` removes it once this process has exited",
+                stacklevel=1,
+            )
+    if volume is not None:
+        try:
+            data_volume.remove(engine, volume)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+            warnings.warn(
+                f"the sandbox's input volume {volume} was not removed ({error}); "
                 "`sandcell gc` removes it once this process has exited",
                 stacklevel=1,
             )

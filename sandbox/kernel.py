@@ -40,7 +40,16 @@ def make_connection_dir(info: dict | None = None) -> tuple[str, dict]:
     restored kernel's connection (its key), else a new one."""
     path = tempfile.mkdtemp(prefix=CONN_PREFIX)
     unseal(path)  # the kernel's uid creates its sockets here until sealed
-    info = info or dict(
+    info = info or new_connection_info()
+    with open(os.path.join(path, boundary.CONNECTION_FILE), "w") as f:
+        json.dump(info, f)
+    os.chmod(os.path.join(path, boundary.CONNECTION_FILE), 0o444)
+    return path, info
+
+
+def new_connection_info() -> dict:
+    """A connection file's content with a new key: the relay's sockets in the container."""
+    return dict(
         transport="ipc",
         ip=f"{boundary.CONNECTION_DIR}/{boundary.SOCKET_BASE}",
         **{f"{name}_port": port for name, port in boundary.CHANNELS.items()},
@@ -48,10 +57,6 @@ def make_connection_dir(info: dict | None = None) -> tuple[str, dict]:
         signature_scheme="hmac-sha256",
         kernel_name="",
     )
-    with open(os.path.join(path, boundary.CONNECTION_FILE), "w") as f:
-        json.dump(info, f)
-    os.chmod(os.path.join(path, boundary.CONNECTION_FILE), 0o444)
-    return path, info
 
 
 def seal(path: str) -> None:

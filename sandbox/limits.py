@@ -29,6 +29,9 @@ class Limits:
     # The operator's wheelhouse folder (sandbox/wheelhouse.py), mounted read-only when it fits
     # the image; None: no packages beyond the image's. What pip installs counts in tmp_mb.
     wheelhouse: str | None = None
+    # How the host reaches the kernel and the inputs (sandbox/transport.py): "ipc" (folders
+    # the engine bind-mounts), "stream" (the engine's API alone), "auto" (ipc where it works)
+    transport: str = "auto"
 
     def to_dict(self) -> dict:
         return asdict(self)

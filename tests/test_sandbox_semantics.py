@@ -472,12 +472,39 @@ def test_a_signal_or_exec_to_a_container_that_has_stopped_is_a_sandbox_error(ima
     container = client.containers.run(image, entrypoint=["true"], detach=True)
     try:
         container.wait(timeout=30)
-        with pytest.raises(SandboxError, match=r"stopped \(status exited\)"):
+        with pytest.raises(SandboxError, match=r"stopped \(status exited, exit 0\)"):
             ctr.send_signal(container, boundary.RESTART.name)
-        with pytest.raises(SandboxError, match=r"stopped \(status exited\)"):
+        with pytest.raises(SandboxError, match=r"stopped \(status exited, exit 0\)"):
             ctr.exec_in(container, ["true"])
     finally:
         container.remove(force=True)
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+def test_a_container_that_stops_while_it_is_signalled_is_said_stopped_with_its_cause(image):
+    """Under gVisor a fork bomb ends the whole sandbox while the timeout ladder signals it,
+    and the engine refuses a signal while the container's state may still read running: each
+    refusal is said as the stop it is (killed: exit 137), never as a signal not taken."""
+    client = docker.from_env()
+    said = []
+    for _ in range(3):
+        container = client.containers.run(image, entrypoint=["sleep", "60"], detach=True)
+        try:
+            killer = threading.Thread(target=container.kill)  # SIGKILL from outside
+            killer.start()
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                try:
+                    ctr.send_signal(container, "SIGCONT")  # harmless while it runs
+                except SandboxError as error:
+                    said.append(str(error))
+                    break
+            killer.join()
+        finally:
+            container.remove(force=True)
+    assert len(said) == 3, said
+    assert all("stopped (status exited, exit 137: killed" in text for text in said), said
 
 
 @pytest.mark.docker

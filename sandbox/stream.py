@@ -1,0 +1,202 @@
+"""The host's end of the stream transport: the kernel's channels over the engine's own API.
+
+Where the engine cannot see the host's folders (a remote engine, Docker Desktop, Podman), no
+socket file can be shared. A `StreamLink` starts the image's bridge (images/bridge.py) with
+`docker exec` and binds, in a private folder of the host's, the same ipc sockets the relay
+binds in the shared folder of the ipc transport; jupyter_client connects to them as it
+would there (kernel.connect). Between the two, each channel's messages travel framed
+(boundary.encode_message) in the exec's stdin and stdout, read back as untrusted bytes: a
+message over the caps ends the link.
+
+Three threads per link: the reader parses the exec's output and hands each message over an
+inproc socket; the pump owns the host's sockets and moves messages both ways (dropping what
+jupyter_client does not take, as the relay does); the writer sends to the exec's stdin, fed
+through a bounded queue so a stalled container never blocks the pump.
+"""
+
+import json
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import docker.errors
+import requests
+import zmq
+from docker.models.containers import Container
+
+from sandcell.sandbox import boundary
+from sandcell.sandbox.container import BRIDGE_USER, exec_frames, upgraded_stream
+from sandcell.sandbox.errors import SandboxError
+from sandcell.sandbox.kernel import MAX_MESSAGE_BYTES
+
+READY_TIMEOUT_S = 30.0  # the bridge's first word: it starts in well under a second
+OUTBOX = 256  # host messages waiting for the exec's stdin; past it they are dropped
+STDERR_BYTES = 16 << 10  # the bridge's last words kept, to say why it ended
+END = b"end"  # the reader's last message to the pump
+
+
+class StreamLink:
+    """One bridge in `container` and the host sockets jupyter_client connects to, in
+    `folder` (the sandbox's, private to the host user). open() starts it; close() ends it
+    (the bridge ends with its stdin)."""
+
+    def __init__(self, container: Container, folder: str):
+        self.container = container
+        self.folder = folder
+        self.context = zmq.Context()
+        self.context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self.inbox = f"inproc://bridge-{uuid.uuid4().hex}"
+        self.outbox: queue.Queue[bytes | None] = queue.Queue(OUTBOX)
+        self.ready = threading.Event()
+        self.ended: str | None = None  # why the link ended, once it has
+        self.stderr = bytearray()
+        self.threads: list[threading.Thread] = []
+        self.raw: socket.socket | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def open(self, key: dict | None, check: Callable[[], None]) -> None:
+        """Start the bridge, hand it `key` (a new connection file for the supervisor), and
+        return once it has noted the relay's sockets: the caller may then signal the
+        supervisor. `check` raises when the container stopped."""
+        api = self.container.client.api
+        try:
+            exec_id = api.exec_create(
+                self.container.id, ["python3", boundary.BRIDGE_PROGRAM], stdin=True,
+                user=BRIDGE_USER, workdir="/",
+            )["Id"]  # fmt: skip
+            sock = api.exec_start(exec_id, socket=True)
+        except (docker.errors.APIError, requests.exceptions.RequestException) as error:
+            check()
+            raise SandboxError(f"the bridge to the kernel did not start: {error}") from None
+        self.raw = sock._sock
+        self.raw.settimeout(None)  # idle for hours between cells is fine
+        stream = upgraded_stream(sock)
+        fronts = self._bind()
+        self._thread(self._read, stream)
+        self._thread(self._pump, fronts)
+        self._thread(self._write)
+        first = json.dumps({"key": key}).encode()
+        self.outbox.put(boundary.encode_message(boundary.CONTROL, [first]))
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not self.ready.wait(0.5):
+            self.check()
+            check()
+            if time.monotonic() > deadline:
+                raise SandboxError(
+                    f"the bridge to the kernel did not answer in {READY_TIMEOUT_S:g} s"
+                )
+
+    def _bind(self) -> dict[int, zmq.Socket]:
+        fronts = {}
+        for name, port in boundary.CHANNELS.items():
+            sock = self.context.socket(zmq.XPUB if name == "iopub" else zmq.ROUTER)
+            sock.linger = 0
+            sock.bind(f"ipc://{self.folder}/{boundary.socket_name(port)}")
+            fronts[port] = sock
+        return fronts
+
+    def _thread(self, target: Callable[..., None], *args: Any) -> None:
+        name = f"bridge{target.__name__}"
+        thread = threading.Thread(target=target, args=args, daemon=True, name=name)
+        thread.start()
+        self.threads.append(thread)
+
+    def check(self) -> None:
+        """Raise SandboxError if the link has ended (the bridge said why on its stderr)."""
+        if self.ended is not None:
+            said = self.stderr.decode(errors="replace").strip()[-500:]
+            said = f" ({said})" if said else ""
+            raise SandboxError(f"the bridge to the kernel ended: {self.ended}{said}")
+
+    def close(self) -> None:
+        """End the bridge (its stdin closes) and the threads; remove the host's folder."""
+        if self.ended is None:
+            self.ended = "closed"
+        if self.raw is not None:
+            try:  # the engine closes the exec's stdin; the reader's read returns
+                self.raw.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        try:
+            self.outbox.put_nowait(None)  # the writer ends (it may have already)
+        except queue.Full:
+            pass
+        for thread in self.threads:
+            thread.join(timeout=5)
+        if self.raw is not None:
+            self.raw.close()
+        self.context.destroy(linger=0)
+
+    # -- the threads -----------------------------------------------------------------------
+    def _read(self, stream: Any) -> None:
+        """The exec's output: stdout as messages for the pump, stderr kept (its tail)."""
+        handoff = self.context.socket(zmq.PAIR)
+        handoff.connect(self.inbox)
+        reader = boundary.MessageReader(MAX_MESSAGE_BYTES)
+        why = "the bridge's output ended"
+        try:
+            for stream_id, payload in exec_frames(stream):
+                if stream_id != 1:
+                    self.stderr += payload
+                    del self.stderr[:-STDERR_BYTES]
+                    continue
+                for channel, frames in reader.feed(payload):
+                    if channel == boundary.CONTROL:
+                        if frames == [b"ready"]:
+                            self.ready.set()
+                    else:
+                        handoff.send_multipart([bytes([channel]), *frames])
+        except ValueError as error:  # a message over the caps, or no message at all
+            why = f"it sent what is not a message ({error})"
+        except OSError as error:
+            why = f"its stream failed ({error})"
+        finally:
+            if self.ended is None:
+                self.ended = why
+            handoff.send_multipart([END])
+            handoff.close(linger=0)
+
+    def _pump(self, fronts: dict[int, zmq.Socket]) -> None:
+        inbox = self.context.socket(zmq.PAIR)
+        inbox.bind(self.inbox)
+        poller = zmq.Poller()
+        poller.register(inbox, zmq.POLLIN)
+        ports = {}
+        for port, sock in fronts.items():
+            poller.register(sock, zmq.POLLIN)
+            ports[sock] = port
+        try:
+            while True:
+                for sock, _ in poller.poll():
+                    frames = sock.recv_multipart()
+                    if sock is inbox:
+                        if frames == [END]:
+                            return
+                        try:
+                            fronts[frames[0][0]].send_multipart(frames[1:], flags=zmq.NOBLOCK)
+                        except zmq.Again:
+                            pass  # jupyter_client is not reading: dropped, as the relay would
+                        continue
+                    try:
+                        self.outbox.put_nowait(boundary.encode_message(ports[sock], frames))
+                    except queue.Full:
+                        pass  # the bridge has stopped reading: a dropped request times out
+        finally:
+            for sock in (inbox, *fronts.values()):
+                sock.close(linger=0)
+
+    def _write(self) -> None:
+        assert self.raw is not None
+        while (data := self.outbox.get()) is not None:
+            try:
+                self.raw.sendall(data)
+            except OSError:
+                break
+        try:
+            self.raw.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass

@@ -1,0 +1,99 @@
+"""Which way the host reaches a sandbox's kernel and inputs: `ipc` (socket files and input
+files in folders the engine bind-mounts: a local Linux engine that sees this machine's
+folders) or `stream` (everything through the engine's API: exec streams, a volume for the
+inputs; any engine the API reaches). `auto` picks `ipc` where it works and `stream` otherwise,
+once per engine per process."""
+
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+
+import docker
+import docker.errors
+import requests
+from docker.types import Mount
+
+from sandcell.sandbox.errors import SandboxUnavailable
+
+TRANSPORTS = ("auto", "ipc", "stream")
+ENV = "SANDCELL_TRANSPORT"
+
+
+@dataclass(frozen=True)
+class Choice:
+    name: str  # "ipc" or "stream"
+    why: str
+
+
+_chosen: dict[str, Choice] = {}  # per engine (its address), for this process
+_lock = threading.Lock()
+
+
+def engine_address(client: docker.DockerClient) -> str:
+    return os.environ.get("DOCKER_HOST") or str(client.api.base_url)
+
+
+def is_local_socket(client: docker.DockerClient) -> bool:
+    """The engine is reached through a Unix socket of this machine."""
+    return str(client.api.base_url).startswith(
+        ("http+docker://localhost", "http+docker://localunixsocket")
+    )
+
+
+def choose(client: docker.DockerClient, asked: str, image: str) -> Choice:
+    """The transport for sandboxes on this engine: `asked`, or what `auto` finds."""
+    if asked not in TRANSPORTS:
+        raise SandboxUnavailable(f"no transport {asked!r}: use one of {', '.join(TRANSPORTS)}")
+    if asked == "stream":
+        return Choice("stream", "asked for (--transport stream)")
+    found = _auto(client, image)
+    if asked == "ipc":
+        if found.name != "ipc":
+            raise SandboxUnavailable(
+                f"--transport ipc needs a local engine that sees this machine's folders, and "
+                f"{found.why}: use --transport stream (or auto)"
+            )
+        return Choice("ipc", "asked for (--transport ipc)")
+    return found
+
+
+def _auto(client: docker.DockerClient, image: str) -> Choice:
+    address = engine_address(client)
+    with _lock:
+        if address not in _chosen:
+            _chosen[address] = _find(client, image, address)
+        return _chosen[address]
+
+
+def _find(client: docker.DockerClient, image: str, address: str) -> Choice:
+    if not is_local_socket(client):
+        return Choice("stream", f"the engine is remote ({address})")
+    system = str(client.info().get("OperatingSystem", ""))
+    if "Docker Desktop" in system:
+        return Choice("stream", "the engine is Docker Desktop's, in a virtual machine")
+    if sees_host_folders(client, image):
+        return Choice("ipc", f"the engine at {address} sees this machine's folders")
+    return Choice("stream", f"the engine at {address} cannot see this machine's folders")
+
+
+def sees_host_folders(client: docker.DockerClient, image: str) -> bool:
+    """Whether the engine can bind-mount a folder this process just made: a container is
+    created (never started) with it; an engine in another machine refuses the missing path."""
+    with tempfile.TemporaryDirectory(prefix="sandcell-probe-") as folder:
+        try:
+            probe = client.containers.create(
+                image,
+                entrypoint=["true"],
+                network_mode="none",
+                mounts=[Mount(target="/probe", source=folder, type="bind", read_only=True)],
+                labels={"sandcell.probe": "1"},
+            )
+        except docker.errors.ImageNotFound:
+            raise SandboxUnavailable(
+                f"the sandbox image {image} is missing. Build it with `sandcell image build`."
+            ) from None
+        except (docker.errors.APIError, requests.exceptions.RequestException):
+            return False
+        probe.remove(force=True)
+        return True
