@@ -3,14 +3,14 @@
 Where the host shares no folder with the engine (a remote engine, Docker Desktop, Podman),
 it reaches the relay through this program, run with `docker exec` as a uid of its own
 (boundary.BRIDGE_UID_OFFSET) with the exec's stdin and stdout as its stream. In order it
-1. notes the relay's socket files as they are: after a restart it must reach the new relay,
-   never the old one in its last moments;
-2. reads the host's first message: {"key": a connection file, or null}; a key goes into
-   boundary.KEY_DIR (this uid's alone), where the supervisor reads it for its next kernel;
-3. says ready: the host then signals the supervisor (start, restart, renew);
-4. waits until every socket file is new, connects to the relay, and carries each channel's
-   messages both ways, framed (boundary.encode_message) and bounded as the relay bounds
-   them, until its stdin ends.
+1. reads the host's first message: {"key": a connection file or null, "before": the
+   identities of the relay's socket files the last bridge reached, or null}; a key goes into
+   boundary.KEY_DIR (this uid's alone), where the supervisor waits for it;
+2. says ready;
+3. waits until every socket file is there and none is one of `before` (after a restart it
+   must reach the new relay, never the old one in its last moments), connects to the relay,
+   says which files it reached, and carries each channel's messages both ways, framed
+   (boundary.encode_message) and bounded as the relay bounds them, until its stdin ends.
 
 Non-dumpable, and of another uid than model code, so model code can neither ptrace it nor
 open its /proc/<pid>/fd to write into the host's stream. What it writes goes through a pipe
@@ -111,16 +111,21 @@ def await_new_relay(stream: Stream, before: list, stashed: list) -> bool:
                 return False
 
 
+def control(stream: Stream, **said: object) -> None:
+    stream.write(boundary.CONTROL, [json.dumps(said).encode()])
+
+
 def main() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
-    before = identities()
     stream = Stream()
     first, stashed = first_message(stream)
     if first.get("key") is not None:
         hand_over(first["key"])
-    stream.write(boundary.CONTROL, [b"ready"])
+    control(stream, ready=True)
+    before = [tuple(old) if old else None for old in first.get("before") or [None] * len(SOCKETS)]
     if not await_new_relay(stream, before, stashed):
         return
+    reached = identities()
     context = zmq.Context()
     poller = zmq.Poller()
     by_port, ports = {}, {}
@@ -131,7 +136,7 @@ def main() -> None:
         by_port[port], ports[sock] = sock, port
         poller.register(sock, zmq.POLLIN)
     poller.register(0, zmq.POLLIN)
-    stream.write(boundary.CONTROL, [b"connected"])
+    control(stream, connected=reached)
     pending = stashed
     while not stream.ended:
         for channel, frames in pending:

@@ -251,11 +251,20 @@ def spawn(cmd: list[str], oom_score_adj: int, run=None) -> int:
     return pid
 
 
-def connection() -> dict:
-    """The next kernel's connection file. Over the stream transport, the host's bridge
-    writes it after the container starts: waited for then (KEY_WAIT_S)."""
+def connection(new_key: bool, seen: list) -> dict:
+    """The next kernel's connection file. Over the stream transport the host's bridge writes
+    it after the host's signal: with `new_key` (the first start, a renewal) this waits
+    (KEY_WAIT_S) for a file other than the last one read, noted in `seen`."""
     deadline = time.monotonic() + boundary.KEY_WAIT_S
-    while STREAMED and not os.path.exists(CONNECTION_FILE):
+    while STREAMED:
+        try:
+            st = os.stat(CONNECTION_FILE)
+            now = (st.st_ino, st.st_ctime_ns)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (not new_key or now not in seen):
+            seen[:] = [now]
+            break
         if time.monotonic() > deadline:
             sys.exit("supervisor: no connection file came from the host's bridge")
         time.sleep(0.01)
@@ -440,9 +449,9 @@ def main() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)  # before any import can start a thread
     copy_font_cache()
-    listener = checks_socket()
+    listener, seen = checks_socket(), []
     preloaded = forked = False
-    relay, kernel = start(forked, connection())
+    relay, kernel = start(forked, connection(True, seen))
     while True:
         info = signal.sigwaitinfo(HANDLED)
         sig = info.si_signo
@@ -457,7 +466,7 @@ def main() -> None:
                 kernel = -1  # the host notices through the heartbeat and asks for a restart
         elif sig == boundary.RESTART:
             kill_all({1})
-            relay, kernel = start(forked, connection())
+            relay, kernel = start(forked, connection(False, seen))
         elif sig == boundary.RENEW:
             # No process of the last job may see the next job's files: if one outlives the
             # kill, or anything it wrote stays, the container ends (the host then says so).
@@ -471,7 +480,7 @@ def main() -> None:
                 preloaded, forked = True, preload()
                 if forked:
                     preload_checker(listener)
-            relay, kernel = start(forked, connection())
+            relay, kernel = start(forked, connection(True, seen))
         elif sig == boundary.QUIESCE:  # a pause: the host checkpoints the container next
             stop_relay(relay)
             relay = -1

@@ -131,13 +131,19 @@ def runtime_is_gvisor(info: dict, runtime: str | None) -> bool:
     return True
 
 
-def preflight(image: str | None = None, runtime: str | None = None) -> None:
+def preflight(
+    image: str | None = None, runtime: str | None = None, transport: str = "auto"
+) -> None:
     """Raise SandboxUnavailable now if no sandbox could start (no engine, no image, a runtime
-    the engine lacks): a front end says so before it asks a model anything, though the
-    container starts later."""
+    the engine lacks, the ipc transport asked of an engine that cannot see this machine's
+    folders): a front end says so before it asks a model anything, though the container
+    starts later."""
+    from sandcell.sandbox.transport import choose
+
     client = engine()
     check_image(client, image or DEFAULT_IMAGE)
     check_runtime(client, runtime)
+    choose(client, transport, image or DEFAULT_IMAGE)
 
 
 def owner(pid: int | None = None) -> str:

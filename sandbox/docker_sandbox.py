@@ -11,6 +11,7 @@ in a volume of the sandbox's (sandbox/data_volume.py).
 import json
 import os
 import shutil
+import signal
 import tempfile
 import time
 import uuid
@@ -170,10 +171,7 @@ class DockerSandbox:
         self._refinalize(self.container)
         if saved is not None:  # the restored supervisor starts a relay for its kernel
             ctr.send_signal(self.container, boundary.NEW_RELAY.name)
-        # over the stream transport the supervisor waits for its first key from the bridge
-        self._set_client(
-            self._connect(self._before_kernel(new_key=True) if self.streamed else None)
-        )
+        self._new_kernel(None)
         if saved is not None:
             self._in_kernel("after_resume()")
 
@@ -185,28 +183,41 @@ class DockerSandbox:
             self.volume,
         )  # fmt: skip
 
-    def _before_kernel(self, new_key: bool = False) -> list | None:
-        """Before the supervisor is asked for a new kernel (restart, renewal; over the stream
-        transport also the first): what _connect needs to find it, and with `new_key` a
-        new connection key for it. ipc: the folder unsealed, its socket files noted. stream:
-        a new bridge, which notes them in the container and hands the key over."""
-        if new_key and self.streamed:
+    def _new_kernel(self, sent: signal.Signals | None, new_key: bool = False) -> None:
+        """Have the supervisor start a new kernel (`sent` asks for it: restart, renewal; None
+        at the start, when it starts one by itself) and connect to it; with `new_key`, under
+        a new connection key. ipc: the folder unsealed and its socket files noted first, so
+        only the new relay's are taken. stream: the last bridge closed (it noted the relay
+        it reached), then a new one that awaits another relay's sockets, and hands over the
+        key the supervisor waits for (always at the start)."""
+        self._set_client(None)
+        if not self.streamed:
+            replacing = None
+            if sent is not None:
+                kernel.unseal(self.conn_dir)
+                replacing = kernel.socket_files(self.conn_dir, self._info)
+                if new_key:
+                    self._info = kernel.rotate_key(self.conn_dir, self._info)
+                ctr.send_signal(self.container, sent.name)
+            self._set_client(self._connect(replacing))
+            return
+        before = None
+        for old in self._links:
+            before = old.reached
+            old.close()
+        self._links.clear()
+        if sent is not None:
+            ctr.send_signal(self.container, sent.name)
+        handed = None
+        if new_key or sent is None:
             self._info = dict(self._info, key=kernel.new_connection_info()["key"])
-        if self.streamed:
-            for old in self._links:
-                old.close()
-            self._links.clear()
-            link = StreamLink(self.container, self.conn_dir)
-            self._links.append(link)  # closed with the sandbox, whatever happens next
-            link.open(
-                self._info if new_key else None, check=lambda: ctr.check_running(self.container)
-            )
-            return None
-        kernel.unseal(self.conn_dir)
-        before = kernel.socket_files(self.conn_dir, self._info)
-        if new_key:
-            self._info = kernel.rotate_key(self.conn_dir, self._info)
-        return before
+            handed = self._info
+        link = StreamLink.start(
+            self.container, self.conn_dir, handed, before,
+            check=lambda: ctr.check_running(self.container),
+        )  # fmt: skip
+        self._links.append(link)
+        self._set_client(self._connect())
 
     def _connect(self, replacing: list | None = None) -> BlockingKernelClient:
         """Connect once the kernel answers; after a restart, only to the new relay."""
@@ -367,10 +378,7 @@ class DockerSandbox:
     def _hard_restart(self) -> None:
         """Kill every process but the supervisor, which then starts a fresh kernel."""
         ctr.check_running(self.container)
-        self._set_client(None)
-        before = self._before_kernel()
-        ctr.send_signal(self.container, boundary.RESTART.name)
-        self._set_client(self._connect(replacing=before))
+        self._new_kernel(boundary.RESTART)
 
     # -- pausing (gVisor) ----------------------------------------------------------------
     def pause(self, folder: str | Path) -> None:
@@ -520,10 +528,7 @@ class DockerSandbox:
         fresh = Inputs.from_paths(inputs)
         try:
             ctr.check_running(self.container)
-            self._set_client(None)
-            before = self._before_kernel(new_key=True)
-            ctr.send_signal(self.container, boundary.RENEW.name)
-            self._set_client(self._connect(replacing=before))
+            self._new_kernel(boundary.RENEW, new_key=True)
             # The supervisor kills the last job's processes before it starts the kernel just
             # reached: only now may /data change, so none of them can see the new inputs.
             self._place(fresh.mounts(), emptied=True)

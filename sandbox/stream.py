@@ -52,16 +52,18 @@ class StreamLink:
         self.inbox = f"inproc://bridge-{uuid.uuid4().hex}"
         self.outbox: queue.Queue[bytes | None] = queue.Queue(OUTBOX)
         self.ready = threading.Event()
+        self.reached: list | None = None  # the relay's socket files the bridge connected to
         self.ended: str | None = None  # why the link ended, once it has
         self.stderr = bytearray()
         self.threads: list[threading.Thread] = []
         self.raw: socket.socket | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
-    def open(self, key: dict | None, check: Callable[[], None]) -> None:
-        """Start the bridge, hand it `key` (a new connection file for the supervisor), and
-        return once it has noted the relay's sockets: the caller may then signal the
-        supervisor. `check` raises when the container stopped."""
+    def open(self, key: dict | None, before: list | None, timeout: float) -> bool:
+        """Start the bridge and hand it `key` (a new connection file for the supervisor) and
+        `before` (the relay's socket files the last bridge reached: a new relay's are
+        awaited). True once it said ready within `timeout`; False if it ended first (it
+        could not start: a fork bomb still filling the sandbox's process limit)."""
         api = self.container.client.api
         try:
             exec_id = api.exec_create(
@@ -70,8 +72,8 @@ class StreamLink:
             )["Id"]  # fmt: skip
             sock = api.exec_start(exec_id, socket=True)
         except (docker.errors.APIError, requests.exceptions.RequestException) as error:
-            check()
-            raise SandboxError(f"the bridge to the kernel did not start: {error}") from None
+            self.ended = f"it did not start ({error})"
+            return False
         self.raw = sock._sock
         self.raw.settimeout(None)  # idle for hours between cells is fine
         stream = upgraded_stream(sock)
@@ -79,16 +81,13 @@ class StreamLink:
         self._thread(self._read, stream)
         self._thread(self._pump, fronts)
         self._thread(self._write)
-        first = json.dumps({"key": key}).encode()
+        first = json.dumps({"key": key, "before": before}).encode()
         self.outbox.put(boundary.encode_message(boundary.CONTROL, [first]))
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not self.ready.wait(0.5):
-            self.check()
-            check()
-            if time.monotonic() > deadline:
-                raise SandboxError(
-                    f"the bridge to the kernel did not answer in {READY_TIMEOUT_S:g} s"
-                )
+        deadline = time.monotonic() + timeout
+        while not self.ready.wait(0.05):
+            if self.ended is not None or time.monotonic() > deadline:
+                return False
+        return True
 
     def _bind(self) -> dict[int, zmq.Socket]:
         fronts = {}
@@ -104,6 +103,32 @@ class StreamLink:
         thread = threading.Thread(target=target, args=args, daemon=True, name=name)
         thread.start()
         self.threads.append(thread)
+
+    @classmethod
+    def start(
+        cls,
+        container: Container,
+        folder: str,
+        key: dict | None,
+        before: list | None,
+        check: Callable[[], None],
+    ) -> "StreamLink":
+        """A link whose bridge said ready, tried again until READY_TIMEOUT_S: just after a
+        restart's signal a fork bomb may still fill the process limit. `check` raises when
+        the container stopped."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            link = cls(container, folder)
+            if link.open(key, before, deadline - time.monotonic()):
+                return link
+            link.close()
+            check()
+            if time.monotonic() > deadline:
+                raise SandboxError(
+                    f"the bridge to the kernel did not start within {READY_TIMEOUT_S:g} s "
+                    f"({link.ended}; {link.stderr.decode(errors='replace').strip()[-300:]})"
+                )
+            time.sleep(0.2)
 
     def check(self) -> None:
         """Raise SandboxError if the link has ended (the bridge said why on its stderr)."""
@@ -146,8 +171,7 @@ class StreamLink:
                     continue
                 for channel, frames in reader.feed(payload):
                     if channel == boundary.CONTROL:
-                        if frames == [b"ready"]:
-                            self.ready.set()
+                        self._said(frames)
                     else:
                         handoff.send_multipart([bytes([channel]), *frames])
         except ValueError as error:  # a message over the caps, or no message at all
@@ -159,6 +183,20 @@ class StreamLink:
                 self.ended = why
             handoff.send_multipart([END])
             handoff.close(linger=0)
+
+    def _said(self, frames: list[bytes]) -> None:
+        """The bridge's own word: ready, or the relay's socket files it connected to."""
+        try:
+            said = json.loads(frames[0]) if len(frames) == 1 else {}
+        except ValueError:
+            said = {}
+        if not isinstance(said, dict):
+            return
+        if said.get("ready") is True:
+            self.ready.set()
+        reached = said.get("connected")
+        if isinstance(reached, list) and len(reached) == len(boundary.CHANNELS):
+            self.reached = reached
 
     def _pump(self, fronts: dict[int, zmq.Socket]) -> None:
         inbox = self.context.socket(zmq.PAIR)

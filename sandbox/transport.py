@@ -31,7 +31,7 @@ _lock = threading.Lock()
 
 
 def engine_address(client: docker.DockerClient) -> str:
-    return os.environ.get("DOCKER_HOST") or str(client.api.base_url)
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
 
 def is_local_socket(client: docker.DockerClient) -> bool:

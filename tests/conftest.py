@@ -4,8 +4,10 @@ reason printed); with CI=true a missing engine or image is a failure. The sandbo
 
 import functools
 import json
+import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -47,6 +49,45 @@ def runtime(request) -> str:
     if problem is not None:
         cannot_run(problem, f"{request.param} test")
     return request.param
+
+
+@pytest.fixture(scope="session")
+def tcp_engine():
+    """DOCKER_HOST of the running engine reached over TCP on loopback, as a remote engine is
+    (tests/tcp_engine.py; one forwarder per test process, ended with it)."""
+    forwarder = subprocess.Popen(
+        [sys.executable, "-m", "tests.tcp_engine"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert forwarder.stdout is not None
+    port = int(forwarder.stdout.readline())
+    yield f"tcp://127.0.0.1:{port}"
+    forwarder.kill()
+    forwarder.wait()
+
+
+TRANSPORTS = ("ipc", "stream")
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def transport(request):
+    """How the sandboxes of a module's test reach their engine: `ipc` on the local socket, or
+    `stream` over TCP (DOCKER_HOST set for the module: `auto` then picks stream, and every
+    container, exec and file of the test goes through the engine's API alone)."""
+    if request.param == "ipc":
+        yield "ipc"
+        return
+    problem = docker_problem()
+    if problem is not None:
+        cannot_run(problem, "stream transport test")
+    before = os.environ.get("DOCKER_HOST")
+    os.environ["DOCKER_HOST"] = request.getfixturevalue("tcp_engine")
+    try:
+        yield "stream"
+    finally:
+        if before is None:
+            os.environ.pop("DOCKER_HOST", None)
+        else:
+            os.environ["DOCKER_HOST"] = before
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist names each test's group

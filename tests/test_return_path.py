@@ -21,6 +21,13 @@ from tests.serve_helpers import client, config, serving, wait_for
 from tests.test_sandbox_security import known_runsc_difference
 
 
+@pytest.fixture(scope="module")
+def runtime(runtime, transport):
+    """Each sandbox test here runs under each runtime, and over each transport: the local
+    engine's ipc, and the engine's API alone (stream) over TCP, as a remote engine is."""
+    return runtime
+
+
 def member(name: str, data: bytes) -> bytes:
     """One tar member, header and padded data, as model code would write it by hand."""
     info = tarfile.TarInfo(name)
@@ -271,6 +278,9 @@ def test_pool_input_staging_is_private_to_the_host_user_and_readable_inside(tmp_
         sb.add_inputs([data])
         ex = sb.run("print(open('/data/in.csv').read())")
         assert ex.ok and ex.stdout == "a\n1\n\n", render(ex)
+        if sb.streamed:
+            assert_inputs_in_a_volume_of_their_own(sb)
+            return
         private = ctr.staging_path(sb.conn_dir)
         assert private.stat().st_mode & 0o077 == 0, oct(private.stat().st_mode)
         if os.getuid() != 0:
@@ -288,6 +298,21 @@ def test_pool_input_staging_is_private_to_the_host_user_and_readable_inside(tmp_
             user=65534, capture_output=True, text=True, timeout=30,
         )  # fmt: skip
         assert seen.stdout.split() == ["refused", "refused"], seen.stdout + seen.stderr
+
+
+def assert_inputs_in_a_volume_of_their_own(sb: DockerSandbox) -> None:
+    """Over the stream transport the inputs were copied through the engine's API into the
+    sandbox's own volume, its one mount (read-only): root's files, read-only, gone with it."""
+    ex = sb.run(
+        "import os\nst = os.stat('/data/in.csv')\nprint(st.st_uid, oct(st.st_mode & 0o777))"
+    )
+    assert ex.stdout.split() == ["0", "0o444"], render(ex)
+    mounts = [(m["Type"], m.get("Name"), m["RW"]) for m in sb.container.attrs["Mounts"]]
+    assert mounts == [("volume", sb.volume, False)], mounts
+    assert sb.client.volumes.get(sb.volume).attrs["Labels"]["sandcell"] == "1"
+    client, volume = sb.client, sb.volume
+    sb.close()
+    assert volume not in [v.name for v in client.volumes.list()]
 
 
 @pytest.mark.docker

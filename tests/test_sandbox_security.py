@@ -18,8 +18,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sandcell.sandbox import DockerSandbox, Limits, SandboxError, render
+from sandcell.sandbox import DockerSandbox, Limits, SandboxError, boundary, render
 from sandcell.sandbox import container as ctr
+
+
+@pytest.fixture(scope="module")
+def runtime(runtime, transport):
+    """Each sandbox test here runs under each runtime, and over each transport: the local
+    engine's ipc, and the engine's API alone (stream) over TCP, as a remote engine is."""
+    return runtime
+
 
 # a test's own timeout mark, where it has one, wins over the module's
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(60)]
@@ -47,6 +55,7 @@ def ok(sb: DockerSandbox, code: str, timeout: float | None = None) -> str:
 # Prepended to a probe: the sandbox's live processes (pid, command line), zombies left out.
 LIVE_COMMANDS = """
 import os
+
 def live_commands():
     found = []
     for p in os.listdir("/proc"):
@@ -85,12 +94,19 @@ def assert_a_fresh_kernel_kept_the_files(sb: DockerSandbox) -> None:
 
 def assert_host_unharmed(sb: DockerSandbox) -> None:
     """The connection directory on the host is sealed again, holds only the kernel's
-    files, and the container still runs with its limits."""
+    files, and the container still runs with its limits. Over the stream transport the
+    host's folder was never mounted: private to the host user, its own sockets alone, and
+    the container has no bind mount at all."""
     mode = stat.S_IMODE(os.stat(sb.conn_dir).st_mode)
-    assert mode == 0o555, oct(mode)
     entries = os.listdir(sb.conn_dir)
-    assert "kernel.json" in entries and len(entries) <= 8, entries
     sb.container.reload()
+    if sb.streamed:
+        assert mode == 0o700, oct(mode)
+        assert set(entries) <= {f"kernel-{port}" for port in range(1, 6)}, entries
+        assert [m for m in sb.container.attrs["Mounts"] if m["Type"] == "bind"] == []
+    else:
+        assert mode == 0o555, oct(mode)
+        assert "kernel.json" in entries and len(entries) <= 8, entries
     assert sb.container.status == "running"
 
 
@@ -581,11 +597,13 @@ print(json.dumps({{"env": {SECRET_NAME!r} in os.environ, "proc": found,
 
 @shared_group
 def test_connection_directory_sealed(shared):
+    """The folder the kernel's key comes from: the host's (ipc), or the bridge's (stream)."""
+    folder = boundary.KEY_DIR if shared.streamed else boundary.CONNECTION_DIR
     r = probe(
         shared,
         TRY
+        + f"d = {folder!r}\n"
         + """
-d = "/run/sandcell"
 print(json.dumps({
     "create": attempt(lambda: open(f"{d}/fill", "wb").write(b"x")),
     "mkdir": attempt(lambda: os.mkdir(f"{d}/sub")),
@@ -999,7 +1017,12 @@ while True:
 import json, os
 RELAY = "/opt/venv/bin/python /opt/sandcell/relay.py"  # the supervisor's relay: not the cell's
 mine = os.getpid()
-others = [cmd for pid, cmd in live_commands() if pid not in (1, mine) and not cmd.startswith(RELAY)]
+def uid(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("Uid:")).split()[1])
+bridge = os.getuid() + 2000  # the stream transport's bridge (and its cat): the host's
+others = [cmd for pid, cmd in live_commands()
+          if pid not in (1, mine) and not cmd.startswith(RELAY) and uid(pid) != bridge]
 print(json.dumps({"others": others}))
 """,
         )
@@ -1096,28 +1119,33 @@ def cpu_quota_from_the_host(runtime: str) -> None:
 @pytest.mark.timeout(120)
 def test_kernel_json_cannot_be_swapped_during_a_restart(runtime):
     """While a hard restart unseals the connection directory, model code still running must
-    not replace the host's connection file (it would own the next kernel's key)."""
+    not replace the host's connection file (it would own the next kernel's key). Over the
+    stream transport the file is the bridge's, in a folder of its uid's."""
     with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=1), runtime=runtime) as sb:
-        original = Path(sb.conn_dir, "kernel.json").read_bytes()
+        folder = boundary.KEY_DIR if sb.streamed else boundary.CONNECTION_DIR
+        original = sb.read(f"{folder}/kernel.json")
         ex = sb.run(
+            f"folder = {folder!r}\n"
             """
 import json, os, signal
 signal.signal(signal.SIGINT, signal.SIG_IGN)
-info = json.load(open("/run/sandcell/kernel.json"))
+info = json.load(open(f"{folder}/kernel.json"))
 info["key"] = "chosen-by-model-code"
 data = json.dumps(info)
 while True:
-    try:
-        with open("/run/sandcell/evil.json", "w") as f:
-            f.write(data)
-        os.replace("/run/sandcell/evil.json", "/run/sandcell/kernel.json")
-    except OSError:
-        pass
+    for evil in (f"{folder}/evil.json", "/tmp/evil.json"):
+        try:
+            with open(evil, "w") as f:
+                f.write(data)
+            os.replace(evil, f"{folder}/kernel.json")
+        except OSError:
+            pass
 """,
             timeout=3,
         )
         assert ex.restarted == "timeout", render(ex)
-        assert Path(sb.conn_dir, "kernel.json").read_bytes() == original
+        assert sb.read(f"{folder}/kernel.json") == original
+        assert json.loads(original)["key"] == sb._info["key"]
         assert_next_cell_works(sb)
         assert_host_unharmed(sb)
 
@@ -1141,3 +1169,58 @@ def test_huge_kernel_messages_are_dropped_inside_the_container(frames, frame_mb,
         assert ex.ok and "after" in ex.stdout, render(ex)
         assert rss.growth < 64 << 20, rss.growth
         assert ex.dropped_bytes >= frames * (frame_mb << 20), ex.dropped_bytes  # the relay said so
+
+
+FORGE = """
+import json, os
+me, mine = os.getpid(), os.getuid()
+garbage = b"\\x63" * 4096  # no message: any of it reaching the host's reader ends the link
+seen, opened = [], []
+for pid in os.listdir("/proc"):
+    if not pid.isdigit() or int(pid) == me:
+        continue
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            uid = int(next(line for line in f if line.startswith("Uid:")).split()[1])
+    except (OSError, StopIteration):
+        continue
+    seen.append(uid)
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        continue
+    if uid == mine:
+        continue  # the kernel's own uid: reachable by design (the relay bounds what it sends)
+    for fd in fds:
+        try:
+            out = os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            os.write(out, garbage)
+        except OSError:
+            pass
+        os.close(out)
+        opened.append([pid, uid, fd])
+print(json.dumps({"seen": seen, "opened": opened}))
+"""
+
+
+@pytest.mark.xdist_group("security-d")
+def test_forged_frames_written_to_every_fd_model_code_reaches_never_reach_the_host(
+    runtime, transport
+):
+    """Over the stream transport the host reads the bridge's output as messages: model code
+    writing bytes into every file descriptor it can open (the bridge's and its `cat`'s
+    among those it tries, another uid's) reaches none of them, under runc and runsc alike:
+    the link goes on, and nothing of another uid was opened."""
+    if transport != "stream":
+        pytest.skip("the bridge is the stream transport's")
+    with DockerSandbox(limits=FAST, runtime=runtime) as sb:
+        link = sb._links[0]
+        ex = sb.run(FORGE, timeout=30)
+        report = json.loads(ex.stdout.splitlines()[-1]) if ex.ok else render(ex)
+        assert ctr.BRIDGE_UID in report["seen"], report  # the bridge was there to attack
+        assert report["opened"] == [], report
+        assert_next_cell_works(sb)
+        assert sb._links == [link] and link.ended is None

@@ -254,15 +254,34 @@ def pausing(info: dict) -> Check:
     )
 
 
+def transports(client: docker.DockerClient, asked: str) -> Check:
+    """Which way the host reaches sandboxes on this engine, and why (sandbox/transport.py)."""
+    from sandcell.sandbox.transport import choose
+
+    try:
+        chosen = choose(client, asked, DEFAULT_IMAGE)
+    except SandboxUnavailable as error:
+        return Check("transport", FAIL, str(error), "use --transport auto (or stream)")
+    if chosen.name == "ipc":
+        return Check("transport", OK, f"ipc: {chosen.why}")
+    return Check(
+        "transport", OK, f"stream: {chosen.why}; everything goes through the engine's API "
+        "(inputs copied into a volume; no pausing, no wheelhouse mount)",
+    )  # fmt: skip
+
+
 def checks(
-    settings: ModelSettings, runtime: str | None, endpoint_given: bool = False
+    settings: ModelSettings,
+    runtime: str | None,
+    endpoint_given: bool = False,
+    transport: str = "auto",
 ) -> Iterator[Check]:
-    """Every check, in the order a person fixes them."""
+    """Every check, in the order a person fixes them."""  # fmt: skip
     client, found = engine()
     yield found
     info = None
     if client is None:
-        for name in ("image", "runtime", "pausing", "cgroups"):
+        for name in ("image", "runtime", "transport", "pausing", "cgroups"):
             yield Check(name, SKIP, "needs the engine")
         yield packages(None)
     else:
@@ -276,6 +295,7 @@ def checks(
         yield image(client)
         yield packages(client)
         yield runtimes(info, runtime)
+        yield transports(client, transport)
         yield pausing(info)
         yield cgroups(info)
     yield model(settings, dict(os.environ), endpoint_given)

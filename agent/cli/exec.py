@@ -16,6 +16,7 @@ from sandcell.agent.cli.options import (
     output_option,
     rich_options,
     runtime_option,
+    transport_option,
     wheelhouse_option,
 )
 from sandcell.sandbox import DockerSandbox, Limits
@@ -34,6 +35,7 @@ def print_live(chunk: StreamChunk) -> None:
 @output_option("Copy the workspace (figures, files the code wrote) to this folder.")
 @rich_options
 @runtime_option
+@transport_option
 @wheelhouse_option
 @click.option("--json", "as_json", is_flag=True, help="Print the Execution as JSON.")
 @click.option("-c", "code", default=None, help="The code to run.")
@@ -47,6 +49,7 @@ def exec_cmd(
     rich_outputs: int,
     rich_mb: int,
     runtime: str | None,
+    transport: str,
     wheelhouse: str | None,
     as_json: bool,
     code: str | None,
@@ -73,6 +76,7 @@ def exec_cmd(
         rich_outputs=rich_outputs,
         rich_bytes=rich_mb << 20,
         wheelhouse=wheelhouse,
+        transport=transport,
     )
     live = None if as_json else print_live  # stdout and stderr as the code prints them
     with DockerSandbox(limits=limits, inputs=list(inputs)) as sandbox:

@@ -106,6 +106,20 @@ def runtime_option(command: FC) -> FC:
     )(command)
 
 
+def transport_option(command: FC) -> FC:
+    """--transport auto|ipc|stream: how the host reaches the sandbox (sandbox/transport.py)."""
+    return click.option(
+        "--transport",
+        envvar="SANDCELL_TRANSPORT",
+        type=click.Choice(["auto", "ipc", "stream"]),
+        default="auto",
+        show_default=True,
+        help="How the host reaches the sandbox: ipc (folders a local engine mounts), stream "
+        "(the engine's API alone: a remote engine, Docker Desktop, Podman), auto (ipc where "
+        "it works) [env SANDCELL_TRANSPORT].",
+    )(command)
+
+
 def _wheelhouse(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """--wheelhouse as Limits.wheelhouse: a folder; `none` turns it off; not given, DEFAULT
     (each machine's default one when it exists: on Ray, each node's own)."""
@@ -257,6 +271,7 @@ _LIMIT_OPTIONS: list[Decorator] = [
     click.option("--cpus", type=CPUS, default=Limits.cpus, show_default=True),
     rich_options,
     runtime_option,
+    transport_option,
     wheelhouse_option,
 ]
 
@@ -265,7 +280,7 @@ _MODEL_NAMES = ["model_name", "base_url", "api_key", "replay", "protocol", "visi
 _MODEL_NAMES += ["temperature"]
 _MODEL_NAMES += ["max_tokens", "max_steps", "wall_s"]
 _LIMIT_NAMES = ["timeout_s", "memory_mb", "cpus", "rich_outputs", "rich_mb", "runtime"]
-_LIMIT_NAMES += ["wheelhouse"]
+_LIMIT_NAMES += ["wheelhouse", "transport"]
 
 
 def _gathered(
@@ -316,7 +331,7 @@ def with_model_settings(opts: dict[str, Any]) -> dict[str, Any]:
 
 def limit_options(command: Callable[..., R]) -> Callable[..., R]:
     """Add the sandbox limit options only (--timeout, --memory, --cpus, --max-rich-outputs,
-    --max-rich-mb, --runtime, --wheelhouse), as `opts`."""
+    --max-rich-mb, --runtime, --transport, --wheelhouse), as `opts`."""
     return _gathered(command, _LIMIT_OPTIONS, _LIMIT_NAMES)
 
 
@@ -337,7 +352,7 @@ def build_agent(opts: dict[str, Any], on_event: OnEvent | None = None) -> Agent:
 
     model = build_model(opts)
     limits = build_limits(opts)
-    preflight(runtime=limits.runtime)
+    preflight(runtime=limits.runtime, transport=limits.transport)
     return Agent(
         model,
         limits=limits,
@@ -358,6 +373,7 @@ def build_limits(opts: dict[str, Any]) -> Limits:
         rich_bytes=opts["rich_mb"] << 20,
         runtime=opts["runtime"] or None,  # SANDCELL_RUNTIME= (empty) is the engine's default
         wheelhouse=opts["wheelhouse"],
+        transport=opts["transport"],
     )
 
 

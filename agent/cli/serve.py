@@ -132,7 +132,9 @@ def serve_cmd(
     known = users_of(users)
     model = build_model(opts)
     limits = build_limits(opts)
-    preflight(runtime=limits.runtime)  # no engine, image or runtime: said now (exit 3)
+    preflight(
+        runtime=limits.runtime, transport=limits.transport
+    )  # no engine, image or runtime: said now (exit 3)
     claimed = claim_data(data)
     config = ServeConfig(
         model=model,
