@@ -14,6 +14,7 @@ SECTIONS = (
     "mcp",
     "ray",
     "gvisor",
+    "transport",
     "pause",
     "realmodel",
     "checks",

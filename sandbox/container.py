@@ -334,9 +334,10 @@ def remove_host_dirs(conn_dir: str) -> None:
 
 
 def reap_orphans(client: docker.DockerClient, wait_s: float = 0) -> list[str]:
-    """Remove sandbox containers whose owner process on this host is gone. A removal another
-    process began is waited for up to `wait_s` (what `gc` and a starting server promise, "none
-    left", holds); a sandbox starting does not wait on a stuck one."""
+    """Remove sandbox containers (and then their input volumes) whose owner process on this
+    host is gone. A removal another process began is waited for up to `wait_s` (what `gc`
+    and a starting server promise, "none left", holds); a sandbox starting does not wait on
+    a stuck one. The short ids of the containers and the names of the volumes removed."""
     removed = []
     host = socket.gethostname()
     # The plain list call: no per-container inspect that could race with a removal.
@@ -356,6 +357,25 @@ def reap_orphans(client: docker.DockerClient, wait_s: float = 0) -> list[str]:
                 if wait_s:
                     _wait_removed(client, entry["Id"], wait_s)
             elif error.status_code != 404:  # 404: gone already
+                raise
+    return removed + reap_orphan_volumes(client)
+
+
+def reap_orphan_volumes(client: docker.DockerClient) -> list[str]:
+    """Remove the input volumes (the stream transport's) of sandboxes whose owner process on
+    this host is gone; one still mounted (its container not yet removed) is left for later."""
+    removed = []
+    host = socket.gethostname()
+    for volume in client.api.volumes(filters={"label": LABEL}).get("Volumes") or []:
+        labels = volume.get("Labels") or {}
+        owner_host, _, pid = labels.get(OWNER_LABEL, ":").partition(":")
+        if owner_host != host or (pid.isdigit() and _alive(int(pid))):
+            continue  # another machine's (a shared engine), or its owner lives
+        try:
+            client.api.remove_volume(volume["Name"])
+            removed.append(volume["Name"])
+        except docker.errors.APIError as error:
+            if error.status_code not in (404, 409):  # gone already, or still in use
                 raise
     return removed
 

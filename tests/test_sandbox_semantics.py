@@ -566,3 +566,40 @@ def test_orphan_of_a_dead_owner_is_reaped(runtime):
             if os.path.isdir(conn):
                 os.chmod(conn, 0o755)
                 subprocess.run(["rm", "-rf", conn, conn + "-data"], check=False)
+
+
+@pytest.mark.xdist_group("semantics-c")
+@pytest.mark.timeout(90)
+def test_a_dead_owner_s_stream_sandbox_leaves_no_volume_container_or_folder(tmp_path):
+    """Over the stream transport a sandbox's inputs live in a volume of its own: when its
+    owner dies without a word, the reaper removes the container, then the volume, and the
+    host's folder of sockets."""
+    client = docker.from_env()
+    data = tmp_path / "in.csv"
+    data.write_text("a\n1\n")
+    script = (
+        "import json, os\nfrom sandcell import DockerSandbox, Limits\n"
+        f"box = DockerSandbox(limits=Limits(transport='stream'), inputs=[{str(data)!r}])\n"
+        "assert box.run('print(open(\"/data/in.csv\").read())').stdout == 'a\\n1\\n\\n'\n"
+        "print(json.dumps({'id': box.container.id, 'volume': box.volume, 'conn': box.conn_dir}),"
+        " flush=True)\n"
+        "os._exit(0)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )  # fmt: skip
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    try:
+        assert client.volumes.get(info["volume"]).attrs["Labels"]["sandcell"] == "1"
+        ctr.reap_orphans(client, wait_s=ctr.REMOVAL_WAIT_S)  # (another start may reap it first)
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.get(info["id"])
+        with pytest.raises(docker.errors.NotFound):
+            client.volumes.get(info["volume"])
+        assert not os.path.exists(info["conn"])
+    finally:
+        with contextlib.suppress(docker.errors.NotFound):
+            client.containers.get(info["id"]).remove(force=True)
+        with contextlib.suppress(docker.errors.NotFound):
+            client.volumes.get(info["volume"]).remove(force=True)
