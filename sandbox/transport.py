@@ -14,6 +14,7 @@ import docker.errors
 import requests
 from docker.types import Mount
 
+from sandcell.sandbox import container
 from sandcell.sandbox.errors import SandboxUnavailable
 
 TRANSPORTS = ("auto", "ipc", "stream")
@@ -87,7 +88,7 @@ def sees_host_folders(client: docker.DockerClient, image: str) -> bool:
                 entrypoint=["true"],
                 network_mode="none",
                 mounts=[Mount(target="/probe", source=folder, type="bind", read_only=True)],
-                labels={"sandcell.probe": "1"},
+                labels=container.labels("transport-probe"),  # reaped if this process dies
             )
         except docker.errors.ImageNotFound:
             raise SandboxUnavailable(

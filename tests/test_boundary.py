@@ -219,3 +219,42 @@ def test_an_editable_install_builds_from_the_clone_s_images_folder():
         folder = "sandbox" if name == "boundary.py" else "images"
         assert path.resolve() == (ROOT / folder / name).resolve(), name
     assert not (ROOT / "sandbox" / "image").exists()
+
+
+# -- the stream transport's framing ------------------------------------------------------------
+def test_stream_messages_come_back_whole_however_the_bytes_are_cut():
+    sent = [(2, [b"<IDS|MSG>", b"sig", b"{}" * 1000]), (1, []), (boundary.CONTROL, [b"x" * 70_000])]
+    data = b"".join(boundary.encode_message(channel, frames) for channel, frames in sent)
+    for piece in (1, 7, 4096, len(data)):
+        reader = boundary.MessageReader(1 << 20)
+        got = []
+        for at in range(0, len(data), piece):
+            got += reader.feed(data[at : at + piece])
+        assert got == sent
+        assert reader.buffer == b""
+
+
+@pytest.mark.parametrize(
+    "data, said",
+    [
+        (boundary.STREAM_HEADER.pack(9, 1, 8), "unknown channel 9"),
+        (boundary.STREAM_HEADER.pack(2, 65, 0), "65 frames"),
+        (boundary.STREAM_HEADER.pack(2, 1, (1 << 20) + 1), "over the caps"),
+        # a frame's length past its message, and a body its frames do not fill
+        (
+            boundary.STREAM_HEADER.pack(2, 1, 8) + boundary.STREAM_FRAME.pack(5) + b"abcd",
+            "runs past",
+        ),
+        (
+            boundary.STREAM_HEADER.pack(2, 1, 6) + boundary.STREAM_FRAME.pack(1) + b"ab",
+            "do not fill",
+        ),
+        (boundary.STREAM_HEADER.pack(2, 2, 5) + boundary.STREAM_FRAME.pack(1) + b"a", "runs past"),
+    ],
+)
+def test_a_stream_that_is_not_messages_is_refused_as_soon_as_it_shows(data, said):
+    """What the bridge sends is untrusted bytes: an unknown channel, too many frames, a body
+    over the cap (refused from its header alone, before it is buffered) or frames that do not
+    fill their body exactly end the reading."""
+    with pytest.raises(ValueError, match=said):
+        boundary.MessageReader(1 << 20).feed(data)

@@ -34,6 +34,7 @@ def test_everything_there_exits_0_and_names_each_check():
         "image",
         "packages",
         "runtime",
+        "transport",
         "pausing",
         "cgroups",
         "model",
@@ -42,6 +43,9 @@ def test_everything_there_exits_0_and_names_each_check():
     assert checks["engine"] == checks["image"] == checks["model"] == "ok", done.stdout
     assert "serves scripted-model" in done.stdout
     assert "everything a run needs is here" in done.stdout
+    assert (
+        "ipc: the engine at unix:///var/run/docker.sock sees this machine's folders" in done.stdout
+    )
 
 
 def test_a_missing_image_tag_exits_3_and_says_to_build_it():
@@ -93,3 +97,14 @@ def test_image_build_keeps_a_current_image_and_checks_it_starts_under_the_runtim
     missing = sandcell("image", "build", "--runtime", "no-such-runtime")
     assert missing.returncode == 3 and "no runtime 'no-such-runtime'" in missing.stderr
     assert "sandcell doctor" in missing.stderr
+
+
+def test_doctor_says_which_transport_a_remote_engine_takes_and_refuses_ipc_there(tcp_engine):
+    """The same engine over TCP, as a remote one is: auto takes stream and says why; ipc,
+    which needs the engine to see this machine's folders, fails the check with what to use."""
+    done = doctor(DOCKER_HOST=tcp_engine)
+    assert lines(done.stdout)["transport"] == "ok", done.stdout
+    assert f"stream: the engine is remote ({tcp_engine})" in done.stdout
+    refused = doctor("--transport", "ipc", DOCKER_HOST=tcp_engine)
+    assert refused.returncode == 3 and lines(refused.stdout)["transport"] == "FAIL", refused.stdout
+    assert "use --transport stream (or auto)" in refused.stdout

@@ -258,6 +258,8 @@ def transports(client: docker.DockerClient, asked: str) -> Check:
     """Which way the host reaches sandboxes on this engine, and why (sandbox/transport.py)."""
     from sandcell.sandbox.transport import choose
 
+    if not image_build.inspect(client, DEFAULT_IMAGE).present:
+        return Check("transport", SKIP, "needs the image (its probe creates a container of it)")
     try:
         chosen = choose(client, asked, DEFAULT_IMAGE)
     except SandboxUnavailable as error:
