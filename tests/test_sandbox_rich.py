@@ -16,6 +16,15 @@ from sandcell.sandbox.render import render
 from tests import cli_runner
 
 docker_test = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def runtime(runtime, transport):
+    """Each sandbox test here runs under each runtime, and over each transport (the output
+    caps hold the same over the engine's API alone)."""
+    return runtime
+
+
 # Model code that sends a display past the kernel extension's wrapper: the publisher's own
 # class method (the extension wraps the instance), and the session's send with a message
 # built by hand.
@@ -41,6 +50,22 @@ def observation_names(ex: Execution) -> None:
 
 
 # -- the kernel's cap -------------------------------------------------------------------------
+@docker_test
+@pytest.mark.timeout(120)
+def test_a_15_mib_display_under_a_cap_that_allows_it_comes_back_whole(runtime):
+    """Within the caps a big display arrives whole, over either transport, under runc and
+    runsc (over the stream transport it crosses the bridge as one framed message)."""
+    limits = Limits(rich_bytes=32 << 20, timeout_s=60, runtime=runtime)
+    with DockerSandbox(limits) as sb:
+        ex = sb.run(
+            "from IPython.display import display\n"
+            "display({'text/plain': ''.join(chr(97 + i % 26) for i in range(15 << 20))}, raw=True)"
+        )
+        assert ex.ok and ex.rich_dropped == 0, render(ex)
+        text = ex.results[0].data["text/plain"]
+        assert len(text) == 15 << 20 and text == "".join(chr(97 + i % 26) for i in range(15 << 20))
+
+
 @docker_test
 @pytest.mark.timeout(120)
 def test_displays_past_the_count_cap_are_dropped_and_counted(runtime):
