@@ -31,7 +31,7 @@ DEFAULT_IMAGE = os.environ.get("SANDCELL_IMAGE", "sandcell-sandbox:latest")
 REMOVAL_WAIT_S = 30  # a removal another process began, waited for
 # The sandbox's uid must differ from the host user's: the same uid would own the host-side
 # connection folder and could undo its seal. The image's user is 1000; 1001 is its stand-in.
-SANDBOX_UID = 1001 if os.getuid() == 1000 else 1000
+SANDBOX_UID = 1001 if getattr(os, "getuid", lambda: 0)() == 1000 else 1000  # no getuid: Windows
 SANDBOX_USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
 # The stream transport's bridge (sandbox/stream.py): a uid of its own, the sandbox's group.
 BRIDGE_UID = SANDBOX_UID + boundary.BRIDGE_UID_OFFSET

@@ -105,20 +105,10 @@ class DockerSandbox:
         ctr.reap_orphans(self.client)
         self.transport = transport.choose(self.client, self.limits.transport, self.image)
         self.streamed = self.transport.name == "stream"
-        self.wheelhouse = (
-            Offer(refused=STREAMED_WHEELHOUSE)
-            if self.streamed and resolve(self.limits.wheelhouse) is not None
-            else wheelhouse_offer(self.client, self.image, self.limits.wheelhouse)
-        )
+        self.wheelhouse = self._wheelhouse()
         resume = Path(resume_from) if resume_from else None
         paused = self._restorable(resume, staging) if resume else None
-        if self.streamed:  # the host's sockets only: nothing of it is mounted
-            self.conn_dir, info = (
-                tempfile.mkdtemp(prefix=kernel.CONN_PREFIX),
-                kernel.new_connection_info(),
-            )
-        else:
-            self.conn_dir, info = kernel.make_connection_dir(paused.connection if paused else None)
+        self.conn_dir, info = self._connection_folder(paused)
         # A pool sandbox gets its inputs later: it mounts a private, empty staging folder
         # (over the stream transport its volume takes them).
         self.staging = staging
@@ -151,6 +141,20 @@ class DockerSandbox:
         )
 
     # -- lifecycle -------------------------------------------------------------------
+    def _wheelhouse(self) -> Offer:
+        """The operator's wheelhouse, mounted where it fits the image; never over the stream
+        transport (it is a folder of this machine)."""
+        if self.streamed and resolve(self.limits.wheelhouse) is not None:
+            return Offer(refused=STREAMED_WHEELHOUSE)
+        return wheelhouse_offer(self.client, self.image, self.limits.wheelhouse)
+
+    def _connection_folder(self, paused: checkpoint.Paused | None) -> tuple[str, dict]:
+        """The host's folder of the kernel's sockets, and the connection info: bind-mounted
+        (ipc), or private to the host, its sockets reached through the bridge (stream)."""
+        if self.streamed:
+            return tempfile.mkdtemp(prefix=kernel.CONN_PREFIX), kernel.new_connection_info()
+        return kernel.make_connection_dir(paused.connection if paused else None)
+
     def _start(self, mounts: dict[str, Path], saved: Path | None) -> None:
         """The container started (or restored from the checkpoint `saved`) and connected."""
         if self.streamed:

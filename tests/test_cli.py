@@ -21,7 +21,7 @@ NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/sandcell-test-docker.sock"}
 NO_MODEL = {"OPENAI_API_KEY": None, "OPENAI_BASE_URL": None, "SANDCELL_MODEL": None}
 MODEL_OPTIONS = ["--model", "--base-url", "--api-key", "--replay", "--protocol", "--max-steps"]
 LIMIT_OPTIONS = ["--wall", "--timeout", "--memory", "--cpus", "--max-rich-outputs", "--max-rich-mb"]
-LIMIT_OPTIONS += ["--wheelhouse"]
+LIMIT_OPTIONS += ["--wheelhouse", "--transport"]
 
 
 def sandcell(*args: str, env: dict | None = None, stdin: str | None = None):
@@ -54,8 +54,8 @@ def test_help_lists_every_command():
 
 HELP = {
     "exec": ["--input", "--timeout", "--memory", "--max-rich-outputs", "--max-rich-mb", "--json"]
-    + ["-c", "[FILE]", "124 timed out", "--wheelhouse"],
-    "gc": ["Remove sandbox containers whose owner process is gone."],
+    + ["-c", "[FILE]", "124 timed out", "--wheelhouse", "--transport"],
+    "gc": ["Remove sandbox containers (and their input volumes)"],
     "report": ["DIR", "Rebuild the batch report of DIR"],
     "tool": ["NAME [ARGS]", "--input"],
     "replay": ["TRACE", "--input", "--image", "1 some differ"],
@@ -67,11 +67,13 @@ HELP = {
         "--no-progress",
         *MODEL_OPTIONS,
         "--wheelhouse",
+        "--transport",
     ],
     "chat": ["--input", "--output", *MODEL_OPTIONS, *LIMIT_OPTIONS],
     "mcp": ["--input", "--output", "--http", "--host", "--port", "--users", "--timeout", "--cpus"]
-    + ["--max-rich-outputs", "--max-rich-mb", "--wheelhouse"],
+    + ["--max-rich-outputs", "--max-rich-mb", "--wheelhouse", "--transport"],
     "packages": ["add", "list", "remove"],
+    "doctor": ["--runtime", "--transport"],
 }
 
 

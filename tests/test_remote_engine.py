@@ -105,9 +105,10 @@ def test_a_chat_over_tcp_reads_an_upload_draws_a_chart_and_its_file_downloads(
         chart = api.get(obs["figures"][0])
         assert chart.status_code == 200 and chart.content.startswith(PNG)
 
-        listed = api.get(f"/api/sessions/{sid}/outputs").json()["files"]
-        assert [f["path"] for f in listed] == ["output/units.csv"], listed
-        saved = api.get(listed[0]["url"])
+        listed = {f["path"]: f for f in api.get(f"/api/sessions/{sid}/outputs").json()["files"]}
+        assert sorted(listed) == ["figures/figure-1.png", "output/units.csv"], listed
+        assert listed["figures/figure-1.png"]["size"] == len(chart.content)
+        saved = api.get(listed["output/units.csv"]["url"])
         assert saved.status_code == 200
         assert saved.content.decode() == truth.to_csv()
 
