@@ -245,6 +245,9 @@ LABEL = "sandcell"  # every sandbox container carries it
 OWNER_LABEL = "sandcell.owner"  # "<hostname>:<pid>" of the process that started it
 SESSION_LABEL = "sandcell.session"
 HOST_DIR_LABEL = "sandcell.conn"  # the host folder to delete with an orphan
+# a short-lived helper of a sandbox (it fills a volume) or of a process (the transport probe):
+# reaped as a sandbox is, never counted as one
+HELPER_LABEL = "sandcell.helper"
 
 # -- environment the host sets for the container ----------------------------------------------
 OUTPUT_CHARS_ENV = "SANDCELL_OUTPUT_CHARS"  # stdout/stderr a cell may write before the cut

@@ -21,7 +21,14 @@ from docker.models.containers import Container
 from docker.types import LogConfig, Ulimit
 
 from sandcell.sandbox import boundary, landing
-from sandcell.sandbox.boundary import HOST_DIR_LABEL, LABEL, OWNER_LABEL, SESSION_LABEL, WORKSPACE
+from sandcell.sandbox.boundary import (
+    HELPER_LABEL,
+    HOST_DIR_LABEL,
+    LABEL,
+    OWNER_LABEL,
+    SESSION_LABEL,
+    WORKSPACE,
+)
 from sandcell.sandbox.checkpoint import restore_into
 from sandcell.sandbox.errors import SandboxError, SandboxUnavailable
 from sandcell.sandbox.kernel import CONN_PREFIX
@@ -60,6 +67,19 @@ def engine() -> docker.DockerClient:
         ) from None
     client.api.timeout = ENGINE_TIMEOUT_S
     return client
+
+
+_podman: dict[str, bool] = {}  # per engine address, for this process
+
+
+def is_podman(client: docker.DockerClient) -> bool:
+    """Whether the engine is Podman's Docker-compatible API (its version names the component),
+    which takes some options its own way (see _tmpfs, ulimits)."""
+    address = str(client.api.base_url)
+    if address not in _podman:
+        components = client.version().get("Components") or []
+        _podman[address] = any(c.get("Name") == "Podman Engine" for c in components)
+    return _podman[address]
 
 
 def check_image(client: docker.DockerClient, image: str) -> None:
@@ -173,17 +193,13 @@ def start(
         boundary.RICH_OUTPUTS_ENV: str(limits.rich_outputs),
         boundary.RICH_BYTES_ENV: str(limits.rich_bytes),
     }
-    tmpfs = _tmpfs(limits)
+    podman = is_podman(client)
+    tmpfs = _tmpfs(limits, podman)
     if streamed:
         environment[boundary.TRANSPORT_ENV] = "stream"
-        # the relay's sockets: its uid makes them, the bridge (its group) reaches them
-        tmpfs[boundary.CONNECTION_DIR] = (
-            f"size=1m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0770,nosuid,nodev,noexec"
-        )
-        # the bridge's connection files, which model code cannot replace
-        tmpfs[boundary.KEY_DIR] = (
-            f"size=64k,uid={BRIDGE_UID},gid={SANDBOX_UID},mode=0755,nosuid,nodev,noexec"
-        )
+        # the relay's sockets: its uid makes them, the bridge (its group) reaches them; the
+        # bridge's connection files are in a volume of the caller's (key_volume)
+        tmpfs[boundary.CONNECTION_DIR] = f"size=1m,{_owned(podman)},mode=0770,nosuid,nodev,noexec"
     options = dict(
         image=image,
         network_mode="none",
@@ -210,17 +226,27 @@ def start(
 LOG_CONFIG = LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"})
 
 
+# RLIMIT_NPROC under runc, where it counts every process of the uid on the host, so it is no
+# sandbox's own bound (the pids cgroup is). Set all the same, because Podman starts no
+# container whose nofile and nproc it fills in itself (1048576, above what it may grant);
+# a value above the engine's own hard limit is refused (Podman lowers its own to 32768).
+RUNC_NPROC = 32768
+
+
 def ulimits(limits: Limits, gvisor: bool) -> list[Ulimit]:
-    """The open files limit, and under gVisor the processes limit (see host_pids_limit).
-    Not under runc: there RLIMIT_NPROC counts every process of the uid on the host, and the
-    engine refuses one above its own hard limit."""
-    nofile = [Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)]
-    return nofile + ([Ulimit(name="nproc", soft=limits.pids, hard=limits.pids)] if gvisor else [])
+    """The open files and processes limits, both explicit on every container sandcell makes;
+    under gVisor the processes limit is the sandbox's own count (see host_pids_limit)."""
+    nproc = limits.pids if gvisor else RUNC_NPROC
+    return [
+        Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files),
+        Ulimit(name="nproc", soft=nproc, hard=nproc),
+    ]
 
 
-def labels(label: str) -> dict[str, str]:
-    """What every container and volume of a sandbox carries: the reaper reads it."""
-    return {LABEL: "1", OWNER_LABEL: owner(), SESSION_LABEL: label}
+def labels(label: str, helper: bool = False) -> dict[str, str]:
+    """What every container and volume of a sandbox carries (a helper container: its own
+    kind label instead of the sandbox's): the reaper reads it."""
+    return {HELPER_LABEL if helper else LABEL: "1", OWNER_LABEL: owner(), SESSION_LABEL: label}
 
 
 def helper_options(label: str) -> dict:
@@ -237,7 +263,7 @@ def helper_options(label: str) -> dict:
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
         log_config=LOG_CONFIG,
-        labels=labels(label),
+        labels=labels(label, helper=True),
     )
 
 
@@ -267,15 +293,25 @@ def _created(
     return container
 
 
-def _tmpfs(limits: Limits) -> dict[str, str]:
-    """The writable places, each size-capped in memory (the root filesystem is read-only)."""
-    return {
-        "/tmp": f"size={limits.tmp_mb}m,mode=1777,nosuid,nodev",
-        WORKSPACE: f"size={limits.workspace_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,"
-        "nosuid,nodev",
+def _tmpfs(limits: Limits, podman: bool = False) -> dict[str, str]:
+    """The writable places, each size-capped in memory (the root filesystem is read-only),
+    none executable (Docker's default; Podman's needs saying)."""
+    owned = _owned(podman)
+    places = {
+        "/tmp": f"size={limits.tmp_mb}m,mode=1777,nosuid,nodev,noexec",
+        WORKSPACE: f"size={limits.workspace_mb}m,{owned},mode=0755,nosuid,nodev,noexec",
         # the kernel's own sockets and connection file, reached only by the relay
-        boundary.KERNEL_DIR: f"size=1m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700,nosuid,nodev,noexec",
+        boundary.KERNEL_DIR: f"size=1m,{owned},mode=0700,nosuid,nodev,noexec",
     }
+    if podman:  # its API puts a writable, executable, unbounded tmpfs on /var/tmp of its own
+        places["/var/tmp"] = "ro,size=64k,nosuid,nodev,noexec"
+    return places
+
+
+def _owned(podman: bool) -> str:
+    """The tmpfs option that makes the sandbox's user own a mount: Podman 4.3 refuses `uid=`
+    and has `U` (the container's user) instead, which Docker refuses."""
+    return "U" if podman else f"uid={SANDBOX_UID},gid={SANDBOX_UID}"
 
 
 def bind_mounts(
@@ -341,7 +377,10 @@ def reap_orphans(client: docker.DockerClient, wait_s: float = 0) -> list[str]:
     removed = []
     host = socket.gethostname()
     # The plain list call: no per-container inspect that could race with a removal.
-    for entry in client.api.containers(all=True, filters={"label": LABEL}):
+    listed = [
+        client.api.containers(all=True, filters={"label": kind}) for kind in (LABEL, HELPER_LABEL)
+    ]
+    for entry in listed[0] + listed[1]:
         labels = entry.get("Labels") or {}
         owner_host, _, pid = labels.get(OWNER_LABEL, ":").partition(":")
         if owner_host == host and pid.isdigit() and _alive(int(pid)):

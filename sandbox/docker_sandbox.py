@@ -5,7 +5,7 @@ so the workspace (a tmpfs) survives kernel restarts. The host talks to the kerne
 ipc sockets: on a local engine (transport `ipc`) in a connection directory it bind-mounts
 and seals once the kernel is up; on any other (transport `stream`) in a private folder of
 its own, carried to the container over an exec stream (sandbox/stream.py), with the inputs
-in a volume of the sandbox's (sandbox/data_volume.py).
+in a volume of the sandbox's (sandbox/volumes.py).
 """
 
 import json
@@ -27,7 +27,7 @@ import requests
 from docker.models.containers import Container
 from jupyter_client import BlockingKernelClient
 
-from sandcell.sandbox import boundary, checkpoint, data_volume, image_build, kernel, transport
+from sandcell.sandbox import boundary, checkpoint, image_build, kernel, transport, volumes
 from sandcell.sandbox import container as ctr
 from sandcell.sandbox.errors import SandboxError, SandboxUnavailable
 from sandcell.sandbox.execution import Execution
@@ -127,10 +127,12 @@ class DockerSandbox:
         self._live: list[BlockingKernelClient] = []
         self._links: list[StreamLink] = []  # the stream transport's bridge, while there is one
         self.volume: str | None = None  # the stream transport's inputs, when it has any
+        self._volumes: list[str] = []  # the stream transport's volumes, removed with it
         self.container: Container  # set by _start, below
         self._finalizer = weakref.finalize(
-            self, _cleanup, self.client, None, self.conn_dir, self._live, self._links, None
-        )
+            self, _cleanup, self.client, None, self.conn_dir, self._live, self._links,
+            self._volumes,
+        )  # fmt: skip
         started = time.monotonic()
         self._start(mounts, resume / checkpoint.SAVED if resume else None)
         self.start_seconds = time.monotonic() - started
@@ -158,18 +160,13 @@ class DockerSandbox:
     def _start(self, mounts: dict[str, Path], saved: Path | None) -> None:
         """The container started (or restored from the checkpoint `saved`) and connected."""
         if self.streamed:
-            volumes = {}
-            if mounts or self.staging:
-                self.volume = data_volume.create(self.client, ctr.labels(self.label))
-                self._refinalize(None)
-                self._place(mounts, emptied=False)
-                volumes = {self.volume: {"bind": boundary.DATA, "mode": "ro"}}
+            attached = self._streamed_volumes(mounts)
         else:
-            volumes = ctr.bind_mounts(
+            attached = ctr.bind_mounts(
                 self.conn_dir, mounts, self.staging_dir, self.wheelhouse.mount
             )
         self.container = ctr.start(
-            self.client, self.image, self.limits, self.label, self.conn_dir, volumes,
+            self.client, self.image, self.limits, self.label, self.conn_dir, attached,
             gvisor=self.gvisor, checkpoint=saved, streamed=self.streamed,
         )  # fmt: skip
         self._refinalize(self.container)
@@ -179,12 +176,26 @@ class DockerSandbox:
         if saved is not None:
             self._in_kernel("after_resume()")
 
+    def _streamed_volumes(self, mounts: dict[str, Path]) -> dict:
+        """The stream transport's volumes, made (removed with the sandbox): the bridge's key
+        folder, and the inputs' (filled with `mounts`) where there are or may be inputs."""
+        labels = ctr.labels(self.label)
+        key = volumes.create_key(self.client, labels, ctr.BRIDGE_UID, ctr.SANDBOX_UID)
+        self._volumes.append(key)
+        attached = {key: {"bind": boundary.KEY_DIR, "mode": "rw"}}
+        if mounts or self.staging:
+            self.volume = volumes.create(self.client, labels)
+            self._volumes.append(self.volume)
+            self._place(mounts, emptied=False)
+            attached[self.volume] = {"bind": boundary.DATA, "mode": "ro"}
+        return attached
+
     def _refinalize(self, container: Container | None) -> None:
-        """The finalizer again, holding what is to be removed now."""
+        """The finalizer again, holding the container to remove now."""
         self._finalizer.detach()
         self._finalizer = weakref.finalize(
             self, _cleanup, self.client, container, self.conn_dir, self._live, self._links,
-            self.volume,
+            self._volumes,
         )  # fmt: skip
 
     def _new_kernel(self, sent: signal.Signals | None, new_key: bool = False) -> None:
@@ -561,7 +572,10 @@ class DockerSandbox:
         if self.gvisor:  # `docker top` of a runsc container lists host processes: ask inside
             alive = f"cat /proc/[0-9]*/cmdline 2>/dev/null | grep -qa {boundary.KERNEL_MODULE}"
             return ctr.exec_in(self.container, ["sh", "-c", alive])[0] != 0
-        processes = self.container.top(ps_args="-eo pid,args").get("Processes") or []
+        # Podman reads its own descriptors on the host (its `ps` options, without a dash), and
+        # answers nothing to Docker's, which it would run with an image's `ps` (none here)
+        listed = "pid,args" if ctr.is_podman(self.client) else "-eo pid,args"
+        processes = self.container.top(ps_args=listed).get("Processes") or []
         return not any(boundary.KERNEL_MODULE in " ".join(p) for p in processes)
 
     def _oom_kills(self) -> int:
@@ -698,7 +712,7 @@ class DockerSandbox:
                     link.unlink()
             _place(self.staging_dir, inputs)
         elif self.volume is not None:
-            data_volume.fill(
+            volumes.fill(
                 self.client, self.image, self.volume, inputs,
                 ctr.helper_options(self.label), emptied=emptied,
             )  # fmt: skip
@@ -764,7 +778,7 @@ def _cleanup(
     conn_dir: str,
     live: list[BlockingKernelClient],
     links: list[StreamLink],
-    volume: str | None,
+    held: list[str],
 ) -> None:
     """Runs once: on close(), at garbage collection, or at interpreter exit."""
     for client in live:
@@ -784,12 +798,12 @@ def _cleanup(
                 "`sandcell gc` removes it once this process has exited",
                 stacklevel=1,
             )
-    if volume is not None:
+    for volume in held:
         try:
-            data_volume.remove(engine, volume)
+            volumes.remove(engine, volume)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
             warnings.warn(
-                f"the sandbox's input volume {volume} was not removed ({error}); "
+                f"the sandbox's volume {volume} was not removed ({error}); "
                 "`sandcell gc` removes it once this process has exited",
                 stacklevel=1,
             )

@@ -289,10 +289,11 @@ def make_base(client: docker.DockerClient, base: str, say: Say) -> None:
             for item in (root / cache).glob("*"):
                 if item.is_file():
                     item.unlink()
-        repository, _, tag = base.rpartition(":")
+        # the tag inside the repository (the API allows it): Podman 4.3 ignores a separate
+        # tag, and named the base `<repository>:latest`, which the build then did not find
         with subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE) as tar:
             client.api.import_image_from_stream(
-                tar.stdout, repository=repository, tag=tag, changes=['CMD ["/bin/bash"]']
+                tar.stdout, repository=base, changes=['CMD ["/bin/bash"]']
             )
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -303,9 +304,13 @@ def run_once(
 ) -> tuple[int, str]:
     """Run a throwaway container with no network to its end: (exit status, output). It is
     removed whatever happens, a failed start included (docker's run() leaves that one)."""
+    from sandcell.sandbox.container import ulimits  # (container imports this module)
+    from sandcell.sandbox.limits import Limits
+
     container = client.containers.create(
-        image, args, entrypoint=entrypoint, network_mode="none", **options
-    )
+        image, args, entrypoint=entrypoint, network_mode="none",
+        ulimits=ulimits(Limits(), gvisor=False), **options,
+    )  # fmt: skip
     try:
         container.start()
         status = container.wait(timeout=120).get("StatusCode", 1)
@@ -378,9 +383,12 @@ def context_tar(wheels: Path, extra: Path | None, into: io.BufferedIOBase) -> No
 STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)")
 
 
-def _build_steps(lines: Iterator[dict]) -> Iterator[tuple[int, int, str]]:
-    """The engine's build stream as (step, steps, instruction); an error raises."""
+def _build_steps(lines: Iterator[dict], built: list[str]) -> Iterator[tuple[int, int, str]]:
+    """The engine's build stream as (step, steps, instruction); an error raises. The id of
+    the image built goes into `built` (the stream's last `aux` says it, on both engines)."""
     for line in lines:
+        if isinstance(line.get("aux"), dict) and line["aux"].get("ID"):
+            built.append(line["aux"]["ID"])
         if "error" in line:
             detail = (line.get("errorDetail") or {}).get("message") or line["error"]
             raise BuildError(f"the image build failed: {detail.strip()}")
@@ -446,9 +454,12 @@ def build(
             nocache=no_cache,
             decode=True,
         )
-        for i, n, what in _build_steps(stream):
+        built: list[str] = []
+        for i, n, what in _build_steps(stream, built):
             step(i, n, what)
-    client.images.get(name).tag(repository, wanted)
+    # tagged by the id the build gave: under Podman a name may also mean an image loaded
+    # with `podman load` (localhost/...), found first
+    client.images.get(built[-1] if built else name).tag(repository, wanted)
     if before.hash and before.hash != wanted:  # the hash tag of the image this one replaces
         try:
             client.images.remove(f"{repository}:{before.hash}", noprune=True)

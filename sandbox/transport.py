@@ -8,6 +8,7 @@ import os
 import tempfile
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -16,6 +17,7 @@ from docker.types import Mount
 
 from sandcell.sandbox import container
 from sandcell.sandbox.errors import SandboxUnavailable
+from sandcell.sandbox.limits import Limits
 
 TRANSPORTS = ("auto", "ipc", "stream")
 ENV = "SANDCELL_TRANSPORT"
@@ -79,16 +81,22 @@ def _find(client: docker.DockerClient, image: str, address: str) -> Choice:
 
 
 def sees_host_folders(client: docker.DockerClient, image: str) -> bool:
-    """Whether the engine can bind-mount a folder this process just made: a container is
-    created (never started) with it; an engine in another machine refuses the missing path."""
+    """Whether the engine can bind-mount a folder this process just made. Docker: a container
+    is created with it (never started), which an engine on another machine refuses (no such
+    path there). Podman makes a missing path instead, so there the container runs and looks
+    for a file of the folder."""
+    podman = container.is_podman(client)
     with tempfile.TemporaryDirectory(prefix="sandcell-probe-") as folder:
+        Path(folder, "seen").touch()
         try:
             probe = client.containers.create(
                 image,
-                entrypoint=["true"],
+                ["-c", "test -f /probe/seen"],
+                entrypoint=["sh"],
                 network_mode="none",
                 mounts=[Mount(target="/probe", source=folder, type="bind", read_only=True)],
-                labels=container.labels("transport-probe"),  # reaped if this process dies
+                ulimits=container.ulimits(Limits(), gvisor=False),
+                labels=container.labels("transport-probe", helper=True),  # reaped if we die
             )
         except docker.errors.ImageNotFound:
             raise SandboxUnavailable(
@@ -96,5 +104,12 @@ def sees_host_folders(client: docker.DockerClient, image: str) -> bool:
             ) from None
         except (docker.errors.APIError, requests.exceptions.RequestException):
             return False
-        probe.remove(force=True)
-        return True
+        try:
+            if not podman:
+                return True
+            probe.start()
+            return probe.wait(timeout=60).get("StatusCode") == 0
+        except (docker.errors.APIError, requests.exceptions.RequestException):
+            return False
+        finally:
+            probe.remove(force=True)

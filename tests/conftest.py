@@ -51,13 +51,13 @@ def runtime(request) -> str:
     return request.param
 
 
-@pytest.fixture(scope="session")
-def tcp_engine():
-    """DOCKER_HOST of the running engine reached over TCP on loopback, as a remote engine is
-    (tests/tcp_engine.py; one forwarder per test process, ended with it)."""
+def forwarded(engine_socket: str):
+    """DOCKER_HOST of an engine's socket reached over TCP on loopback, as a remote engine is
+    (tests/tcp_engine.py, a process of its own, ended with the fixture)."""
     forwarder = subprocess.Popen(
-        [sys.executable, "-m", "tests.tcp_engine"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
+        [sys.executable, "-m", "tests.tcp_engine"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        env={**os.environ, "SANDCELL_ENGINE_SOCKET": engine_socket},
+    )  # fmt: skip
     assert forwarder.stdout is not None
     port = int(forwarder.stdout.readline())
     yield f"tcp://127.0.0.1:{port}"
@@ -65,24 +65,58 @@ def tcp_engine():
     forwarder.wait()
 
 
-TRANSPORTS = ("ipc", "stream")
+@pytest.fixture(scope="session")
+def tcp_engine():
+    """The running Docker engine over TCP: one forwarder per test process."""
+    yield from forwarded("/var/run/docker.sock")
+
+
+PODMAN_SOCKET = "/run/podman/podman.sock"
+
+
+@functools.cache
+def podman_problem() -> str | None:
+    """Why Podman's Docker API cannot be tested here (scripts/ensure-podman.sh starts it)."""
+    import docker
+
+    try:
+        client = docker.DockerClient(base_url=f"unix://{PODMAN_SOCKET}", timeout=10)
+        client.images.get(IMAGE)
+    except Exception as error:  # any failure is the reason, said as it is
+        return f"no Podman service with the sandbox image at {PODMAN_SOCKET} ({error}); run scripts/ensure-podman.sh"
+    return None
+
+
+@pytest.fixture(scope="session")
+def podman_engine():
+    """Podman's Docker-compatible API over TCP, as a Podman machine's is reached: `auto`
+    takes the stream transport there."""
+    problem = podman_problem()
+    if problem is not None:
+        cannot_run(problem, "Podman test")
+    yield from forwarded(PODMAN_SOCKET)
+
+
+TRANSPORTS = ("ipc", "stream", "podman")
 
 
 @pytest.fixture(scope="module", params=TRANSPORTS)
 def transport(request):
-    """How the sandboxes of a module's test reach their engine: `ipc` on the local socket, or
+    """How the sandboxes of a module's test reach their engine: `ipc` on the local socket;
     `stream` over TCP (DOCKER_HOST set for the module: `auto` then picks stream, and every
-    container, exec and file of the test goes through the engine's API alone)."""
+    container, exec and file of the test goes through the engine's API alone); `podman`:
+    Podman's Docker API over TCP, stream as well."""
     if request.param == "ipc":
         yield "ipc"
         return
     problem = docker_problem()
     if problem is not None:
         cannot_run(problem, "stream transport test")
+    engine = "tcp_engine" if request.param == "stream" else "podman_engine"
     before = os.environ.get("DOCKER_HOST")
-    os.environ["DOCKER_HOST"] = request.getfixturevalue("tcp_engine")
+    os.environ["DOCKER_HOST"] = request.getfixturevalue(engine)
     try:
-        yield "stream"
+        yield request.param
     finally:
         if before is None:
             os.environ.pop("DOCKER_HOST", None)

@@ -13,7 +13,7 @@ import pytest
 
 from sandcell import OpenAIModel
 from sandcell.agent.jobs.batch import Batch, JobSettings, ThreadExecutor, load_jobs
-from sandcell.sandbox import Execution, Limits
+from sandcell.sandbox import Execution, Limits, boundary
 from sandcell.sandbox.docker_sandbox import DockerSandbox
 from tests.serve_helpers import (  # noqa: F401 (model: a fixture)
     SALES,
@@ -51,17 +51,18 @@ def remote(monkeypatch, tcp_engine) -> list[DockerSandbox]:
 
 def assert_streamed(boxes: list[DockerSandbox], tcp_engine: str) -> None:
     """Each sandbox was reached over the stream transport, chosen because the engine is
-    remote, and its container has no bind mount: at most its input volume on /data."""
+    remote, and its container has no bind mount: its volumes only (the bridge's key folder,
+    and the inputs' on /data where it has inputs)."""
     assert boxes, "no sandbox was made"
     for box in boxes:
         assert box.streamed and box.transport.name == "stream", box.transport
         assert box.transport.why == f"the engine is remote ({tcp_engine})"
         mounts = box.container.attrs["Mounts"]  # as inspected once the container started
         assert [m for m in mounts if m["Type"] == "bind"] == [], mounts
-        assert [(m["Type"], m["Name"], m["Destination"]) for m in mounts] in (
-            [],
-            [("volume", box.volume, "/data")],
-        ), mounts
+        found = {m["Destination"]: (m["Type"], m["Name"]) for m in mounts}
+        key = found.pop(boundary.KEY_DIR)  # the bridge's folder: a volume in memory
+        assert key[0] == "volume" and key[1].startswith("sandcell-key-"), mounts
+        assert found in ({}, {"/data": ("volume", box.volume)}), mounts
 
 
 def short_ids(boxes: list[DockerSandbox]) -> set[str]:

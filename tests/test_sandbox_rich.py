@@ -22,6 +22,8 @@ docker_test = pytest.mark.docker
 def runtime(runtime, transport):
     """Each sandbox test here runs under each runtime, and over each transport (the output
     caps hold the same over the engine's API alone)."""
+    if transport == "podman" and runtime == "runsc":
+        pytest.skip("Podman's Docker API takes no runtime: gVisor is not reachable through it")
     return runtime
 
 

@@ -26,6 +26,8 @@ from sandcell.sandbox import container as ctr
 def runtime(runtime, transport):
     """Each sandbox test here runs under each runtime, and over each transport: the local
     engine's ipc, and the engine's API alone (stream) over TCP, as a remote engine is."""
+    if transport == "podman" and runtime == "runsc":
+        pytest.skip("Podman's Docker API takes no runtime: gVisor is not reachable through it")
     return runtime
 
 
@@ -1214,7 +1216,7 @@ def test_forged_frames_written_to_every_fd_model_code_reaches_never_reach_the_ho
     writing bytes into every file descriptor it can open (the bridge's and its `cat`'s
     among those it tries, another uid's) reaches none of them, under runc and runsc alike:
     the link goes on, and nothing of another uid was opened."""
-    if transport != "stream":
+    if transport == "ipc":
         pytest.skip("the bridge is the stream transport's")
     with DockerSandbox(limits=FAST, runtime=runtime) as sb:
         link = sb._links[0]

@@ -39,14 +39,18 @@ print(transport.choose(docker.from_env(), "auto", "{image}"))
 
 
 @pytest.mark.skipif(os.getuid() != 0 or not shutil.which("unshare"), reason="needs root's unshare")
-def test_auto_is_stream_where_the_engine_cannot_see_the_folder_the_client_made():
-    """A client whose /tmp is its own (a fresh tmpfs in a mount namespace of its own) is a
-    client the engine cannot see, though it talks to the local socket: the probe finds it."""
+def test_auto_is_stream_where_the_engine_cannot_see_the_folder_the_client_made(tmp_path):
+    """A client whose temporary folders are its own (a fresh tmpfs mounted in a mount
+    namespace of its own) is a client the engine cannot see, though it talks to the local
+    socket: the probe finds it."""
+    private = tmp_path / "private"
+    private.mkdir()
     script = PROBE.format(image=DEFAULT_IMAGE)
     done = subprocess.run(
-        ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs none /tmp && exec "$0" -c "$1"',
-         sys.executable, script],
-        capture_output=True, text=True, timeout=60, cwd=ROOT, env={**os.environ, "TMPDIR": "/tmp"},
+        ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs none "$0" && exec "$1" -c "$2"',
+         str(private), sys.executable, script],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(private)},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert (

@@ -1,4 +1,6 @@
-"""Inputs through the engine's API: a named volume per sandbox, mounted read-only at /data.
+"""A sandbox's volumes over the stream transport: its inputs, and its bridge's key folder.
+
+Inputs through the engine's API: a named volume per sandbox, mounted read-only at /data.
 
 Where the engine cannot see the host's files (the stream transport), none can be bind-mounted.
 The sandbox's root filesystem is read-only and the archive API sees no tmpfs, and inputs also
@@ -18,7 +20,7 @@ import docker
 import docker.errors
 import requests
 
-from sandcell.sandbox import boundary
+from sandcell.sandbox import boundary, container
 from sandcell.sandbox.errors import SandboxError
 
 CHUNK = 1 << 20
@@ -26,9 +28,25 @@ EMPTY_WAIT_S = 60
 
 
 def create(client: docker.DockerClient, labels: dict[str, str]) -> str:
-    """A new volume carrying the sandbox's labels (the reaper finds it by them)."""
+    """A new volume for the inputs, carrying the sandbox's labels (the reaper finds it)."""
     name = f"sandcell-data-{uuid.uuid4().hex[:16]}"
     client.volumes.create(name=name, labels=labels)
+    return name
+
+
+def create_key(client: docker.DockerClient, labels: dict[str, str], owner: int, group: int) -> str:
+    """A new volume in memory (tmpfs) for the bridge's connection files, owned by the bridge's
+    uid: model code cannot write there. A volume rather than a tmpfs mount because Podman
+    gives a tmpfs mount no owner but the container's user; in memory so that nothing of it
+    outlives the sandbox on the engine's disk."""
+    name = f"sandcell-key-{uuid.uuid4().hex[:16]}"
+    options = f"uid={owner},gid={group},mode=0755,nosuid,nodev,noexec"
+    if not container.is_podman(client):  # Podman refuses a size without project quotas
+        options += ",size=64k"
+    client.volumes.create(
+        name=name, driver="local", labels=labels,
+        driver_opts={"type": "tmpfs", "device": "tmpfs", "o": options},
+    )  # fmt: skip
     return name
 
 
