@@ -125,6 +125,12 @@ def check_runtime(client: docker.DockerClient, runtime: str | None) -> bool:
     """The engine knows `runtime` (None: its default), and a runsc one has the arguments the
     sandbox needs; without them the kernel's sockets never appear and a start waits 60 s.
     True when the runtime is gVisor's."""
+    if runtime not in (None, "runc") and is_podman(client):
+        raise SandboxUnavailable(
+            f"Podman's Docker API takes no runtime: {runtime} cannot be asked of it (its "
+            "containers run under its own). Leave --runtime out, or use a Docker engine with "
+            "runsc for gVisor."
+        )
     return runtime_is_gvisor(client.info(), runtime)
 
 

@@ -88,6 +88,7 @@ def sees_host_folders(client: docker.DockerClient, image: str) -> bool:
     podman = container.is_podman(client)
     with tempfile.TemporaryDirectory(prefix="sandcell-probe-") as folder:
         Path(folder, "seen").touch()
+        os.chmod(folder, 0o755)  # the image's user looks in it (an empty file, its only one)
         try:
             probe = client.containers.create(
                 image,

@@ -20,7 +20,13 @@ import requests
 
 from sandcell.agent.model.settings import API_KEY_ENV, BASE_URL_ENV, ModelSettings, endpoint_in
 from sandcell.sandbox import image_build
-from sandcell.sandbox.container import DEFAULT_IMAGE, PING_TIMEOUT_S, RUNSC_ARGS, runtime_is_gvisor
+from sandcell.sandbox.container import (
+    DEFAULT_IMAGE,
+    PING_TIMEOUT_S,
+    RUNSC_ARGS,
+    is_podman,
+    runtime_is_gvisor,
+)
 from sandcell.sandbox.errors import SandboxUnavailable
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
@@ -69,7 +75,8 @@ def engine() -> tuple[docker.DockerClient | None, Check]:
         return None, Check(
             "engine", FAIL, f"no Docker engine answers ({detail})", _engine_fix(error)
         )
-    return client, Check("engine", OK, f"Docker {info.get('Version', '?')} at {where}")
+    kind = "Podman" if is_podman(client) else "Docker"
+    return client, Check("engine", OK, f"{kind} {info.get('Version', '?')} at {where}")
 
 
 def image(client: docker.DockerClient) -> Check:
@@ -105,6 +112,17 @@ def runtimes(info: dict, runtime: str | None) -> Check:
     except SandboxUnavailable as error:
         return Check("runtime", WARN, str(error), _runsc_fix())
     return Check("runtime", OK, f"{default} (default); runsc registered for `--runtime runsc`")
+
+
+def podman_runtime(runtime: str | None) -> Check:
+    """Podman's Docker API ignores a container's runtime: gVisor cannot be asked of it."""
+    if runtime and runtime != "runc":
+        return Check(
+            "runtime", FAIL, f"Podman's Docker API takes no runtime: {runtime} cannot be asked "
+            "of it (its containers run under its own runtime)",
+            "leave --runtime out on Podman, or use a Docker engine with runsc for gVisor",
+        )  # fmt: skip
+    return Check("runtime", OK, "Podman's own (its Docker API takes no runtime: no gVisor)")
 
 
 def _runsc_fix() -> str:
@@ -296,9 +314,15 @@ def checks(
             return
         yield image(client)
         yield packages(client)
-        yield runtimes(info, runtime)
+        if is_podman(client):  # its API runs every container under its own runtime
+            yield podman_runtime(runtime)
+        else:
+            yield runtimes(info, runtime)
         yield transports(client, transport)
-        yield pausing(info)
+        yield pausing(info) if not is_podman(client) else Check(
+            "pausing", OK, "off: Podman keeps no checkpoint sandcell can use (sessions get a "
+            "fresh kernel, or their cells replayed)",
+        )  # fmt: skip
         yield cgroups(info)
     yield model(settings, dict(os.environ), endpoint_given)
     yield disk(info)
