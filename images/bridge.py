@@ -27,7 +27,7 @@ import boundary
 import zmq
 
 MAX_MESSAGE_BYTES = int(os.environ.get(boundary.MAX_MESSAGE_ENV, str(boundary.MAX_MESSAGE_BYTES)))
-HOST_BODY_BYTES = 1 << 20  # what the host sends is requests: small
+HOST_BODY_BYTES = 2 * MAX_MESSAGE_BYTES  # what the host sends: requests, a cell's code
 STASHED = 256  # host messages kept while the relay is not there yet; more are dropped
 SOCKETS = [
     (port, f"{boundary.CONNECTION_DIR}/{boundary.socket_name(port)}", name == "iopub")
@@ -78,7 +78,11 @@ def hand_over(info: dict) -> None:
     """The connection file where the supervisor reads it as it next starts a kernel: in a
     folder of this uid's, replaced whole (never read half-written)."""
     temporary = f"{boundary.KEY_DIR}/.{boundary.CONNECTION_FILE}"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o444)
+    try:  # one a bridge left half-written (it is 0444: it could not be opened again)
+        os.unlink(temporary)
+    except FileNotFoundError:
+        pass
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)
     with os.fdopen(fd, "w") as f:
         json.dump(info, f)
     os.replace(temporary, f"{boundary.KEY_DIR}/{boundary.CONNECTION_FILE}")
@@ -151,7 +155,8 @@ def main() -> None:
                 pending = stream.read()
                 continue
             frames = item.recv_multipart(copy=False)
-            if sum(len(f) for f in frames) > MAX_MESSAGE_BYTES or len(frames) > 64:
+            size = sum(len(f) for f in frames)
+            if size > MAX_MESSAGE_BYTES or not 0 < len(frames) <= boundary.STREAM_MAX_FRAMES:
                 continue  # the relay drops such a message: this one came from elsewhere
             stream.write(ports[item], [f.buffer for f in frames])
 

@@ -57,7 +57,7 @@ def dropped_notice(frames: list, size: int, key: bytes) -> list[bytes] | None:
 def main() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
     internal, connection_file = sys.argv[1], sys.argv[2]
-    if os.environ.get(boundary.TRANSPORT_ENV) == "stream":
+    if os.environ.get(boundary.STREAMED_ENV) == "1":
         os.umask(0o007)  # its sockets reachable by the host's bridge: the sandbox's group
     with open(connection_file) as f:
         key = json.load(f)["key"].encode()

@@ -38,9 +38,9 @@ import time
 import boundary
 
 PR_SET_DUMPABLE = 4
-# Reached over the stream transport (boundary.TRANSPORT_ENV), the connection file comes from
+# Reached over the stream transport (boundary.STREAMED_ENV), the connection file comes from
 # the host's bridge, into a folder of its own; otherwise from the host's bind-mounted folder.
-STREAMED = os.environ.get(boundary.TRANSPORT_ENV) == "stream"
+STREAMED = os.environ.get(boundary.STREAMED_ENV) == "1"
 CONNECTION_FILE = (
     f"{boundary.KEY_DIR if STREAMED else boundary.CONNECTION_DIR}/{boundary.CONNECTION_FILE}"
 )

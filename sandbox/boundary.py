@@ -150,7 +150,7 @@ def socket_name(port: int) -> str:
 # bridge writes each new connection file into KEY_DIR, a tmpfs of its uid that model code
 # cannot write to (gVisor's tmpfs ignores the sticky bit, and its SO_PEERCRED names the
 # listener: neither a shared folder nor a socket could tell the bridge from model code).
-TRANSPORT_ENV = "SANDCELL_TRANSPORT"  # "stream" in a container reached that way
+STREAMED_ENV = "SANDCELL_STREAMED"  # "1" in a container the host reaches by the bridge
 BRIDGE_PROGRAM = f"{SCRIPTS}/bridge.py"
 BRIDGE_UID_OFFSET = 2000
 KEY_DIR = "/run/sandcell-key"
@@ -188,7 +188,7 @@ class MessageReader:
             channel, count, size = STREAM_HEADER.unpack_from(self.buffer)
             if channel != CONTROL and channel not in CHANNELS.values():
                 raise ValueError(f"a message on unknown channel {channel}")
-            if count > STREAM_MAX_FRAMES or size > self.max_body:
+            if not 0 < count <= STREAM_MAX_FRAMES or size > self.max_body:
                 raise ValueError(f"a message of {count} frames and {size} bytes, over the caps")
             end = STREAM_HEADER.size + size
             if len(self.buffer) < end:

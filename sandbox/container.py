@@ -2,6 +2,8 @@
 operations through `docker exec` (the workspace is a tmpfs, which Docker's archive API
 cannot see)."""
 
+import contextlib
+import functools
 import io
 import os
 import shutil
@@ -10,6 +12,7 @@ import struct
 import tarfile
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -174,7 +177,28 @@ def preflight(
 
 def owner(pid: int | None = None) -> str:
     """The owner label's value for a process on this host (by default this one)."""
-    return f"{socket.gethostname()}:{pid or os.getpid()}"
+    return f"{this_host()}:{pid or os.getpid()}"
+
+
+@functools.cache
+def this_host() -> str:
+    """This machine as the owner label names it: its name and its machine id, since two
+    laptops of one name may share a remote engine, and each judges only its own processes."""
+    try:
+        machine = Path("/etc/machine-id").read_text().strip()[:12]
+    except OSError:
+        machine = ""
+    if not machine:  # none (macOS, Windows, some containers): one made once, kept
+        kept = Path(os.environ.get("SANDCELL_CACHE") or Path.home() / ".cache" / "sandcell")
+        kept = kept / "machine-id"
+        try:
+            machine = kept.read_text().strip()
+        except OSError:
+            machine = uuid.uuid4().hex[:12]
+            with contextlib.suppress(OSError):
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                kept.write_text(machine)
+    return f"{socket.gethostname()}/{machine}"
 
 
 def start(
@@ -202,7 +226,7 @@ def start(
     podman = is_podman(client)
     tmpfs = _tmpfs(limits, podman)
     if streamed:
-        environment[boundary.TRANSPORT_ENV] = "stream"
+        environment[boundary.STREAMED_ENV] = "1"
         # the relay's sockets: its uid makes them, the bridge (its group) reaches them; the
         # bridge's connection files are in a volume of the caller's (key_volume)
         tmpfs[boundary.CONNECTION_DIR] = f"size=1m,{_owned(podman)},mode=0770,nosuid,nodev,noexec"
@@ -216,7 +240,7 @@ def start(
         memswap_limit=f"{limits.memory_mb}m",  # equal to memory: no swap
         nano_cpus=int(limits.cpus * 1e9),
         pids_limit=host_pids_limit(limits, gvisor),
-        ulimits=ulimits(limits, gvisor),
+        ulimits=ulimits(limits, gvisor, podman),
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
         user=SANDBOX_USER,
@@ -232,21 +256,22 @@ def start(
 LOG_CONFIG = LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"})
 
 
-# RLIMIT_NPROC under runc, where it counts every process of the uid on the host, so it is no
-# sandbox's own bound (the pids cgroup is). Set all the same, because Podman starts no
-# container whose nofile and nproc it fills in itself (1048576, above what it may grant);
-# a value above the engine's own hard limit is refused (Podman lowers its own to 32768).
-RUNC_NPROC = 32768
+# RLIMIT_NPROC under runc on Podman. Under runc it counts every process of the uid on the
+# host, all sandboxes together, so it is no sandbox's own bound (the pids cgroup is) and stays
+# the engine's on Docker; but Podman starts no container whose nofile and nproc it fills in
+# itself (1048576, above what it may grant; it lowers its own to 32768).
+PODMAN_NPROC = 32768
 
 
-def ulimits(limits: Limits, gvisor: bool) -> list[Ulimit]:
-    """The open files and processes limits, both explicit on every container sandcell makes;
-    under gVisor the processes limit is the sandbox's own count (see host_pids_limit)."""
-    nproc = limits.pids if gvisor else RUNC_NPROC
-    return [
-        Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files),
-        Ulimit(name="nproc", soft=nproc, hard=nproc),
-    ]
+def ulimits(limits: Limits, gvisor: bool, podman: bool = False) -> list[Ulimit]:
+    """The open files limit, and the processes limit under gVisor (the sandbox's own count,
+    see host_pids_limit) and on Podman (both explicit on every container it runs)."""
+    nofile = [Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)]
+    if gvisor:
+        return nofile + [Ulimit(name="nproc", soft=limits.pids, hard=limits.pids)]
+    if podman:
+        return nofile + [Ulimit(name="nproc", soft=PODMAN_NPROC, hard=PODMAN_NPROC)]
+    return nofile
 
 
 def labels(label: str, helper: bool = False) -> dict[str, str]:
@@ -255,7 +280,7 @@ def labels(label: str, helper: bool = False) -> dict[str, str]:
     return {HELPER_LABEL if helper else LABEL: "1", OWNER_LABEL: owner(), SESSION_LABEL: label}
 
 
-def helper_options(label: str) -> dict:
+def helper_options(client: docker.DockerClient, label: str) -> dict:
     """The options of a short-lived helper container of a sandbox (it fills its inputs): no
     network, no capabilities, small limits, the sandbox's labels."""
     small = Limits(memory_mb=256, pids=64)
@@ -265,7 +290,7 @@ def helper_options(label: str) -> dict:
         mem_limit=f"{small.memory_mb}m",
         memswap_limit=f"{small.memory_mb}m",
         pids_limit=small.pids,
-        ulimits=ulimits(small, gvisor=False),
+        ulimits=ulimits(small, gvisor=False, podman=is_podman(client)),
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
         log_config=LOG_CONFIG,
@@ -381,7 +406,7 @@ def reap_orphans(client: docker.DockerClient, wait_s: float = 0) -> list[str]:
     and a starting server promise, "none left", holds); a sandbox starting does not wait on
     a stuck one. The short ids of the containers and the names of the volumes removed."""
     removed = []
-    host = socket.gethostname()
+    host = this_host()
     # The plain list call: no per-container inspect that could race with a removal.
     listed = [
         client.api.containers(all=True, filters={"label": kind}) for kind in (LABEL, HELPER_LABEL)
@@ -410,7 +435,7 @@ def reap_orphan_volumes(client: docker.DockerClient) -> list[str]:
     """Remove the input volumes (the stream transport's) of sandboxes whose owner process on
     this host is gone; one still mounted (its container not yet removed) is left for later."""
     removed = []
-    host = socket.gethostname()
+    host = this_host()
     for volume in client.api.volumes(filters={"label": LABEL}).get("Volumes") or []:
         labels = volume.get("Labels") or {}
         owner_host, _, pid = labels.get(OWNER_LABEL, ":").partition(":")
@@ -597,5 +622,8 @@ def stop_cause(container: Container) -> str:
     if code in (137, -9) or state.get("Error"):
         # killed from outside or by its runtime: under gVisor, a fork bomb or a process
         # count past the limit ends the whole sandbox
-        return f"{said}, exit {code}: killed; under gVisor a fork bomb ends the whole sandbox"
+        return (
+            f"{said}, exit {code}: killed, from outside or by its runtime; under gVisor a fork "
+            "bomb ends the whole sandbox"
+        )
     return f"{said}, exit {code}" if code is not None else said

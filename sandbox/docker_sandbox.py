@@ -117,7 +117,7 @@ class DockerSandbox:
         )
         mounts = self.inputs.mounts()
         if paused is not None and self.staging_dir is not None:  # as they were at the pause
-            _place(self.staging_dir, self.inputs.mounts())
+            _link_inputs(self.staging_dir, self.inputs.mounts())
             mounts = {}
         self._info = info
         self._client: BlockingKernelClient | None = None
@@ -227,10 +227,14 @@ class DockerSandbox:
         if new_key or sent is None:
             self._info = dict(self._info, key=kernel.new_connection_info()["key"])
             handed = self._info
-        link = StreamLink.start(
-            self.container, self.conn_dir, handed, before,
-            check=lambda: ctr.check_running(self.container),
-        )  # fmt: skip
+        try:
+            link = StreamLink.start(
+                self.container, self.conn_dir, handed, before,
+                check=lambda: ctr.check_running(self.container),
+            )  # fmt: skip
+        except (SandboxError, docker.errors.DockerException, requests.RequestException) as error:
+            self.close()  # no kernel to reach: never a sandbox half there
+            raise SandboxError(f"the sandbox has no kernel to reach: {error}") from None
         self._links.append(link)
         self._set_client(self._connect())
 
@@ -710,11 +714,11 @@ class DockerSandbox:
             if emptied:
                 for link in self.staging_dir.iterdir():
                     link.unlink()
-            _place(self.staging_dir, inputs)
+            _link_inputs(self.staging_dir, inputs)
         elif self.volume is not None:
             volumes.fill(
                 self.client, self.image, self.volume, inputs,
-                ctr.helper_options(self.label), emptied=emptied,
+                ctr.helper_options(self.client, self.label), emptied=emptied,
             )  # fmt: skip
 
 
@@ -728,7 +732,7 @@ STREAMED_PAUSE = (
 )
 
 
-def _place(staging_dir: Path, inputs: dict[str, Path]) -> None:
+def _link_inputs(staging_dir: Path, inputs: dict[str, Path]) -> None:
     """Inputs (name -> host file) into a pool sandbox's staging folder; all or none."""
     placed: list[Path] = []
     try:

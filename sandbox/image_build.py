@@ -304,12 +304,12 @@ def run_once(
 ) -> tuple[int, str]:
     """Run a throwaway container with no network to its end: (exit status, output). It is
     removed whatever happens, a failed start included (docker's run() leaves that one)."""
-    from sandcell.sandbox.container import ulimits  # (container imports this module)
+    from sandcell.sandbox.container import is_podman, ulimits  # (container imports us)
     from sandcell.sandbox.limits import Limits
 
     container = client.containers.create(
         image, args, entrypoint=entrypoint, network_mode="none",
-        ulimits=ulimits(Limits(), gvisor=False), **options,
+        ulimits=ulimits(Limits(), gvisor=False, podman=is_podman(client)), **options,
     )  # fmt: skip
     try:
         container.start()

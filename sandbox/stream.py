@@ -9,9 +9,11 @@ would there (kernel.connect). Between the two, each channel's messages travel fr
 message over the caps ends the link.
 
 Three threads per link: the reader parses the exec's output and hands each message over an
-inproc socket; the pump owns the host's sockets and moves messages both ways (dropping what
-jupyter_client does not take, as the relay does); the writer sends to the exec's stdin, fed
-through a bounded queue so a stalled container never blocks the pump.
+inproc socket; the pump owns the host's sockets and moves messages both ways; the writer sends
+to the exec's stdin, fed through a bounded queue so a stalled container never blocks the pump.
+What jupyter_client has not taken yet waits in the pump, per channel, up to PENDING_BYTES; past
+that the oldest is dropped, as the relay drops what the host does not read (the host's memory
+stays bounded: ZMQ's own queues hold a few messages, FRONT_HWM, not a thousand).
 """
 
 import json
@@ -20,6 +22,8 @@ import socket
 import threading
 import time
 import uuid
+import warnings
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +41,35 @@ READY_TIMEOUT_S = 30.0  # the bridge's first word: it starts in well under a sec
 OUTBOX = 256  # host messages waiting for the exec's stdin; past it they are dropped
 STDERR_BYTES = 16 << 10  # the bridge's last words kept, to say why it ended
 END = b"end"  # the reader's last message to the pump
+FRONT_HWM = 4  # messages ZMQ queues per socket of the link (each may be 16 MiB)
+PENDING_BYTES = 64 << 20  # per channel, what jupyter_client has not taken yet
+KEEPALIVE_IDLE_S = 60  # a remote engine's connection idle between cells: kept alive
+
+
+class Front:
+    """One host socket jupyter_client connects to, and what waits for it to take."""
+
+    def __init__(self, sock: zmq.Socket):
+        self.sock = sock
+        self.pending: deque[list[bytes]] = deque()
+        self.pending_bytes = 0
+
+    def deliver(self, frames: list[bytes]) -> None:
+        self.pending.append(frames)
+        self.pending_bytes += sum(len(f) for f in frames)
+        while self.pending_bytes > PENDING_BYTES:  # the oldest goes, as the relay drops
+            self.pending_bytes -= sum(len(f) for f in self.pending.popleft())
+        self.flush()
+
+    def flush(self) -> None:
+        while self.pending:
+            try:
+                self.sock.send_multipart(self.pending[0], flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return  # full: sent when it can take more (POLLOUT)
+            except zmq.ZMQError:
+                pass  # a ROUTER's peer that is gone: nobody to give it to
+            self.pending_bytes -= sum(len(f) for f in self.pending.popleft())
 
 
 class StreamLink:
@@ -49,6 +82,8 @@ class StreamLink:
         self.folder = folder
         self.context = zmq.Context()
         self.context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self.context.setsockopt(zmq.SNDHWM, FRONT_HWM)
+        self.context.setsockopt(zmq.RCVHWM, FRONT_HWM)
         self.inbox = f"inproc://bridge-{uuid.uuid4().hex}"
         self.outbox: queue.Queue[bytes | None] = queue.Queue(OUTBOX)
         self.ready = threading.Event()
@@ -57,6 +92,7 @@ class StreamLink:
         self.stderr = bytearray()
         self.threads: list[threading.Thread] = []
         self.raw: socket.socket | None = None
+        self.stream: Any = None  # the exec's output, read through the response's reader
 
     # -- lifecycle ----------------------------------------------------------------------
     def open(self, key: dict | None, before: list | None, timeout: float) -> bool:
@@ -64,6 +100,7 @@ class StreamLink:
         `before` (the relay's socket files the last bridge reached: a new relay's are
         awaited). True once it said ready within `timeout`; False if it ended first (it
         could not start: a fork bomb still filling the sandbox's process limit)."""
+        fronts = self._bind()
         api = self.container.client.api
         try:
             exec_id = api.exec_create(
@@ -74,11 +111,11 @@ class StreamLink:
         except (docker.errors.APIError, requests.exceptions.RequestException) as error:
             self.ended = f"it did not start ({error})"
             return False
-        self.raw = sock._sock
+        self.raw = getattr(sock, "_sock", sock)
         self.raw.settimeout(None)  # idle for hours between cells is fine
-        stream = upgraded_stream(sock)
-        fronts = self._bind()
-        self._thread(self._read, stream)
+        keep_alive(self.raw)
+        self.stream = upgraded_stream(sock)
+        self._thread(self._read, self.stream)
         self._thread(self._pump, fronts)
         self._thread(self._write)
         first = json.dumps({"key": key, "before": before}).encode()
@@ -89,13 +126,16 @@ class StreamLink:
                 return False
         return True
 
-    def _bind(self) -> dict[int, zmq.Socket]:
+    def _bind(self) -> dict[int, Front]:
+        """The host's sockets, which say when they are full rather than drop in silence."""
         fronts = {}
         for name, port in boundary.CHANNELS.items():
-            sock = self.context.socket(zmq.XPUB if name == "iopub" else zmq.ROUTER)
+            pub = name == "iopub"
+            sock = self.context.socket(zmq.XPUB if pub else zmq.ROUTER)
+            sock.setsockopt(zmq.XPUB_NODROP if pub else zmq.ROUTER_MANDATORY, 1)
             sock.linger = 0
             sock.bind(f"ipc://{self.folder}/{boundary.socket_name(port)}")
-            fronts[port] = sock
+            fronts[port] = Front(sock)
         return fronts
 
     def _thread(self, target: Callable[..., None], *args: Any) -> None:
@@ -119,8 +159,12 @@ class StreamLink:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             link = cls(container, folder)
-            if link.open(key, before, deadline - time.monotonic()):
-                return link
+            try:
+                if link.open(key, before, deadline - time.monotonic()):
+                    return link
+            except BaseException:  # re-raised: nothing of a failed link is left
+                link.close()
+                raise
             link.close()
             check()
             if time.monotonic() > deadline:
@@ -138,22 +182,25 @@ class StreamLink:
             raise SandboxError(f"the bridge to the kernel ended: {self.ended}{said}")
 
     def close(self) -> None:
-        """End the bridge (its stdin closes) and the threads; remove the host's folder."""
+        """End the bridge (its stdin closes) and the threads."""
         if self.ended is None:
             self.ended = "closed"
-        if self.raw is not None:
-            try:  # the engine closes the exec's stdin; the reader's read returns
-                self.raw.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        self._shut()  # the engine closes the exec's stdin; the reader's read returns
         try:
             self.outbox.put_nowait(None)  # the writer ends (it may have already)
         except queue.Full:
             pass
         for thread in self.threads:
             thread.join(timeout=5)
+        if self.stream is not None:
+            self.stream.close()  # it holds the socket open (makefile's reference) until then
         if self.raw is not None:
             self.raw.close()
+        if any(thread.is_alive() for thread in self.threads):  # ZMQ's close is not thread-safe
+            warnings.warn(
+                "a thread of the bridge link did not end: its sockets are left open", stacklevel=2
+            )
+            return
         self.context.destroy(linger=0)
 
     # -- the threads -----------------------------------------------------------------------
@@ -196,36 +243,48 @@ class StreamLink:
             self.ready.set()
         reached = said.get("connected")
         if isinstance(reached, list) and len(reached) == len(boundary.CHANNELS):
-            self.reached = reached
+            self.reached = [identity(r) for r in reached]
 
-    def _pump(self, fronts: dict[int, zmq.Socket]) -> None:
+    def _pump(self, fronts: dict[int, Front]) -> None:
         inbox = self.context.socket(zmq.PAIR)
         inbox.bind(self.inbox)
         poller = zmq.Poller()
         poller.register(inbox, zmq.POLLIN)
-        ports = {}
-        for port, sock in fronts.items():
-            poller.register(sock, zmq.POLLIN)
-            ports[sock] = port
+        ports = {front.sock: port for port, front in fronts.items()}
         try:
             while True:
-                for sock, _ in poller.poll():
-                    frames = sock.recv_multipart()
+                for front in fronts.values():  # asked to say when it can take more
+                    waiting = zmq.POLLOUT if front.pending else 0
+                    poller.register(front.sock, zmq.POLLIN | waiting)
+                for sock, event in poller.poll():
                     if sock is inbox:
+                        frames = inbox.recv_multipart()
                         if frames == [END]:
                             return
-                        try:
-                            fronts[frames[0][0]].send_multipart(frames[1:], flags=zmq.NOBLOCK)
-                        except zmq.Again:
-                            pass  # jupyter_client is not reading: dropped, as the relay would
+                        fronts[frames[0][0]].deliver(frames[1:])
                         continue
-                    try:
-                        self.outbox.put_nowait(boundary.encode_message(ports[sock], frames))
-                    except queue.Full:
-                        pass  # the bridge has stopped reading: a dropped request times out
+                    if event & zmq.POLLOUT:
+                        fronts[ports[sock]].flush()
+                    if event & zmq.POLLIN:
+                        frames = sock.recv_multipart()
+                        try:
+                            self.outbox.put_nowait(boundary.encode_message(ports[sock], frames))
+                        except queue.Full:
+                            pass  # the bridge has stopped reading: a dropped request times out
+        except Exception as error:  # the link is over; the reader's read ends with the stream
+            if self.ended is None:
+                self.ended = f"its pump failed ({error!r})"
+            self._shut()
         finally:
-            for sock in (inbox, *fronts.values()):
+            for sock in (inbox, *ports):
                 sock.close(linger=0)
+
+    def _shut(self) -> None:
+        if self.raw is not None:
+            try:
+                self.raw.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _write(self) -> None:
         assert self.raw is not None
@@ -238,3 +297,21 @@ class StreamLink:
             self.raw.shutdown(socket.SHUT_WR)
         except OSError:
             pass
+
+
+def keep_alive(raw: socket.socket) -> None:
+    """TCP keepalives on a remote engine's connection: a NAT or a load balancer between would
+    drop it, idle between cells, without a word. Nothing for a Unix socket."""
+    if raw.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_KEEPIDLE"):  # Linux; macOS has TCP_KEEPALIVE
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 15)
+
+
+def identity(said: object) -> list[int] | None:
+    """A socket file's (inode, ctime) as the bridge said it; anything else is none."""
+    if isinstance(said, list) and len(said) == 2 and all(type(n) is int for n in said):
+        return said
+    return None

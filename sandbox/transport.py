@@ -5,6 +5,7 @@ inputs; any engine the API reaches). `auto` picks `ipc` where it works and `stre
 once per engine per process."""
 
 import os
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -20,7 +21,6 @@ from sandcell.sandbox.errors import SandboxUnavailable
 from sandcell.sandbox.limits import Limits
 
 TRANSPORTS = ("auto", "ipc", "stream")
-ENV = "SANDCELL_TRANSPORT"
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,10 @@ _lock = threading.Lock()
 
 
 def engine_address(client: docker.DockerClient) -> str:
-    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    """The engine as its user named it (DOCKER_HOST), else the client's own address."""
+    return os.environ.get("DOCKER_HOST") or str(client.api.base_url).replace(
+        "http+docker://localhost", "unix:///var/run/docker.sock"
+    )
 
 
 def is_local_socket(client: docker.DockerClient) -> bool:
@@ -64,27 +67,35 @@ def choose(client: docker.DockerClient, asked: str, image: str) -> Choice:
 def _auto(client: docker.DockerClient, image: str) -> Choice:
     address = engine_address(client)
     with _lock:
-        if address not in _chosen:
-            _chosen[address] = _find(client, image, address)
-        return _chosen[address]
+        if address in _chosen:
+            return _chosen[address]
+        found, sure = _find(client, image, address)
+        if sure:  # a probe the engine failed for another reason is asked again next time
+            _chosen[address] = found
+        return found
 
 
-def _find(client: docker.DockerClient, image: str, address: str) -> Choice:
+def _find(client: docker.DockerClient, image: str, address: str) -> tuple[Choice, bool]:
+    """What `auto` takes, and whether that is sure (else it is not kept)."""
     if not is_local_socket(client):
-        return Choice("stream", f"the engine is remote ({address})")
+        return Choice("stream", f"the engine is remote ({address})"), True
+    if sys.platform != "linux":  # a VM's engine (OrbStack, Colima): sockets do not cross shares
+        return Choice("stream", f"this machine is not Linux ({sys.platform})"), True
     system = str(client.info().get("OperatingSystem", ""))
     if "Docker Desktop" in system:
-        return Choice("stream", "the engine is Docker Desktop's, in a virtual machine")
-    if sees_host_folders(client, image):
-        return Choice("ipc", f"the engine at {address} sees this machine's folders")
-    return Choice("stream", f"the engine at {address} cannot see this machine's folders")
+        return Choice("stream", "the engine is Docker Desktop's, in a virtual machine"), True
+    seen = sees_host_folders(client, image)
+    if seen:
+        return Choice("ipc", f"the engine at {address} sees this machine's folders"), True
+    why = "cannot see this machine's folders" if seen is False else "could not be probed"
+    return Choice("stream", f"the engine at {address} {why}"), seen is False
 
 
-def sees_host_folders(client: docker.DockerClient, image: str) -> bool:
-    """Whether the engine can bind-mount a folder this process just made. Docker: a container
-    is created with it (never started), which an engine on another machine refuses (no such
-    path there). Podman makes a missing path instead, so there the container runs and looks
-    for a file of the folder."""
+def sees_host_folders(client: docker.DockerClient, image: str) -> bool | None:
+    """Whether the engine can bind-mount a folder this process just made (None: the probe
+    failed otherwise). Docker: a container is created with it (never started), which an
+    engine on another machine refuses (no such path there). Podman makes a missing path
+    instead, so there the container runs and looks for a file of the folder."""
     podman = container.is_podman(client)
     with tempfile.TemporaryDirectory(prefix="sandcell-probe-") as folder:
         Path(folder, "seen").touch()
@@ -96,21 +107,23 @@ def sees_host_folders(client: docker.DockerClient, image: str) -> bool:
                 entrypoint=["sh"],
                 network_mode="none",
                 mounts=[Mount(target="/probe", source=folder, type="bind", read_only=True)],
-                ulimits=container.ulimits(Limits(), gvisor=False),
+                ulimits=container.ulimits(Limits(), gvisor=False, podman=podman),
                 labels=container.labels("transport-probe", helper=True),  # reaped if we die
             )
         except docker.errors.ImageNotFound:
             raise SandboxUnavailable(
                 f"the sandbox image {image} is missing. Build it with `sandcell image build`."
             ) from None
-        except (docker.errors.APIError, requests.exceptions.RequestException):
-            return False
+        except docker.errors.APIError as error:
+            return False if "does not exist" in str(error) else None
+        except requests.exceptions.RequestException:
+            return None
         try:
             if not podman:
                 return True
             probe.start()
             return probe.wait(timeout=60).get("StatusCode") == 0
         except (docker.errors.APIError, requests.exceptions.RequestException):
-            return False
+            return None
         finally:
             probe.remove(force=True)

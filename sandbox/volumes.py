@@ -10,6 +10,7 @@ helper that never needs to start; emptying it for a renewal runs one. The tar is
 the host's files (a 1 GB input is never held in memory), each member a plain file, read-only.
 """
 
+import os
 import tarfile
 import time
 import uuid
@@ -89,7 +90,7 @@ def tar_stream(inputs: dict[str, Path]) -> Iterator[bytes]:
     root. A file that changes size while it is read fails the copy."""
     for name, path in inputs.items():
         with open(path, "rb") as f:
-            size = path.stat().st_size
+            size = os.fstat(f.fileno()).st_size
             member = tarfile.TarInfo(name)
             member.size, member.mode, member.mtime = size, 0o444, int(time.time())
             yield member.tobuf(format=tarfile.PAX_FORMAT)
@@ -100,6 +101,8 @@ def tar_stream(inputs: dict[str, Path]) -> Iterator[bytes]:
                     raise SandboxError(f"the input {name} shrank while it was copied")
                 left -= len(chunk)
                 yield chunk
+            if f.read(1):
+                raise SandboxError(f"the input {name} grew while it was copied")
         if size % tarfile.BLOCKSIZE:
             yield b"\0" * (tarfile.BLOCKSIZE - size % tarfile.BLOCKSIZE)
     yield b"\0" * (2 * tarfile.BLOCKSIZE)
