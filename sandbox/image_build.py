@@ -460,12 +460,17 @@ def build(
     # tagged by the id the build gave: under Podman a name may also mean an image loaded
     # with `podman load` (localhost/...), found first
     client.images.get(built[-1] if built else name).tag(repository, wanted)
-    if before.hash and before.hash != wanted:  # the hash tag of the image this one replaces
+    _untag(client, repository, before.hash, wanted)
+    return Built(name, wanted, fresh=True)
+
+
+def _untag(client: docker.DockerClient, repository: str, old: str | None, wanted: str) -> None:
+    """The hash tag of the image this build replaces, removed."""
+    if old and old != wanted:
         try:
-            client.images.remove(f"{repository}:{before.hash}", noprune=True)
+            client.images.remove(f"{repository}:{old}", noprune=True)
         except docker.errors.APIError:
             pass  # gone already, or another tag's image: nothing to tidy
-    return Built(name, wanted, fresh=True)
 
 
 def smoke(client: docker.DockerClient, name: str, runtime: str) -> None:

@@ -11,9 +11,10 @@ message over the caps ends the link.
 Three threads per link: the reader parses the exec's output and hands each message over an
 inproc socket; the pump owns the host's sockets and moves messages both ways; the writer sends
 to the exec's stdin, fed through a bounded queue so a stalled container never blocks the pump.
-What jupyter_client has not taken yet waits in the pump, per channel, up to PENDING_BYTES; past
-that the oldest is dropped, as the relay drops what the host does not read (the host's memory
-stays bounded: ZMQ's own queues hold a few messages, FRONT_HWM, not a thousand).
+The host holds a message or two per channel, as over ipc: every socket of the link queues one
+(FRONT_HWM), and a message jupyter_client cannot take yet waits in the pump, which then reads
+no more from the bridge until it is taken; so the reader stops, the exec's stream stops, the
+bridge stops, and the relay drops what it cannot pass on, in the container, as over ipc.
 """
 
 import json
@@ -23,7 +24,6 @@ import threading
 import time
 import uuid
 import warnings
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -41,35 +41,31 @@ READY_TIMEOUT_S = 30.0  # the bridge's first word: it starts in well under a sec
 OUTBOX = 256  # host messages waiting for the exec's stdin; past it they are dropped
 STDERR_BYTES = 16 << 10  # the bridge's last words kept, to say why it ended
 END = b"end"  # the reader's last message to the pump
-FRONT_HWM = 4  # messages ZMQ queues per socket of the link (each may be 16 MiB)
-PENDING_BYTES = 64 << 20  # per channel, what jupyter_client has not taken yet
+FRONT_HWM = 1  # messages ZMQ queues per socket of the link (each may be 16 MiB)
 KEEPALIVE_IDLE_S = 60  # a remote engine's connection idle between cells: kept alive
 
 
 class Front:
-    """One host socket jupyter_client connects to, and what waits for it to take."""
+    """One host socket jupyter_client connects to, and the message it could not take yet."""
 
     def __init__(self, sock: zmq.Socket):
         self.sock = sock
-        self.pending: deque[list[bytes]] = deque()
-        self.pending_bytes = 0
+        self.waiting: list | None = None
 
-    def deliver(self, frames: list[bytes]) -> None:
-        self.pending.append(frames)
-        self.pending_bytes += sum(len(f) for f in frames)
-        while self.pending_bytes > PENDING_BYTES:  # the oldest goes, as the relay drops
-            self.pending_bytes -= sum(len(f) for f in self.pending.popleft())
+    def deliver(self, frames: list) -> None:
+        self.waiting = frames
         self.flush()
 
     def flush(self) -> None:
-        while self.pending:
-            try:
-                self.sock.send_multipart(self.pending[0], flags=zmq.NOBLOCK)
-            except zmq.Again:
-                return  # full: sent when it can take more (POLLOUT)
-            except zmq.ZMQError:
-                pass  # a ROUTER's peer that is gone: nobody to give it to
-            self.pending_bytes -= sum(len(f) for f in self.pending.popleft())
+        if self.waiting is None:
+            return
+        try:
+            self.sock.send_multipart(self.waiting, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return  # full: sent when it can take more (POLLOUT)
+        except zmq.ZMQError:
+            pass  # a ROUTER's peer that is gone: nobody to give it to
+        self.waiting = None
 
 
 class StreamLink:
@@ -220,7 +216,7 @@ class StreamLink:
                     if channel == boundary.CONTROL:
                         self._said(frames)
                     else:
-                        handoff.send_multipart([bytes([channel]), *frames])
+                        handoff.send_multipart([bytes([channel]), *frames], copy=False)
         except ValueError as error:  # a message over the caps, or no message at all
             why = f"it sent what is not a message ({error})"
         except OSError as error:
@@ -249,19 +245,21 @@ class StreamLink:
         inbox = self.context.socket(zmq.PAIR)
         inbox.bind(self.inbox)
         poller = zmq.Poller()
-        poller.register(inbox, zmq.POLLIN)
         ports = {front.sock: port for port, front in fronts.items()}
         try:
             while True:
-                for front in fronts.values():  # asked to say when it can take more
-                    waiting = zmq.POLLOUT if front.pending else 0
+                # a message jupyter_client has not taken yet holds the bridge's back
+                held = any(front.waiting is not None for front in fronts.values())
+                poller.register(inbox, 0 if held else zmq.POLLIN)
+                for front in fronts.values():
+                    waiting = zmq.POLLOUT if front.waiting is not None else 0
                     poller.register(front.sock, zmq.POLLIN | waiting)
                 for sock, event in poller.poll():
                     if sock is inbox:
-                        frames = inbox.recv_multipart()
-                        if frames == [END]:
+                        frames = inbox.recv_multipart(copy=False)
+                        if frames[0].bytes == END:
                             return
-                        fronts[frames[0][0]].deliver(frames[1:])
+                        fronts[frames[0].bytes[0]].deliver(frames[1:])
                         continue
                     if event & zmq.POLLOUT:
                         fronts[ports[sock]].flush()

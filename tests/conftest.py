@@ -114,7 +114,7 @@ def transport(request):
         cannot_run(problem, "stream transport test")
     engine = "tcp_engine" if request.param == "stream" else "podman_engine"
     before = os.environ.get("DOCKER_HOST")
-    os.environ["DOCKER_HOST"] = request.getfixturevalue(engine)
+    os.environ["DOCKER_HOST"] = FORWARDED[before] = request.getfixturevalue(engine)
     try:
         yield request.param
     finally:
@@ -122,6 +122,25 @@ def transport(request):
             os.environ.pop("DOCKER_HOST", None)
         else:
             os.environ["DOCKER_HOST"] = before
+
+
+FORWARDED: dict[str | None, str] = {}  # DOCKER_HOST as it was -> what `transport` set
+
+
+@pytest.fixture(autouse=True)
+def engine_of_its_own(request, monkeypatch):
+    """A test of a module whose `transport` set DOCKER_HOST, but which does not take it
+    itself, sees DOCKER_HOST as it was (the module's fixture lives on between its tests)."""
+    if "transport" in request.fixturenames:
+        return
+    set_by_transport = {url: before for before, url in FORWARDED.items()}
+    now = os.environ.get("DOCKER_HOST")
+    if now in set_by_transport:
+        before = set_by_transport[now]
+        if before is None:
+            monkeypatch.delenv("DOCKER_HOST")
+        else:
+            monkeypatch.setenv("DOCKER_HOST", before)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist names each test's group

@@ -223,7 +223,11 @@ def test_an_editable_install_builds_from_the_clone_s_images_folder():
 
 # -- the stream transport's framing ------------------------------------------------------------
 def test_stream_messages_come_back_whole_however_the_bytes_are_cut():
-    sent = [(2, [b"<IDS|MSG>", b"sig", b"{}" * 1000]), (1, []), (boundary.CONTROL, [b"x" * 70_000])]
+    sent = [
+        (2, [b"<IDS|MSG>", b"sig", b"{}" * 1000]),
+        (1, [b""]),
+        (boundary.CONTROL, [b"x" * 70_000]),
+    ]
     data = b"".join(boundary.encode_message(channel, frames) for channel, frames in sent)
     for piece in (1, 7, 4096, len(data)):
         reader = boundary.MessageReader(1 << 20)
@@ -239,6 +243,7 @@ def test_stream_messages_come_back_whole_however_the_bytes_are_cut():
     [
         (boundary.STREAM_HEADER.pack(9, 1, 8), "unknown channel 9"),
         (boundary.STREAM_HEADER.pack(2, 65, 0), "65 frames"),
+        (boundary.STREAM_HEADER.pack(2, 0, 0), "0 frames"),
         (boundary.STREAM_HEADER.pack(2, 1, (1 << 20) + 1), "over the caps"),
         # a frame's length past its message, and a body its frames do not fill
         (

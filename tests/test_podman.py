@@ -6,6 +6,7 @@ variant of their `transport` fixture)."""
 
 import json
 import os
+import re
 
 import docker
 import pytest
@@ -33,10 +34,8 @@ def test_doctor_names_podman_and_exec_runs_over_either_transport(podman_env, tmp
     doctor = sandcell("doctor", env=podman_env, timeout=90)
     assert "ok  engine    Podman 4." in doctor.stdout, doctor.stdout
     assert "takes no runtime: no gVisor" in doctor.stdout
-    assert (
-        "ipc: the engine at unix:///run/podman/podman.sock sees this machine's folders"
-        in doctor.stdout
-    )
+    # ipc (its probe's container saw the folder), or stream where the probe could not run
+    assert re.search(r"ok  transport (ipc|stream): the engine at unix:///run/podman", doctor.stdout)
     data = tmp_path / "in.csv"
     data.write_text("a\n1\n2\n")
     for way in ("auto", "stream"):
