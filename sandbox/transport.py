@@ -4,10 +4,12 @@ folders) or `stream` (everything through the engine's API: exec streams, a volum
 inputs; any engine the API reaches). `auto` picks `ipc` where it works and `stream` otherwise,
 once per engine per process."""
 
+import contextlib
 import os
 import sys
 import tempfile
 import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,6 +99,7 @@ def sees_host_folders(client: docker.DockerClient, image: str) -> bool | None:
     engine on another machine refuses (no such path there). Podman makes a missing path
     instead, so there the container runs and looks for a file of the folder."""
     podman = container.is_podman(client)
+    name = f"sandcell-probe-{uuid.uuid4().hex[:12]}"  # removed by name, however create ended
     with tempfile.TemporaryDirectory(prefix="sandcell-probe-") as folder:
         Path(folder, "seen").touch()
         os.chmod(folder, 0o755)  # the image's user looks in it (an empty file, its only one)
@@ -104,12 +107,17 @@ def sees_host_folders(client: docker.DockerClient, image: str) -> bool | None:
             probe = client.containers.create(
                 image,
                 ["-c", "test -f /probe/seen"],
+                name=name,
                 entrypoint=["sh"],
                 network_mode="none",
                 mounts=[Mount(target="/probe", source=folder, type="bind", read_only=True)],
                 ulimits=container.ulimits(Limits(), gvisor=False, podman=podman),
                 labels=container.labels("transport-probe", helper=True),  # reaped if we die
             )
+            if not podman:
+                return True
+            probe.start()
+            return probe.wait(timeout=60).get("StatusCode") == 0
         except docker.errors.ImageNotFound:
             raise SandboxUnavailable(
                 f"the sandbox image {image} is missing. Build it with `sandcell image build`."
@@ -118,12 +126,6 @@ def sees_host_folders(client: docker.DockerClient, image: str) -> bool | None:
             return False if "does not exist" in str(error) else None
         except requests.exceptions.RequestException:
             return None
-        try:
-            if not podman:
-                return True
-            probe.start()
-            return probe.wait(timeout=60).get("StatusCode") == 0
-        except (docker.errors.APIError, requests.exceptions.RequestException):
-            return None
-        finally:
-            probe.remove(force=True)
+        finally:  # also when a signal ended the create before its answer came
+            with contextlib.suppress(docker.errors.APIError, requests.exceptions.RequestException):
+                client.api.remove_container(name, force=True)

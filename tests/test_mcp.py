@@ -356,7 +356,8 @@ def test_ending_the_client_process_leaves_no_container(tmp_path):
 def test_stdio_server_on_sigterm_or_ctrl_c_removes_its_container(sig, status):
     proc = sandcell_process("mcp", stdin=subprocess.PIPE, text=False)
     try:
-        wait_for(lambda: len(container_labels(owner_label(proc.pid))) == 1)
+        # its sandbox (the transport probe's container, before it, is a helper)
+        wait_for(lambda: len(container_labels("sandcell", owner_label(proc.pid))) == 1)
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)
     finally:
