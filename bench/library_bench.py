@@ -24,13 +24,20 @@ REQUESTS_TARGET = 0.25  # model requests per file, with the library
 SINGLE_RECIPE = 1.27  # `--recipe auto` with one recipe per batch on the same kind of set
 
 
-def one_batch(folder: Path, out: str, family_of: dict[str, str], recipe: str | None) -> dict:
+def one_batch(
+    folder: Path,
+    out: str,
+    family_of: dict[str, str],
+    recipe: str | None,
+    where: tuple[str, ...] = ("--workers", "2"),
+) -> dict:
+    """The delivery in `folder` cleaned into `out`; `where`: 2 workers here, or `--ray ADDR`."""
     model = FamilyModel(family_of)
     more = ["--recipe", recipe] if recipe else []
     with ScriptedServer([model] * (4 * len(family_of) + 10)) as server:
         started = time.monotonic()
         done = sandcell(
-            "batch", "jobs.jsonl", "--output", out, "--workers", "2", "--no-progress", *more,
+            "batch", "jobs.jsonl", "--output", out, *where, "--no-progress", *more,
             "--base-url", server.url, "--api-key", "k", "--model", "m", "--protocol", "tools",
             cwd=folder, timeout=3600,
         )  # fmt: skip

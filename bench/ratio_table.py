@@ -8,6 +8,7 @@ SECTIONS = (
     "batch",
     "recipe",
     "library",
+    "library_ray",
     "packages",
     "session",
     "serve",

@@ -9,20 +9,16 @@ import signal
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import pandas as pd
-import psutil
 import pytest
 
 from sandcell.agent.jobs.fingerprint import Layout
 from sandcell.agent.records.trace import read_trace
-from sandcell.sandbox.container import owner
 from sandcell.sandbox.wheelhouse import Wheelhouse, add
 from tests.cli_runner import sandcell, sandcell_process
-from tests.containers import container_labels
 from tests.deliveries import (
     FAMILIES,
     SAVE,
@@ -32,6 +28,7 @@ from tests.deliveries import (
 )
 from tests.missing import IN_CI
 from tests.polling import kill_after_results, wait_for
+from tests.ray_cluster import Processes, job_task_workers, owned_by, ray_processes
 from tests.realdata import CSVS
 from tests.scripted_server import ScriptedServer
 from tests.wheels import make_wheel
@@ -59,39 +56,6 @@ BATCH_S = 300
 KEY = "sk-ray-test-6f1c0e9b2d"  # must reach the node, and appear nowhere in logs or results
 
 
-class Processes:
-    """Every process under this test process while the cluster runs (raylets, Ray workers,
-    the driver): the sandboxes they start carry their pids as owners."""
-
-    def __init__(self):
-        self.seen: set[int] = set()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self):
-        while not self._done.wait(0.2):
-            try:
-                self.seen.update(p.pid for p in psutil.Process().children(recursive=True))
-            except psutil.Error:
-                pass
-
-    def stop(self):
-        self._done.set()
-        self._thread.join()
-
-
-def ray_processes() -> list[psutil.Process]:
-    found = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "ray" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except psutil.Error:
-            pass
-    return found
-
-
 @pytest.fixture
 def cluster():
     head = dict(
@@ -115,13 +79,6 @@ def cluster():
             time.sleep(0.5)
         assert ray_processes() == [], "Ray processes left after the cluster was shut down"
         assert owned_by(processes.seen) == [], "sandbox containers left by the cluster"
-
-
-def owned_by(pids) -> list[dict]:
-    owners = {owner(pid) for pid in pids}
-    return [
-        labels for labels in container_labels("sandcell") if labels.get("sandcell.owner") in owners
-    ]
 
 
 def sha256(path) -> str:
@@ -229,18 +186,6 @@ def test_twelve_jobs_on_two_nodes_all_answered_and_the_key_never_written(cluster
     assert leaks.stdout == "" and KEY not in run.stdout + run.stderr
 
 
-def job_task_workers(raylet_pid: int) -> list[psutil.Process]:
-    """Ray workers under one raylet that are running a job (Ray titles them ray::job_task)."""
-    busy = []
-    for p in psutil.Process(raylet_pid).children(recursive=True):
-        try:
-            if "job_task" in " ".join(p.cmdline()):
-                busy.append(p)
-        except psutil.Error:
-            pass
-    return busy
-
-
 def jobs_with_a_sandbox() -> list[Path]:
     """The nodes' scratch traces (run_here's folders) that say the job's sandbox is ready."""
     ready = []
@@ -332,7 +277,7 @@ def test_a_job_over_the_input_cap_fails_alone_and_shared_paths_runs_it(cluster, 
 
 
 @pytest.mark.timeout(BATCH_S + 40)
-def test_a_library_s_recipes_are_tried_on_the_nodes_and_nothing_is_learnt(cluster, tmp_path):
+def test_a_library_is_copied_into_out_recipes_tried_on_the_nodes_and_learnt_on(cluster, tmp_path):
     family_of = delivery(tmp_path, {"A": 3, "E": 1})
     lib = tmp_path / "lib"
     lib.mkdir()
@@ -352,8 +297,11 @@ def test_a_library_s_recipes_are_tried_on_the_nodes_and_nothing_is_learnt(cluste
     solved = {r["id"]: r.get("solved_by") for r in records(tmp_path / "out")}
     assert sorted(solved.values()) == ["agent", "recipe", "recipe", "recipe"], solved
     assert model.asked == {"E": 2}  # only the family the library has no recipe for
-    assert {p.name: p.read_bytes() for p in lib.iterdir()} == before
-    assert not (tmp_path / "out" / "recipes").exists()  # on Ray nothing is learnt
+    assert {p.name: p.read_bytes() for p in lib.iterdir()} == before  # DIR is never written
+    # DIR copied into OUT/recipes/ and learnt on, as on one host: E's recipe beside A's
+    (learnt,) = [r["recipe_learned"] for r in records(tmp_path / "out") if "recipe_learned" in r]
+    own = sorted(p.name for p in (tmp_path / "out" / "recipes").glob("*.py"))
+    assert own == sorted([f"{layout.key}-1.py", learnt.split("/")[-1]]), own
 
 
 @pytest.mark.timeout(BATCH_S + 40)

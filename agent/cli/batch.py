@@ -125,7 +125,7 @@ def batch_cmd(
         build_limits(opts), build_rules(opts), opts["protocol"], vision=opts["vision"]
     )
     if recipe is not None:
-        settings = recipe_settings(recipe, jobs, settings, output, ray_address)
+        settings = recipe_settings(recipe, jobs, settings, output)
     if not any(job.replay for job in jobs):
         make_model(jobs[0])  # a bad endpoint or key fails now (exit 4), not once per job
     executor: Executor
@@ -207,12 +207,12 @@ def say_what_recipes_did(records: list[dict]) -> None:
 
 
 def recipe_settings(
-    recipe: str, jobs: list[Job], settings: JobSettings, output: Path, ray_address: str | None
+    recipe: str, jobs: list[Job], settings: JobSettings, output: Path
 ) -> JobSettings:
     """--recipe auto|DIR|FILE: every job needs checks (nothing else would tell a wrong output);
     a library must hold only recipes, a FILE must be one. Usage errors (exit 2) before any
-    job starts. auto and DIR learn into OUT/recipes/ (a copy of DIR's first); on a Ray
-    cluster a library is tried on the nodes, and nothing is learnt."""
+    job starts. auto and DIR learn into OUT/recipes/ (a copy of DIR's first), on this host
+    or, with --ray, on the driver for the whole cluster."""
     from sandcell.agent.jobs.recipe_library import Library, start_library
     from sandcell.agent.jobs.recipe_maker import RecipeError
 
@@ -225,17 +225,9 @@ def recipe_settings(
     given = None if recipe == "auto" else Path(recipe)
     if given is not None and not given.exists():
         raise click.UsageError(f"--recipe {recipe}: no such recipe file or library folder")
-    if given is None and ray_address is not None:
-        raise click.UsageError(
-            "--recipe auto learns on this host: give a library folder (--recipe DIR) or a "
-            "recipe (--recipe FILE) with --ray"
-        )
     try:
         if given is not None and given.is_file():
             library = Library.single(given.resolve())
-        elif ray_address is not None:
-            assert given is not None  # auto with --ray is refused above
-            library = Library.load(given.resolve(), learning=False)
         else:
             library = start_library(given, output)
     except RecipeError as error:

@@ -180,18 +180,34 @@ class JobSettings:
     recipes: Library | None = None  # tried on each job before the agent (recipe_runner)
 
 
+class Learning(Protocol):
+    """One agent run per layout at a time, as a job sees it: `LayoutLearning` in a local
+    batch; on a Ray node, the same questions asked of the driver's (agent.jobs.ray_learning)."""
+
+    def park_if_learning(self, key: str, job: Any) -> bool: ...
+
+    def learned(self, key: str) -> int: ...
+
+    def claim(self, key: str, job: Any, learned_before: int) -> bool: ...
+
+    def is_parked(self, job: Any) -> bool: ...
+
+
 @dataclass
 class Attempt:
     """What one job needs beside its session: how it is tried and where it may wait."""
 
     settings: JobSettings
     pool: SandboxPool | None
-    learning: LayoutLearning | None
+    learning: Learning | None
     layout: Layout | None
     learned_before: int = 0
 
 
 PARKED = None  # run_job's result for a job parked until its layout's learning run ends
+# On a Ray node, each failed recipe's failure goes back to the driver (which learns) in the
+# record under this key; the driver takes it out before the record is written.
+NODE_FAILURES = "_recipe_failures"
 
 
 def run_job(
@@ -202,15 +218,17 @@ def run_job(
     model: Callable[[Job], Model],
     pool: SandboxPool | None,
     running: Running,
-    learning: LayoutLearning | None = None,
+    learning: Learning | None = None,
+    layout: Layout | None = None,
 ) -> dict[str, Any] | None:
     """Run one job into `folder` (made afresh) and return its line of results.jsonl, or
     PARKED when the job waits for another's agent run to learn its layout (nothing is
     recorded, its sandbox is given back, `learning` requeues it). The one job body: the local
     batch calls it in a thread, a Ray node in its actor. The sandbox comes from `pool`; None
-    starts one."""
+    starts one. `layout`: the inputs' layout when the caller read it already (a Ray driver)."""
     paths = [item.path for item in Inputs.from_paths(job.inputs)]  # Inputs, or a list of paths
-    layout = Layout.of(paths) if settings.recipes is not None else None
+    if layout is None and settings.recipes is not None:
+        layout = Layout.of(paths)
     learned = 0
     if learning is not None:
         assert layout is not None  # a batch learns layouts only with recipes
@@ -242,9 +260,12 @@ def run_job(
         result, tried = solved
         write_job_files(result, job.inputs, folder)
         record.update(_results_line(result, folder, tried, layout))
-        if settings.recipes is not None and settings.recipes.learning:
-            assert layout is not None and tried is not None  # both come with recipes
-            _learn(settings.recipes, folder, layout, tried, record)
+        if settings.recipes is not None and tried is not None:
+            assert layout is not None  # known whenever there are recipes
+            if settings.recipes.learning:
+                learn_recipe(settings.recipes, folder, layout, record, tried.failures)
+            elif learning is not None:  # a Ray node's job: its driver learns (ray_learning)
+                record[NODE_FAILURES] = tried.failures
     except Exception as error:  # one job's failure is recorded, never stops the batch
         if solved is PARKED and learning is not None and learning.is_parked(job):
             log.warning("job %s, parked, did not close cleanly: %s", job.id, error)
@@ -313,14 +334,20 @@ def _results_line(
     return line
 
 
-def _learn(
-    library: Library, folder: Path, layout: Layout, tried: Tried, record: dict[str, Any]
+def learn_recipe(
+    library: Library,
+    folder: Path,
+    layout: Layout,
+    record: dict[str, Any],
+    failures: dict[str, dict[str, Any]],
 ) -> None:
-    """A recipe from a passed agent run, added to the library: the results line says which,
-    and, when its layout had recipes already and they failed, that the layout drifted."""
+    """A recipe from a passed agent run (the job's folder and results line; `failures`: how
+    each recipe tried failed), added to the library: the results line says which, and, when
+    its layout had recipes already and they failed, that the layout drifted. A folder it
+    cannot make a recipe from (no trace, no cell that ran) learns nothing, said as a warning."""
     if record.get("solved_by") != AGENT or not (record.get("checks") or {}).get("passed"):
         return
-    own = [name for name in tried.tried if name in library.names_of(layout)]
+    own = [name for name in record.get("recipes_tried", []) if name in library.names_of(layout)]
     try:
         entry = library.learn(folder, layout)
     except (RecipeError, OSError) as error:  # nothing to learn from this job
@@ -328,7 +355,7 @@ def _learn(
         return
     record["recipe_learned"] = f"{FOLDER}/{entry.name}"
     if own:  # the layout was known, and its recipes failed this job
-        failure = tried.failures.get(own[0]) or {}
+        failure = failures.get(own[0]) or {}
         how = "failed its checks" if "checks" in failure else _failed_how(failure)
         record["drift"] = f"new recipe for a known layout: {own[0]} {how} on job {record['id']}"
 

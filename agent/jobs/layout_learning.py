@@ -3,7 +3,8 @@ jobs of that layout wait for the run to end (and are then tried with its recipe)
 starting agent runs of their own. A waiting job holds neither a worker nor a sandbox: it is
 parked here and handed back to the batch's queue when the run ends, but never before its
 own thread has let go of it (settled: its session closed). A layout whose learning run
-failed its checks twice stops making others wait: its next jobs go to the agent."""
+failed its checks twice stops making others wait: its next jobs go to the agent. On a Ray
+cluster the driver keeps one for the whole batch (agent/jobs/ray_learning.py)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ class LayoutLearning:
         self._due: dict[str, Any] = {}  # ... of those, the ones to requeue once settled
 
     def park_if_learning(self, key: str, job: Any) -> bool:
-        """Before a job starts: parked (True) when its layout is being learned now."""
+        """Before a job starts: parked (True) when its layout is being learned now, by
+        another job (on a Ray cluster a learning job whose node died starts again)."""
         with self._lock:
-            if key not in self._learners:
+            if self._learners.get(key, job.id) == job.id:
                 return False
             self._park(key, job)
             return True
@@ -44,9 +46,10 @@ class LayoutLearning:
         """A job needs the agent: True when it may run it (it learns the layout, or the
         layout gave up waiting); False when another job learns it now (the job is parked),
         or learnt it since the job chose its recipes (the job goes back to the queue once
-        settled, to be tried with the new recipe)."""
+        settled, to be tried with the new recipe). A job that learns the layout already (claimed
+        for it before it was sent to a node, or run again there) may."""
         with self._lock:
-            if self._failed[key] >= GIVE_UP_AFTER:
+            if self._failed[key] >= GIVE_UP_AFTER or self._learners.get(key) == job.id:
                 return True
             if key in self._learners:
                 self._park(key, job)

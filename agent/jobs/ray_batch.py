@@ -10,7 +10,9 @@ of the threads of `ThreadExecutor`. Ray does the rest:
 - retries: a task whose worker or node dies runs again elsewhere, NODE_RETRIES times at most;
 - bytes: inputs go out through the object store, each file read once by the driver (or are read
   in place by the node with --shared-paths); the job's folder comes back as bytes and only the
-  driver writes DIR/<id>/ and its results line, once, whatever the retries.
+  driver writes DIR/<id>/ and its results line, once, whatever the retries;
+- recipes (--recipe auto|DIR): the driver keeps the library and learns, one agent run per
+  layout in the whole cluster (agent/jobs/ray_learning.py).
 
 The API key never goes through runtime_env: Ray's runtime-env agent logs env_vars in plain
 text. The driver's key travels as an object in the object store; without one, a node uses the
@@ -45,6 +47,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from sandcell.agent import stops
 from sandcell.agent.events import Event, SessionStarted
 from sandcell.agent.jobs.batch import (
+    NODE_FAILURES,
     STOP_WAIT_S,
     Batch,
     Job,
@@ -53,6 +56,15 @@ from sandcell.agent.jobs.batch import (
     failed,
     fresh_folder,
     run_job,
+)
+from sandcell.agent.jobs.ray_learning import (
+    AskDriver,
+    Carried,
+    ClusterLearning,
+    Desk,
+    Start,
+    Starting,
+    ask,
 )
 from sandcell.agent.model.scripted import ScriptedModel, load_script
 from sandcell.agent.model.settings import ModelSettings
@@ -68,7 +80,8 @@ SCRATCH_PREFIX = "sandcell-ray-"  # a job's folder on its node (its inputs, its 
 SCRATCH_LOCK = ".in-use"  # flocked by the job while it runs
 REFRESH_S = 2.0  # how often the driver looks for new nodes (and updates the bar's figures)
 
-Outcome = tuple[dict[str, Any], dict[str, bytes]]  # a job's record, its folder's files
+# a job's record (None: parked, to be sent again once its layout's learning run ends), its files
+Outcome = tuple[dict[str, Any] | None, dict[str, bytes]]
 KeyBox = list[ray.ObjectRef[str]]  # the API key as an object (RayExecutor._key_box)
 Blobs = dict[str, ray.ObjectRef[bytes]]  # a job's inputs in the object store, by name
 
@@ -91,6 +104,7 @@ class RemoteJob:
     replies: list | None = None  # the job's script of replies, read by the driver
     replay_name: str | None = None
     expect: dict | None = None  # the job's declared checks (agent.output_checks.Expect)
+    carried: Carried | None = None  # in a batch that learns recipes: its layout and recipes
 
 
 def runner_name(node_id: str) -> str:
@@ -119,12 +133,12 @@ class NodeRunner:
                 self._model = endpoint_model(self.settings, self.key_box)
             return self._model
 
-    def run(self, job: RemoteJob, blobs: Blobs) -> Outcome | None:
+    def run(self, job: RemoteJob, blobs: Blobs, desk: Any) -> Outcome | None:
         """The job's record and files; None once stopping (not started, nothing recorded)."""
         if self.running.stopping:
             return None
         return run_here(
-            job, blobs, self.settings, self.key_box, self.pool, self.running, self.model
+            job, blobs, self.settings, self.key_box, self.pool, self.running, self.model, desk
         )
 
     def stop(self, reason: str, within: float) -> None:
@@ -185,10 +199,22 @@ def run_here(
     pool: SandboxPool | None,
     running: Running,
     model: Callable[[], Model] | None = None,
-) -> Outcome:
+    desk: Any = None,
+) -> Outcome | None:
     """Run one job on this node through run_job, in a scratch folder removed afterwards; the
-    record and the folder's files as bytes (relative path -> content)."""
+    record and the folder's files as bytes (relative path -> content). In a batch that learns
+    recipes the job first asks the driver (`desk`) whether it may start, and with which."""
     node = ray.get_runtime_context().get_node_id()
+    learning, job_settings = None, settings.job
+    if job.carried is not None:
+        start: Start | None = ask(desk, Starting(job.id, job.carried.layout.key,
+                                                 job.carried.learned), running)  # fmt: skip
+        if start is None:  # stopping: not started, nothing recorded
+            return None
+        if start.parked:
+            return None, {}
+        job_settings = replace(job_settings, recipes=start.recipes or job.carried.recipes)
+        learning = AskDriver(desk, running, start.learned)
     with scratch_folder() as work:
         try:
             inputs = Inputs.from_paths(_inputs_here(job, blobs, work / "inputs", settings))
@@ -212,8 +238,12 @@ def run_here(
 
         folder = work / "out"
         here = Job(job.id, job.task, inputs, expect=job.expect or {})
-        ran = run_job(here, folder, settings.job, model=make_model, pool=pool, running=running)
-        assert ran is not None  # parked only by a batch's layout learning, never here
+        ran = run_job(
+            here, folder, job_settings, model=make_model, pool=pool, running=running,
+            learning=learning, layout=job.carried.layout if job.carried else None,
+        )  # fmt: skip
+        if ran is None:  # parked: its layout is being learned (or was, since it chose)
+            return None, {}
         return ran | {"node": node}, _files(folder)
 
 
@@ -249,7 +279,7 @@ _runner: list[ActorProxy[NodeRunner]] = []  # this worker's node runner, looked 
 
 
 def job_task(
-    job: RemoteJob, blobs: Blobs, settings: Settings, key_box: KeyBox | None
+    job: RemoteJob, blobs: Blobs, settings: Settings, key_box: KeyBox | None, desk: Any
 ) -> Outcome | None:
     """A job placed by Ray on a node with a free `sandcell` unit: run by that node's runner,
     or here with a fresh sandbox when the node has none (it joined after the batch began)."""
@@ -257,10 +287,10 @@ def job_task(
         try:
             _runner.append(ray.get_actor(runner_name(ray.get_runtime_context().get_node_id())))
         except ValueError:
-            return run_here(job, blobs, settings, key_box, None, Running())
+            return run_here(job, blobs, settings, key_box, None, Running(), desk=desk)
     # ray types an actor's methods only when @ray.method-decorated: .remote is unknown to it
     ran: ray.ObjectRef[Outcome | None]
-    ran = _runner[0].run.remote(job, blobs)  # type: ignore[attr-defined]
+    ran = _runner[0].run.remote(job, blobs, desk)  # type: ignore[attr-defined]
     return ray.get(ran)
 
 
@@ -277,7 +307,13 @@ class RayExecutor:
         address: str | None = None,
         max_input_mb: int = MAX_INPUT_MB,
     ):
+        recipes = settings.job.recipes
+        # a library that learns stays here (ray_learning): each job takes its own recipes
+        self.library = recipes if recipes is not None and recipes.learning else None
+        if self.library is not None:
+            settings = replace(settings, job=replace(settings.job, recipes=None))
         self.settings, self.api_key, self.max_input_mb = settings, api_key, max_input_mb
+        self._parked: set[str] = set()  # ids of the jobs waiting for a layout's learning run
         self.address = address or os.environ.get("RAY_ADDRESS") or "auto"
         self.runners: dict[str, ActorProxy[NodeRunner]] = {}
         self._runner_class = ray.remote(NodeRunner)
@@ -387,24 +423,51 @@ class RayExecutor:
                 uses[item.path] = uses.get(item.path, 0) + 1
         stored: dict[Path, ray.ObjectRef[bytes]] = {}  # while a job to send needs it
         queue = deque(todo)
+        sent_back: set[str] = set()  # jobs parked on their node: their inputs go out again
+
+        def requeue(jobs: list[Job]) -> None:
+            for job in jobs:
+                if job.id in sent_back:
+                    sent_back.discard(job.id)
+                    for item in job.inputs:
+                        uses[item.path] += 1
+            queue.extendleft(reversed(jobs))
+
+        learning = ClusterLearning(self.library, requeue) if self.library is not None else None
+        desk, asked = self._desk() if learning is not None else (None, None)
         pending: dict[ray.ObjectRef[Outcome | None], Job] = {}
         records: list[dict[str, Any]] = []
         try:
             while queue or pending:
                 while queue and len(pending) < 2 * max(1, self.slots):
                     job = queue.popleft()
-                    batch.started()
+                    batch.started(waited=job.id in self._parked)
+                    self._parked.discard(job.id)
                     refused = self._too_big(job)
                     if refused:
                         records.append(self._failed(job, refused, batch))
                         continue
+                    carried = learning.place(job) if learning is not None else None
+                    if learning is not None and carried is None:  # waits here, holding nothing
+                        self._park(job, batch)
+                        continue
                     blobs = {} if self.settings.shared_paths else self._blobs(job, stored, uses)
-                    pending[task.remote(self._remote(job), blobs, self.settings, self._key_box)] = (
-                        job
-                    )
-                ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+                    sent = self._remote(job, carried)
+                    pending[task.remote(sent, blobs, self.settings, self._key_box, desk)] = job
+                ready, _ = ray.wait([*pending, *filter(None, [asked])], num_returns=1, timeout=1.0)
                 for ref in ready:
-                    records.append(self._collect(ref, pending.pop(ref), batch))
+                    if ref == asked:  # node jobs' questions to the layout learning
+                        assert learning is not None and desk is not None  # only when learning
+                        for number, question in ray.get(ref):
+                            desk.answer.remote(number, learning.answer(question))
+                        asked = desk.questions.remote()
+                        continue
+                    job = pending.pop(ref)
+                    record = self._collect(ref, job, batch, learning)
+                    if record is not None:
+                        records.append(record)
+                    elif not self.settings.shared_paths:
+                        sent_back.add(job.id)
                 if time.monotonic() - self._refreshed > REFRESH_S:
                     self._refresh(len(queue) + len(pending))
                     batch.show(**self.figures)
@@ -419,6 +482,23 @@ class RayExecutor:
                 raise Terminated() from None
             raise
         return records
+
+    def _desk(self) -> tuple[Any, ray.ObjectRef[Any]]:
+        """The desk node jobs ask the driver's layout learning at, beside the driver, and
+        the driver's standing call for their questions."""
+        here = ray.get_runtime_context().get_node_id()
+        desk = (
+            ray.remote(Desk)
+            .options(
+                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)
+            )
+            .remote()
+        )
+        return desk, desk.questions.remote()  # type: ignore[attr-defined]  # as in job_task
+
+    def _park(self, job: Job, batch: Batch) -> None:
+        self._parked.add(job.id)
+        batch.parked()
 
     def _too_big(self, job: Job) -> str | None:
         if self.settings.shared_paths:
@@ -447,7 +527,7 @@ class RayExecutor:
                 del stored[item.path]
         return blobs
 
-    def _remote(self, job: Job) -> RemoteJob:
+    def _remote(self, job: Job, carried: Carried | None = None) -> RemoteJob:
         replies = None
         if job.replay is not None:
             replies = [entry for _, entry in load_script(job.replay)]
@@ -458,21 +538,37 @@ class RayExecutor:
             replies,
             f"replay:{job.replay.name}" if job.replay else None,
             job.expect,
+            carried,
         )
 
     def _collect(
-        self, ref: ray.ObjectRef[Outcome | None], job: Job, batch: Batch
-    ) -> dict[str, Any]:
-        """The job's record; its folder written under DIR/<id>/ first, then its results line."""
+        self,
+        ref: ray.ObjectRef[Outcome | None],
+        job: Job,
+        batch: Batch,
+        learning: ClusterLearning | None,
+    ) -> dict[str, Any] | None:
+        """The job's record; its folder written under DIR/<id>/ first, a recipe learnt from
+        it, then its results line. None when it came back parked (it goes again later)."""
         try:
             outcome = ray.get(ref)
         except ray.exceptions.RayError as error:
-            return self._failed(job, _lost(error), batch)
+            lost = self._failed(job, _lost(error), batch)
+            if learning is not None:
+                learning.lost(job)
+            return lost
         assert outcome is not None  # a runner gives None only once stopping (_stop_all)
         record, files = outcome
+        if record is None:
+            assert learning is not None  # only a batch that learns parks a job
+            self._park(job, batch)
+            learning.parked(job)
+            return None
         if not self.settings.shared_paths:
             files = driver_paths(files, job)
         write_folder(batch.output / job.id, files)
+        if learning is not None:
+            learning.ended(job, record, batch.output / job.id)
         batch.record(record)
         return record
 
@@ -498,9 +594,10 @@ class RayExecutor:
                     result = ray.get(ref)
                 except ray.exceptions.RayError:
                     result = None  # cancelled or lost
-                if result is None:  # or not started: nothing recorded, a rerun runs it
+                if result is None or result[0] is None:  # not started, or parked: a rerun runs it
                     continue
                 record, files = result
+                record.pop(NODE_FAILURES, None)  # nothing is learnt from a stopped job
                 write_folder(batch.output / job.id, files)
                 batch.record(record)
                 records.append(record)
