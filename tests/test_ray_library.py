@@ -175,7 +175,8 @@ def test_sigterm_mid_learning_exits_143_leaves_no_container_and_the_rerun_learns
         args = batch_args(tmp_path, "out", cluster, server, "auto")
         driver = sandcell_process(*args)
         try:
-            wait_for(lambda: sum(model.asked.values()) >= 2, 180, "both learning runs asking")
+            both = lambda: model.asked["A"] >= 1 and model.asked["B"] >= 1  # noqa: E731
+            wait_for(both, 180, "both learning runs asking")
             driver.send_signal(signal.SIGTERM)
             stdout, stderr = driver.communicate(timeout=120)
         finally:
@@ -193,7 +194,7 @@ def test_sigterm_mid_learning_exits_143_leaves_no_container_and_the_rerun_learns
     # one recipe per layout over both runs: nothing learnt twice
     library = sorted(p.name for p in (tmp_path / "out" / "recipes").glob("*.py"))
     assert len(library) == 2, library
-    learnt = [r["recipe_learned"] for r in got.values() if r.get("recipe_learned")]
-    assert len(learnt) == len(set(learnt)) <= 2, learnt
+    keys = {r["layout"] for r in got.values()}
+    assert sorted(name.split("-")[0] for name in library) == sorted(keys)
     # the rerun asks at most one agent run per layout not learnt before the stop
     assert all(model.asked[f] - asked_before[f] in (0, 2) for f in "AB"), model.asked

@@ -65,6 +65,15 @@ class LayoutLearning:
         self._parked[key].append(job)
         self._unsettled.add(job.id)
 
+    def restarted(self, job: Any) -> None:
+        """The job starts again where an earlier try of it may have been parked (a Ray task
+        run again after its node died): what that try arranged for it is void."""
+        with self._lock:
+            for waiting in self._parked.values():
+                waiting[:] = [j for j in waiting if j.id != job.id]
+            self._unsettled.discard(job.id)
+            self._due.pop(job.id, None)
+
     def is_parked(self, job: Any) -> bool:
         """Whether the job waits here (its thread has not settled it yet)."""
         with self._lock:

@@ -47,7 +47,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from sandcell.agent import stops
 from sandcell.agent.events import Event, SessionStarted
 from sandcell.agent.jobs.batch import (
-    NODE_FAILURES,
     STOP_WAIT_S,
     Batch,
     Job,
@@ -207,8 +206,8 @@ def run_here(
     node = ray.get_runtime_context().get_node_id()
     learning, job_settings = None, settings.job
     if job.carried is not None:
-        start: Start | None = ask(desk, Starting(job.id, job.carried.layout.key,
-                                                 job.carried.learned), running)  # fmt: skip
+        carried = tuple(e.name for e in job.carried.recipes.entries)
+        start: Start | None = ask(desk, Starting(job.id, job.carried.layout.key, carried), running)
         if start is None:  # stopping: not started, nothing recorded
             return None
         if start.parked:
@@ -423,17 +422,9 @@ class RayExecutor:
                 uses[item.path] = uses.get(item.path, 0) + 1
         stored: dict[Path, ray.ObjectRef[bytes]] = {}  # while a job to send needs it
         queue = deque(todo)
-        sent_back: set[str] = set()  # jobs parked on their node: their inputs go out again
-
-        def requeue(jobs: list[Job]) -> None:
-            for job in jobs:
-                if job.id in sent_back:
-                    sent_back.discard(job.id)
-                    for item in job.inputs:
-                        uses[item.path] += 1
-            queue.extendleft(reversed(jobs))
-
-        learning = ClusterLearning(self.library, requeue) if self.library is not None else None
+        learning = None
+        if self.library is not None:
+            learning = ClusterLearning(self.library, lambda jobs: queue.extendleft(reversed(jobs)))
         desk, asked = self._desk() if learning is not None else (None, None)
         pending: dict[ray.ObjectRef[Outcome | None], Job] = {}
         records: list[dict[str, Any]] = []
@@ -458,16 +449,15 @@ class RayExecutor:
                 for ref in ready:
                     if ref == asked:  # node jobs' questions to the layout learning
                         assert learning is not None and desk is not None  # only when learning
-                        for number, question in ray.get(ref):
-                            desk.answer.remote(number, learning.answer(question))
-                        asked = desk.questions.remote()
+                        asked = self._answer(desk, ref, learning)
                         continue
                     job = pending.pop(ref)
                     record = self._collect(ref, job, batch, learning)
                     if record is not None:
                         records.append(record)
-                    elif not self.settings.shared_paths:
-                        sent_back.add(job.id)
+                    elif not self.settings.shared_paths:  # parked: its inputs go out again
+                        for item in job.inputs:
+                            uses[item.path] += 1
                 if time.monotonic() - self._refreshed > REFRESH_S:
                     self._refresh(len(queue) + len(pending))
                     batch.show(**self.figures)
@@ -476,7 +466,7 @@ class RayExecutor:
             # KeyboardInterrupt: the flag says which signal it was
             terminated = isinstance(stop, Terminated) or self._sigterm
             records += self._stop_all(
-                stops.TERMINATED if terminated else stops.INTERRUPTED, pending, batch
+                stops.TERMINATED if terminated else stops.INTERRUPTED, pending, batch, learning
             )
             if terminated and not isinstance(stop, Terminated):
                 raise Terminated() from None
@@ -490,11 +480,23 @@ class RayExecutor:
         desk = (
             ray.remote(Desk)
             .options(
-                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)
+                num_cpus=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
+                max_restarts=-1,  # restarted, it loses the questions in flight: their jobs rerun
             )
             .remote()
         )
         return desk, desk.questions.remote()  # type: ignore[attr-defined]  # as in job_task
+
+    def _answer(self, desk: Any, asked: ray.ObjectRef[Any], learning: ClusterLearning) -> Any:
+        """Each question waiting at the desk answered; the next standing call for more."""
+        try:
+            questions = ray.get(asked)
+        except ray.exceptions.RayActorError:  # the desk restarted: its askers' tasks rerun
+            questions = []
+        for number, question in questions:
+            desk.answer.remote(number, learning.answer(question))
+        return desk.questions.remote()
 
     def _park(self, job: Job, batch: Batch) -> None:
         self._parked.add(job.id)
@@ -564,11 +566,26 @@ class RayExecutor:
             self._park(job, batch)
             learning.parked(job)
             return None
+        return self._write(job, record, files, batch, learning)
+
+    def _write(
+        self,
+        job: Job,
+        record: dict[str, Any],
+        files: dict[str, bytes],
+        batch: Batch,
+        learning: ClusterLearning | None,
+    ) -> dict[str, Any]:
+        """DIR/<id>/ from the node's bytes, the recipe learnt from it, then its results line."""
         if not self.settings.shared_paths:
             files = driver_paths(files, job)
         write_folder(batch.output / job.id, files)
         if learning is not None:
-            learning.ended(job, record, batch.output / job.id)
+            try:
+                learning.ended(job, record, batch.output / job.id)
+            except Exception as error:  # one job's failure is recorded, as run_job does locally
+                learning.lost(job)
+                record = failed(job, f"{type(error).__name__}: {error}")
         batch.record(record)
         return record
 
@@ -578,7 +595,11 @@ class RayExecutor:
         return record
 
     def _stop_all(
-        self, reason: str, pending: dict[ray.ObjectRef[Outcome | None], Job], batch: Batch
+        self,
+        reason: str,
+        pending: dict[ray.ObjectRef[Outcome | None], Job],
+        batch: Batch,
+        learning: ClusterLearning | None,
     ) -> list[dict[str, Any]]:
         """Ctrl-C or SIGTERM: every node stops its running jobs, which come back interrupted
         and are recorded (a rerun redoes them); jobs not started yet are cancelled."""
@@ -596,11 +617,7 @@ class RayExecutor:
                     result = None  # cancelled or lost
                 if result is None or result[0] is None:  # not started, or parked: a rerun runs it
                     continue
-                record, files = result
-                record.pop(NODE_FAILURES, None)  # nothing is learnt from a stopped job
-                write_folder(batch.output / job.id, files)
-                batch.record(record)
-                records.append(record)
+                records.append(self._write(job, result[0], result[1], batch, learning))
         for ref in pending:
             ray.cancel(ref)
         return records

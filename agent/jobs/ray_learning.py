@@ -37,10 +37,9 @@ ASK_POLL_S = 1.0  # how often a node job waiting for the driver's answer looks f
 @dataclass(frozen=True)
 class Carried:
     """What a job of a learning batch takes to its node: its layout as the driver read it,
-    how many recipes of it the batch had learnt, and the recipes to try (their text)."""
+    and the recipes to try (their text)."""
 
     layout: Layout
-    learned: int
     recipes: Library
 
 
@@ -50,14 +49,14 @@ class Starting:
 
     job_id: str
     key: str
-    learned: int  # as carried
+    recipes: tuple[str, ...]  # the names of those it carries
 
 
 @dataclass(frozen=True)
 class Start:
     parked: bool  # its layout is being learned by another job now: it waits
     learned: int
-    recipes: Library | None  # newer than the carried ones (learnt since it was sent), or None
+    recipes: Library | None  # the layout's candidates when they are not those carried, or None
 
 
 @dataclass(frozen=True)
@@ -164,25 +163,27 @@ class ClusterLearning:
         if self.learning.park_if_learning(layout.key, job):
             self.learning.settled(job)  # no task holds it
             return None
-        learned = self.learning.learned(layout.key)
         candidates = self.library.candidates(layout)
+        learned = self.learning.learned(layout.key)
         if not candidates and not self.learning.claim(layout.key, job, learned):
             self.learning.settled(job)
             return None
         self._starts[job.id] = 0
-        return Carried(layout, learned, for_node(candidates))
+        return Carried(layout, for_node(candidates))
 
     def answer(self, question: Starting | Claim) -> Start | bool:
         job = self._jobs[question.job_id]
         if isinstance(question, Claim):
             return self.learning.claim(question.key, job, question.learned_before)
         self._starts[job.id] += 1
+        self.learning.restarted(job)  # after a lost node: an earlier try's waiting is void
         if self.learning.park_if_learning(question.key, job):
             return Start(True, 0, None)
         learned = self.learning.learned(question.key)
-        if learned == question.learned:
+        candidates = self.library.candidates(self.layout(job))  # learnt since, for any layout
+        if tuple(e.name for e in candidates) == question.recipes:
             return Start(False, learned, None)
-        return Start(False, learned, for_node(self.library.candidates(self.layout(job))))
+        return Start(False, learned, for_node(candidates))
 
     def parked(self, job: Job) -> None:
         """The job came back parked from its node: it goes again when it may."""
@@ -203,7 +204,10 @@ class ClusterLearning:
                 if entry.name == record.get("recipe"):
                     self.library.solved(entry)
         learn_recipe(self.library, folder, layout, record, failures)
-        self.learning.ended(job.id, "recipe_learned" in record)
+        # a job that claimed its layout before it went may find a recipe learnt meanwhile
+        # (for a close layout) that solves it: its layout has a recipe, as if learnt
+        solved = "recipe_learned" in record or record.get("solved_by") == RECIPE
+        self.learning.ended(job.id, solved)
 
     def lost(self, job: Job) -> None:
         """The job did not come back (failed outright): a layout it learnt is free again."""
