@@ -3,8 +3,12 @@ cluster ran (the sandboxes they start carry their pids as owners), which are Ray
 a job now."""
 
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psutil
+from ray import cluster_utils
 
 from sandcell.sandbox.container import owner
 from tests.containers import container_labels
@@ -60,3 +64,30 @@ def job_task_workers(raylet_pid: int) -> list[psutil.Process]:
         except psutil.Error:
             pass
     return busy
+
+
+# a removed node is noticed in seconds, not the default half a minute
+FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+
+
+@contextmanager
+def ray_cluster(head: dict, nodes: list[dict]) -> Iterator[cluster_utils.Cluster]:
+    """A cluster on this machine (a head with `head`'s arguments and a node per `nodes`),
+    shut down at the end: no Ray process and no sandbox of its processes may be left."""
+    head = {"include_dashboard": False, "_system_config": FAST_HEALTH_CHECKS, **head}
+    cluster = cluster_utils.Cluster(initialize_head=True, connect=False, head_node_args=head)
+    processes = Processes()
+    try:
+        for node in nodes:
+            cluster.add_node(**node)
+        cluster.wait_for_nodes(timeout=60)
+        cluster.processes = processes
+        yield cluster
+    finally:
+        cluster.shutdown()
+        processes.stop()
+        deadline = time.monotonic() + 30
+        while ray_processes() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert ray_processes() == [], "Ray processes left after the cluster was shut down"
+        assert owned_by(processes.seen) == [], "sandbox containers left by the cluster"

@@ -28,14 +28,11 @@ from tests.deliveries import (
 )
 from tests.missing import IN_CI
 from tests.polling import kill_after_results, wait_for
-from tests.ray_cluster import Processes, job_task_workers, owned_by, ray_processes
 from tests.realdata import CSVS
 from tests.scripted_server import ScriptedServer
 from tests.wheels import make_wheel
 
 try:
-    from ray import cluster_utils as ray_cluster_utils
-
     from sandcell.agent.jobs.ray_batch import (
         SCRATCH_LOCK,
         SCRATCH_PREFIX,
@@ -43,6 +40,7 @@ try:
         remove_dead_scratch,
         scratch_folder,
     )
+    from tests.ray_cluster import job_task_workers, ray_cluster  # imports Ray
 except ImportError:  # `make test` installs it; with CI=true a missing Ray is a failure
     if IN_CI:
         raise
@@ -58,27 +56,8 @@ KEY = "sk-ray-test-6f1c0e9b2d"  # must reach the node, and appear nowhere in log
 
 @pytest.fixture
 def cluster():
-    head = dict(
-        NODE,
-        include_dashboard=False,
-        # a removed node is noticed in seconds, not the default half a minute
-        _system_config={"health_check_period_ms": 1000, "health_check_failure_threshold": 3},
-    )
-    cluster = ray_cluster_utils.Cluster(initialize_head=True, connect=False, head_node_args=head)
-    processes = Processes()
-    try:
-        cluster.add_node(**NODE)
-        cluster.wait_for_nodes(timeout=60)
-        cluster.processes = processes
+    with ray_cluster(NODE, [NODE]) as cluster:
         yield cluster
-    finally:
-        cluster.shutdown()
-        processes.stop()
-        deadline = time.monotonic() + 30
-        while ray_processes() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert ray_processes() == [], "Ray processes left after the cluster was shut down"
-        assert owned_by(processes.seen) == [], "sandbox containers left by the cluster"
 
 
 def sha256(path) -> str:

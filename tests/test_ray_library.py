@@ -6,7 +6,6 @@ the local library tests use)."""
 
 import json
 import signal
-import time
 from collections import Counter
 
 import pytest
@@ -15,11 +14,10 @@ from tests.cli_runner import sandcell, sandcell_process
 from tests.deliveries import FamilyModel, delivery
 from tests.missing import IN_CI
 from tests.polling import wait_for
-from tests.ray_cluster import Processes, job_task_workers, owned_by, ray_processes
 from tests.scripted_server import ScriptedServer
 
 try:
-    from ray import cluster_utils as ray_cluster_utils
+    from tests.ray_cluster import job_task_workers, owned_by, ray_cluster  # imports Ray
 except ImportError:  # `make test` installs it; with CI=true a missing Ray is a failure
     if IN_CI:
         raise
@@ -32,29 +30,10 @@ BATCH_S = 420  # eleven jobs on a loaded 2-core machine, four sandboxes at once
 
 @pytest.fixture(scope="module")
 def cluster():
-    head = {
-        "num_cpus": 1,
-        "object_store_memory": 100 << 20,
-        "include_dashboard": False,
-        # a removed node is noticed in seconds, not the default half a minute
-        "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3},
-    }
-    cluster = ray_cluster_utils.Cluster(initialize_head=True, connect=False, head_node_args=head)
-    processes = Processes()
-    try:
-        for _ in range(2):
-            cluster.add_node(**NODE)
-        cluster.wait_for_nodes(timeout=60)
-        cluster.processes = processes
+    # a head that offers no sandbox (any node may be removed), two nodes of 2 slots each
+    head = {"num_cpus": 1, "object_store_memory": 100 << 20}
+    with ray_cluster(head, [NODE, NODE]) as cluster:
         yield cluster
-    finally:
-        cluster.shutdown()
-        processes.stop()
-        deadline = time.monotonic() + 30
-        while ray_processes() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert ray_processes() == [], "Ray processes left after the cluster was shut down"
-        assert owned_by(processes.seen) == [], "sandbox containers left by the cluster"
 
 
 def batch_args(folder, out: str, cluster, server, recipe: str) -> list[str]:

@@ -260,12 +260,8 @@ def run_job(
         result, tried = solved
         write_job_files(result, job.inputs, folder)
         record.update(_results_line(result, folder, tried, layout))
-        if settings.recipes is not None and tried is not None:
-            assert layout is not None  # known whenever there are recipes
-            if settings.recipes.learning:
-                learn_recipe(settings.recipes, folder, layout, record, tried.failures)
-            elif learning is not None:  # a Ray node's job: its driver learns (ray_learning)
-                record[NODE_FAILURES] = tried.failures
+        if tried is not None:
+            _learn(attempt, folder, tried, record)
     except Exception as error:  # one job's failure is recorded, never stops the batch
         if solved is PARKED and learning is not None and learning.is_parked(job):
             log.warning("job %s, parked, did not close cleanly: %s", job.id, error)
@@ -273,6 +269,17 @@ def run_job(
         record = failed(job, f"{type(error).__name__}: {error}")
     record["duration_s"] = round(time.monotonic() - started, 2)
     return record
+
+
+def _learn(attempt: Attempt, folder: Path, tried: Tried, record: dict[str, Any]) -> None:
+    """A recipe from the job's run, when it was the agent's and passed; on a Ray node, what
+    the driver needs to learn it (ray_learning)."""
+    recipes, layout = attempt.settings.recipes, attempt.layout
+    assert recipes is not None and layout is not None  # tried only with recipes
+    if recipes.learning:
+        learn_recipe(recipes, folder, layout, record, tried.failures)
+    elif attempt.learning is not None:  # a Ray node's job: its driver learns
+        record[NODE_FAILURES] = tried.failures
 
 
 def _give_back(pool: SandboxPool, sandbox: Sandbox) -> None:

@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -293,6 +293,31 @@ def job_task(
     return ray.get(ran)
 
 
+class InputStore:
+    """A batch's inputs in Ray's object store: each file read as the first job needing it
+    goes, dropped by the driver once no job left to send needs it (Ray keeps it while a sent
+    job does); a job that comes back parked needs its files again."""
+
+    def __init__(self, jobs: list[Job]):
+        self._uses = Counter(item.path for job in jobs for item in job.inputs)
+        self._stored: dict[Path, ray.ObjectRef[bytes]] = {}
+
+    def send(self, job: Job) -> Blobs:
+        """{name: ObjectRef of the file's bytes}."""
+        blobs: Blobs = {}
+        for item in job.inputs:
+            if item.path not in self._stored:
+                self._stored[item.path] = ray.put(item.path.read_bytes())
+            blobs[item.name] = self._stored[item.path]
+            self._uses[item.path] -= 1
+            if not self._uses[item.path]:
+                del self._stored[item.path]
+        return blobs
+
+    def returned(self, job: Job) -> None:
+        self._uses.update(item.path for item in job.inputs)
+
+
 class RayExecutor:
     """A batch's jobs on a Ray cluster (`agent.jobs.batch.Executor`): they go out as tasks, at most
     twice the slots at a time (so the object store holds the inputs of those only), and each
@@ -408,19 +433,18 @@ class RayExecutor:
         """The key as an object, in a list so no task spec ever carries it inline."""
         return [ray.put(self.api_key)] if self.api_key else None
 
-    def _run_all(self, todo: list[Job], batch: Batch) -> list[dict[str, Any]]:
-        task = ray.remote(job_task).options(
+    @functools.cached_property
+    def _task(self) -> Any:
+        return ray.remote(job_task).options(
             num_cpus=0,
             resources={RESOURCE: 1},
             max_retries=NODE_RETRIES,
             # the node's runner gone under the job (its node is going down): run it again
             retry_exceptions=[ray.exceptions.RayActorError],
         )
-        uses: dict[Path, int] = {}
-        for job in todo:
-            for item in job.inputs:
-                uses[item.path] = uses.get(item.path, 0) + 1
-        stored: dict[Path, ray.ObjectRef[bytes]] = {}  # while a job to send needs it
+
+    def _run_all(self, todo: list[Job], batch: Batch) -> list[dict[str, Any]]:
+        inputs = None if self.settings.shared_paths else InputStore(todo)
         queue = deque(todo)
         learning = None
         if self.library is not None:
@@ -442,9 +466,11 @@ class RayExecutor:
                     if learning is not None and carried is None:  # waits here, holding nothing
                         self._park(job, batch)
                         continue
-                    blobs = {} if self.settings.shared_paths else self._blobs(job, stored, uses)
+                    blobs = inputs.send(job) if inputs is not None else {}
                     sent = self._remote(job, carried)
-                    pending[task.remote(sent, blobs, self.settings, self._key_box, desk)] = job
+                    pending[self._task.remote(sent, blobs, self.settings, self._key_box, desk)] = (
+                        job
+                    )
                 ready, _ = ray.wait([*pending, *filter(None, [asked])], num_returns=1, timeout=1.0)
                 for ref in ready:
                     if ref == asked:  # node jobs' questions to the layout learning
@@ -455,9 +481,8 @@ class RayExecutor:
                     record = self._collect(ref, job, batch, learning)
                     if record is not None:
                         records.append(record)
-                    elif not self.settings.shared_paths:  # parked: its inputs go out again
-                        for item in job.inputs:
-                            uses[item.path] += 1
+                    elif inputs is not None:  # parked: it goes again, and its inputs with it
+                        inputs.returned(job)
                 if time.monotonic() - self._refreshed > REFRESH_S:
                     self._refresh(len(queue) + len(pending))
                     batch.show(**self.figures)
@@ -513,21 +538,6 @@ class RayExecutor:
             "a job may send through Ray's object store; raise --max-input-mb, or put the files "
             "where every node reads them at the same path and pass --shared-paths"
         )
-
-    def _blobs(
-        self, job: Job, stored: dict[Path, ray.ObjectRef[bytes]], uses: dict[Path, int]
-    ) -> Blobs:
-        """{name: ObjectRef of the file's bytes}: each file read once, dropped by the driver
-        once no job left to send needs it (Ray keeps it while a sent job does)."""
-        blobs: Blobs = {}
-        for item in job.inputs:
-            if item.path not in stored:
-                stored[item.path] = ray.put(item.path.read_bytes())
-            blobs[item.name] = stored[item.path]
-            uses[item.path] -= 1
-            if not uses[item.path]:
-                del stored[item.path]
-        return blobs
 
     def _remote(self, job: Job, carried: Carried | None = None) -> RemoteJob:
         replies = None
