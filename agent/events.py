@@ -149,6 +149,7 @@ class SandboxReady(Event):
     start_s: float | None
     waited_s: float | None
     used: bool | None = None
+    node: str | None = None  # the Ray node holding it (serve --ray), else None
 
 
 @dataclass(frozen=True)

@@ -149,12 +149,19 @@ class BackgroundSandbox(Forwarder):
         return self._sandbox
 
     def timing(self) -> dict:
-        """For the trace: when the start began, how long it took, how long a caller waited."""
+        """For the trace: when the start began, how long it took, how long a caller waited,
+        and the Ray node it is on (sandbox/cluster.py; None on this host's engine)."""
         return {
             "started_at": self.started_at,
             "start_s": None if self.start_s is None else round(self.start_s, 3),
             "waited_s": None if self.waited_s is None else round(self.waited_s, 3),
+            "node": self.node,
         }
+
+    @property
+    def node(self) -> str | None:
+        """The Ray node the started sandbox is on (None: not started, or this host's)."""
+        return getattr(self._sandbox, "node", None)
 
     # -- the Sandbox seam: each call waits for the start (Forwarder) ---------------------------
     _target = ready

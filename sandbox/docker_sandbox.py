@@ -687,13 +687,23 @@ class DockerSandbox:
     def export(self, host_dir: str | Path, subdir: str = "") -> list[str]:
         """Copy the workspace (or one folder of it) to host_dir; returns the files copied.
         Links and special files are left behind, so nothing can point outside host_dir."""
+        archive = self.archive(subdir)
+        return [] if archive is None else ctr.extract_tar(archive, Path(host_dir), self.export_cap)
+
+    def archive(self, subdir: str = "") -> bytes | None:
+        """The workspace (or one folder of it) as the sandbox's helper tars it, at most
+        `export_cap` bytes: hostile input, for `container.extract_tar` only; None when the
+        folder does not exist."""
         try:
-            archive = self._files("tar", *([subdir] if subdir else []), max_out=self._cap)
+            return self._files("tar", *([subdir] if subdir else []), max_out=self._cap)
         except FileNotFoundError:
             if subdir:
-                return []  # the folder does not exist: nothing to export
+                return None  # the folder does not exist: nothing to export
             raise SandboxError("export failed: the workspace is missing") from None
-        return ctr.extract_tar(archive, Path(host_dir), self._cap)
+
+    @property
+    def export_cap(self) -> int:
+        return self._cap
 
     def add_inputs(self, paths: Inputs | Sequence[str | Path]) -> None:
         """Give a pool sandbox its input files (read-only under /data)."""

@@ -185,6 +185,12 @@ class RenewableSandbox(Forwarder):
             return True
 
     @property
+    def node(self) -> str | None:
+        """The Ray node holding the live sandbox (None without --ray, or with no container)."""
+        current = self._current
+        return current.node if current is not None and self.live else None
+
+    @property
     def used(self) -> bool:
         """Whether the current sandbox has run anything (else its workspace is empty)."""
         current = self._current

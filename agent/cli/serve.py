@@ -25,6 +25,8 @@ from sandcell.agent.hosting.server_options import server_options, users_of
 
 if TYPE_CHECKING:
     from sandcell.agent.serve import ServeConfig
+    from sandcell.sandbox.limits import Limits
+    from sandcell.sandbox.protocol import Pool
 
 
 def claim_data(data: Path) -> TextIO:
@@ -99,6 +101,17 @@ def _megabytes_option(name: str, most: float, default: float, help_text: str) ->
 )
 @_megabytes_option("--max-upload-mb", 1 << 20, 100.0, "Cap on one upload request (413 above it).")
 @click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[ADDRESS]",
+    help="Each session's sandbox on a node of a Ray cluster (ADDRESS, else RAY_ADDRESS, else "
+    "auto; nodes declare --resources '{\"sandcell\": N}'); --pool is then per node. The "
+    "loop, model calls and files stay here. Needs pip install 'sandcell[ray]'.",
+)
+@click.option(
     "--stop-grace",
     type=click.FloatRange(0, 3600),
     default=8.0,
@@ -122,19 +135,17 @@ def serve_cmd(
     max_upload_mb: float,
     allowed_hosts: tuple[str, ...],
     stop_grace: float,
+    ray_address: str | None,
     opts: dict[str, Any],
 ) -> None:
     """Serve sessions over HTTP: a page for people (upload files, ask, see the code, outputs
     and answer as they come) and a JSON API with a live event stream for programs."""
     from sandcell.agent.serve import ServeConfig, create_app
-    from sandcell.sandbox.container import preflight
 
     known = users_of(users)
     model = build_model(opts)
     limits = build_limits(opts)
-    preflight(
-        runtime=limits.runtime, transport=limits.transport
-    )  # no engine, image or runtime: said now (exit 3)
+    ray_address, sandboxes = where_sandboxes_run(ray_address, pool, limits)
     claimed = claim_data(data)
     config = ServeConfig(
         model=model,
@@ -153,8 +164,9 @@ def serve_cmd(
         max_upload_mb=max_upload_mb,
         host=host,
         allowed_hosts=allowed_hosts,
+        ray_address=ray_address,
     )
-    app = create_app(config)
+    app = create_app(config, sandboxes)
     sock = listening_socket(host, port)
     exits.keep_details_in(Path(data))
     say_where(sock, config, users)
@@ -166,6 +178,30 @@ def serve_cmd(
             sessions.close()
         sock.close()
         claimed.close()  # every session ended: --data is free for the next server
+
+
+def where_sandboxes_run(
+    ray_address: str | None, size: int, limits: Limits
+) -> tuple[str | None, Pool | None]:
+    """This host's engine, image and runtime checked (None: the sessions make its pool); with
+    --ray the cluster's address and pool, connected and checked. Either way a miss is said
+    before the server listens (exit 3)."""
+    if ray_address is None:
+        from sandcell.sandbox.container import preflight
+
+        preflight(runtime=limits.runtime, transport=limits.transport)
+        return None, None
+    address = ray_address or os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        from sandcell.sandbox.cluster import RayPool, reachable
+    except ImportError as error:
+        if error.name != "ray" and not (error.name or "").startswith("ray."):
+            raise
+        raise click.UsageError(
+            "--ray needs Ray on this host and on every node: pip install 'sandcell[ray]'"
+        ) from None
+    reachable(address)
+    return address, RayPool(address, size, limits)
 
 
 def say_where(sock: socket.socket, config: ServeConfig, users_file: Path | None) -> None:

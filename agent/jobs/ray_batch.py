@@ -27,7 +27,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -69,6 +68,7 @@ from sandcell.agent.model.scripted import ScriptedModel, load_script
 from sandcell.agent.model.settings import ModelSettings
 from sandcell.agent.seams import Model, Terminated
 from sandcell.sandbox import InputError, Inputs, SandboxPool
+from sandcell.sandbox.cluster import reachable
 from sandcell.sandbox.errors import SandboxUnavailable
 from sandcell.sandbox.wheelhouse import on_this_machine
 
@@ -375,7 +375,7 @@ class RayExecutor:
         return self._run_all(todo, batch)
 
     def _connect(self) -> None:
-        _reachable(self.address)
+        reachable(self.address)
         before = signal.getsignal(signal.SIGTERM)  # ray.init puts a plain exit there
         try:
             ray.init(
@@ -659,28 +659,6 @@ def _lost(error: Exception) -> str:
         f"{type(cause or error).__name__}: the job's Ray worker or node died on each of "
         f"{NODE_RETRIES + 1} tries ({first})"
     )
-
-
-def _reachable(address: str) -> None:
-    """ray.init waits minutes for a cluster address where nothing listens; a plain TCP
-    connect says so at once."""
-    target = address
-    if address == "auto":
-        try:
-            target = ray._private.utils.read_ray_address()  # the cluster `ray start` left here
-        except AttributeError:
-            return
-    if not target or "://" in target:
-        return  # no cluster here (ray.init says so) or a ray:// client address
-    host, _, port = target.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=10).close()
-    except (OSError, ValueError) as error:
-        raise SandboxUnavailable(
-            f"no Ray cluster answers at {target} ({getattr(error, 'strerror', None) or error}); "
-            "start one with `ray start --head --resources '{\"sandcell\": 2}'` or give the "
-            "head's address to --ray"
-        ) from None
 
 
 def driver_paths(files: dict[str, bytes], job: Job) -> dict[str, bytes]:

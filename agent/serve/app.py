@@ -25,16 +25,19 @@ from sandcell.agent.serve.routes import STATIC, router
 from sandcell.agent.serve.served import Busy
 from sandcell.agent.serve.sessions import Full, NotFound, Sessions
 from sandcell.sandbox import InputError, SandboxError
+from sandcell.sandbox.protocol import Pool
 
 log = logging.getLogger(__name__)
 
 
-def create_app(config: ServeConfig) -> FastAPI:
+def create_app(config: ServeConfig, pool: Pool | None = None) -> FastAPI:
+    """`pool`: where sessions take their sandboxes (with --ray, the cluster's, made and
+    checked before the server listens); None: this host's engine, made with the sessions."""
     config = replace(config, data=config.data.expanduser().resolve())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.sessions = Sessions(config)
+        app.state.sessions = Sessions(config, pool)
         try:
             yield
         finally:

@@ -32,6 +32,7 @@ class ServeConfig:
     max_body_bytes: int = 1 << 20  # any other request body (a message, code to run)
     host: str = "127.0.0.1"  # the address listened on: which Host names are answered
     allowed_hosts: tuple[str, ...] = ()  # --allowed-host: more names ('*': any)
+    ray_address: str | None = None  # --ray: sandboxes on a Ray cluster's nodes at this address
 
     @property
     def idle_s(self) -> float:

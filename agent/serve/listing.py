@@ -22,3 +22,8 @@ class SessionInfo(BaseModel):
     inputs: list[str] = Field(description="the files under /data")
     questions: int = Field(description="questions asked so far")
     resumed: bool = Field(description="listed again after a restart of the server")
+    node: str | None = Field(
+        default=None,
+        description="with --ray: the hex id of the Ray node holding the session's sandbox; "
+        "null while paused or released, and without --ray",
+    )

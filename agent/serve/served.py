@@ -32,9 +32,9 @@ from sandcell.agent.serve.config import ServeConfig
 from sandcell.agent.serve.listing import SessionInfo
 from sandcell.agent.serve.resume import Past
 from sandcell.agent.session import FIGURES_DIR, PAUSED_DIR, Agent
-from sandcell.sandbox import Execution, Inputs, SandboxError, SandboxPool, checkpoint
+from sandcell.sandbox import Execution, Inputs, SandboxError, checkpoint
 from sandcell.sandbox.boundary import FIGURES
-from sandcell.sandbox.protocol import Sandbox
+from sandcell.sandbox.protocol import Pool, Sandbox
 from sandcell.sandbox.renewable import RenewableSandbox
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class ServedSession:
         user: str,
         folder: Path,
         config: ServeConfig,
-        pool: SandboxPool,
+        pool: Pool,
         past: Past | None = None,  # a session from before a server restart, continued
     ):
         self.id, self.user, self.folder, self.config = sid, user, folder, config
@@ -191,6 +191,7 @@ class ServedSession:
             inputs=self.session.inputs.names,
             questions=self.session.loop.questions,
             resumed=self.resumed,
+            node=self.sandbox.node,
         )
 
     def sandbox_state(self) -> Literal["live", "paused", "released"]:

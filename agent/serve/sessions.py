@@ -19,6 +19,7 @@ from sandcell.agent.serve.listing import SessionInfo
 from sandcell.agent.serve.served import Busy, ServedSession
 from sandcell.sandbox import SandboxPool
 from sandcell.sandbox.container import REMOVAL_WAIT_S, engine, reap_orphans
+from sandcell.sandbox.protocol import Pool
 
 log = logging.getLogger(__name__)
 MB = 1 << 20
@@ -41,6 +42,19 @@ class Full(RuntimeError):
         self.retry_after = retry_after
 
 
+class ClusterFull(Full):
+    """Every `sandcell` slot of the Ray cluster is taken (serve --ray): a 503."""
+
+    def __init__(self, retry_after: int):
+        RuntimeError.__init__(
+            self,
+            "every sandbox slot of the Ray cluster is taken; try again in "
+            f"{retry_after} s, or start another node (ray start ... --resources "
+            "'{\"sandcell\": N}')",
+        )
+        self.retry_after = retry_after
+
+
 class UserFull(Full):
     """This user holds their most sessions with a sandbox: a 429 (their own limit; other
     users are still served)."""
@@ -58,21 +72,30 @@ class UserFull(Full):
 
 
 class Sessions:
-    def __init__(self, config: ServeConfig):
+    def __init__(self, config: ServeConfig, pool: Pool | None = None):
         self.config = config
         config.data.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # containers of a server that was killed are gone before this one takes requests
-        removed = reap_orphans(engine(), wait_s=REMOVAL_WAIT_S)
-        if removed:
-            log.info("removed %d container(s) left by an earlier run", len(removed))
+        self.pool = pool or self._pool(config)
         self._stored = {s.id: s for s in resume.stored_sessions(config.data)}
-        self.pool = SandboxPool(config.pool, config.limits, config.image)
         self._by_id: dict[str, ServedSession] = {}
         self._lock = threading.Lock()
         self._uploads: dict[str, threading.Lock] = {}  # a user's uploads, one at a time
         self._closed = threading.Event()
         self._reaper = threading.Thread(target=self._reap, daemon=True, name="idle-sessions")
         self._reaper.start()
+
+    @staticmethod
+    def _pool(config: ServeConfig) -> Pool:
+        """This host's warm pool, once the containers of a server that was killed are gone;
+        with --ray, the cluster's nodes (sandbox/cluster.py; the CLI makes it first)."""
+        if config.ray_address is not None:
+            from sandcell.sandbox.cluster import RayPool  # imports Ray: only with --ray
+
+            return RayPool(config.ray_address, config.pool, config.limits, config.image)
+        removed = reap_orphans(engine(), wait_s=REMOVAL_WAIT_S)
+        if removed:
+            log.info("removed %d container(s) left by an earlier run", len(removed))
+        return SandboxPool(config.pool, config.limits, config.image)
 
     def create(self, user: str) -> ServedSession:
         with self._lock:
@@ -188,6 +211,9 @@ class Sessions:
             raise UserFull(cap, self._retry_after(mine))
         if len(live) >= self.config.max_sessions:
             raise Full(self.config.max_sessions, self._retry_after(live))
+        room = getattr(self.pool, "room", None)  # a cluster's: its free `sandcell` slots
+        if room is not None and not room():
+            raise ClusterFull(self._retry_after(live))
 
     def _retry_after(self, live: list[ServedSession]) -> int:
         """Seconds until the first of these goes idle and the reaper releases its sandbox."""

@@ -1,0 +1,416 @@
+"""Sandboxes on the nodes of a Ray cluster, for a server (`sandcell serve --ray`).
+
+The server keeps everything but the sandbox; each session's sandbox is a `DockerSandbox` on a
+node, held by that node's `SandboxNode` actor (one per node: a sandbox's kernel connection
+lives in the process that started it, and the node's warm pool must hand its sandboxes to
+that same process). `NodeSandbox` is the server's side: the `Sandbox` Protocol, each call sent
+to the actor. A cell's output chunks stream back as they come (a Ray generator); files,
+inputs and archives move as bytes in objects of at most CHUNK; an archive from a node is
+unpacked on the server by the same hostile-input extraction a local export uses.
+
+`RayPool` is the server's pool: a sandbox goes to the node with the most free `sandcell`
+slots (what the node declared, less the sandboxes this server holds there); nodes are used
+as they join. Nothing here sees a model, a key or a user's token."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import secrets
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from sandcell.sandbox import container as ctr
+from sandcell.sandbox.checkpoint import PauseError
+from sandcell.sandbox.docker_sandbox import DockerSandbox
+from sandcell.sandbox.errors import SandboxError, SandboxUnavailable
+from sandcell.sandbox.execution import Execution, StreamChunk
+from sandcell.sandbox.inputs import Inputs
+from sandcell.sandbox.limits import Limits
+from sandcell.sandbox.pool import SandboxPool
+from sandcell.sandbox.wheelhouse import on_this_machine
+
+log = logging.getLogger(__name__)
+RESOURCE = "sandcell"  # what a node declares: sandboxes at once (as for batches)
+CHUNK = 8 << 20  # the most bytes one object through the store holds (a test node's is small)
+SHUTDOWN_S = 120.0  # a node's sandboxes removed at the server's stop, at most
+
+Chunks = list[ray.ObjectRef[bytes]]
+
+
+def to_chunks(data: bytes) -> Chunks:
+    return [ray.put(data[at : at + CHUNK]) for at in range(0, len(data), CHUNK)] or [ray.put(b"")]
+
+
+def in_chunks(data: bytes) -> Iterator[bytes]:
+    for at in range(0, max(1, len(data)), CHUNK):
+        yield data[at : at + CHUNK]
+
+
+class SandboxNode:
+    """One per node: its warm pool and the server's sandboxes on it, by handle."""
+
+    def __init__(self, pool_size: int, limits: Limits, image: str | None):
+        # each node mounts its own wheelhouse: the server's folder when this node has it
+        self.limits = replace(limits, wheelhouse=on_this_machine(limits.wheelhouse))
+        self.image = image
+        self.pool = SandboxPool(pool_size, self.limits, image) if pool_size else None
+        self._sandboxes: dict[str, DockerSandbox] = {}
+        self._scratch: dict[str, Path] = {}  # each sandbox's inputs, written here
+        self._lock = threading.Lock()
+
+    def _sandbox(self, handle: str) -> DockerSandbox:
+        sandbox = self._sandboxes.get(handle)
+        if sandbox is None:
+            raise SandboxError("this sandbox is closed; start a new session")
+        return sandbox
+
+    def _inputs(self, handle: str, shipped: dict[str, Chunks]) -> Inputs:
+        """The files the server sent, written read-only into the sandbox's scratch folder."""
+        folder = self._scratch[handle]
+        paths = {}
+        for name, refs in shipped.items():
+            path = folder / f"{len(list(folder.iterdir()))}-{name}"
+            with open(path, "wb") as f:
+                for ref in refs:
+                    f.write(ray.get(ref))
+            path.chmod(0o444)
+            paths[name] = path
+        return Inputs.from_paths(paths)
+
+    def acquire(self, handle: str, shipped: dict[str, Chunks]) -> str:
+        """A sandbox for `handle` with these inputs; this node's id."""
+        with self._lock:
+            self._scratch[handle] = Path(tempfile.mkdtemp(prefix="sandcell-node-"))
+        inputs = self._inputs(handle, shipped)
+        if self.pool is not None:
+            sandbox = self.pool.acquire(inputs)
+        else:
+            sandbox = DockerSandbox(limits=self.limits, image=self.image, staging=True)
+            sandbox.add_inputs(inputs)
+        with self._lock:
+            self._sandboxes[handle] = sandbox
+        return ray.get_runtime_context().get_node_id()
+
+    def run(self, handle: str, code: str, timeout: float | None) -> Iterator[object]:
+        """Each output chunk as it comes, then the Execution (a Ray generator)."""
+        sandbox = self._sandbox(handle)
+        chunks: queue.Queue[StreamChunk | None] = queue.Queue()
+        ended: list[Execution | BaseException] = []
+
+        def cell() -> None:
+            try:
+                ended.append(sandbox.run(code, timeout, on_output=chunks.put))
+            except BaseException as error:  # raised to the server below
+                ended.append(error)
+            finally:
+                chunks.put(None)
+
+        threading.Thread(target=cell, daemon=True, name=f"cell-{handle}").start()
+        while (chunk := chunks.get()) is not None:
+            yield chunk
+        if isinstance(ended[0], BaseException):
+            raise ended[0]
+        yield ended[0]
+
+    def call(self, handle: str, method: str, *args: Any) -> Any:
+        """interrupt, restart, stat, files, run_checks: as the sandbox answers them."""
+        if method not in ("interrupt", "restart", "stat", "files", "run_checks"):
+            raise SandboxError(f"no such sandbox call: {method}")
+        return getattr(self._sandbox(handle), method)(*args)
+
+    def read(self, handle: str, path: str, max_bytes: int | None) -> Iterator[bytes]:
+        yield from in_chunks(self._sandbox(handle).read(path, max_bytes))
+
+    def write(self, handle: str, path: str, refs: Chunks) -> None:
+        self._sandbox(handle).write(path, b"".join(ray.get(ref) for ref in refs))
+
+    def archive(self, handle: str, subdir: str) -> Iterator[bytes]:
+        """The workspace's tar (hostile: the server unpacks it as a local export does)."""
+        archive = self._sandbox(handle).archive(subdir)
+        if archive is not None:
+            yield from in_chunks(archive)
+
+    def add_inputs(self, handle: str, shipped: dict[str, Chunks]) -> None:
+        self._sandbox(handle).add_inputs(self._inputs(handle, shipped))
+
+    def renew(self, handle: str, shipped: dict[str, Chunks]) -> None:
+        self._sandbox(handle).renew(self._inputs(handle, shipped))
+
+    def close(self, handle: str) -> None:
+        with self._lock:
+            sandbox = self._sandboxes.pop(handle, None)
+            scratch = self._scratch.pop(handle, None)
+        try:
+            if sandbox is not None:
+                sandbox.close()
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+    def shutdown(self) -> None:
+        """Every sandbox of this node removed, and its pool (the server is stopping)."""
+        for handle in list(self._sandboxes):
+            self.close(handle)
+        if self.pool is not None:
+            self.pool.close()
+
+
+class NodeSandbox:
+    """A session's sandbox on a node, through the `Sandbox` Protocol."""
+
+    def __init__(self, pool: RayPool, node: str, actor: Any, handle: str, inputs: Inputs):
+        self.limits, self.inputs = pool.limits, inputs
+        self.node, self._pool, self._actor, self._handle = node, pool, actor, handle
+        self._closed = False
+
+    def _get(self, ref: Any) -> Any:
+        """The call's answer; the sandbox's own error as it was raised on the node."""
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as error:
+            cause = error.cause
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise SandboxError(f"on node {self.node}: {error}") from None
+        except ray.exceptions.RayActorError:
+            raise SandboxError(
+                f"the Ray node {self.node} holding this sandbox was lost (or its worker died)"
+            ) from None
+
+    def _stream(self, generator: Any) -> Iterator[Any]:
+        try:
+            for ref in generator:
+                yield self._get(ref)
+        except ray.exceptions.RayActorError:
+            raise SandboxError(f"the Ray node {self.node} holding this sandbox was lost") from None
+
+    def run(
+        self,
+        code: str,
+        timeout: float | None = None,
+        *,
+        on_output: Callable[[StreamChunk], None] | None = None,
+    ) -> Execution:
+        for item in self._stream(self._actor.run.remote(self._handle, code, timeout)):
+            if isinstance(item, Execution):
+                return item
+            if on_output is not None:
+                on_output(item)
+        raise SandboxError(f"the cell ended on node {self.node} without its result")
+
+    def _call(self, method: str, *args: Any) -> Any:
+        return self._get(self._actor.call.remote(self._handle, method, *args))
+
+    def interrupt(self) -> None:
+        self._call("interrupt")
+
+    def restart(self) -> None:
+        self._call("restart")
+
+    def stat(self, path: str) -> dict:
+        return dict(self._call("stat", path))
+
+    def files(self) -> list[dict]:
+        return list(self._call("files"))
+
+    def run_checks(self, request: dict) -> dict:
+        return dict(self._call("run_checks", request))
+
+    def read(self, path: str, max_bytes: int | None = None) -> bytes:
+        cap = max_bytes if max_bytes is not None else (self.limits.workspace_mb + 16) << 20
+        data = bytearray()
+        for chunk in self._stream(self._actor.read.remote(self._handle, path, max_bytes)):
+            data += chunk
+            if len(data) > cap:  # a node's answer is capped here too
+                raise SandboxError(f"{path} came back over {cap} bytes from node {self.node}")
+        return bytes(data)
+
+    def write(self, path: str, data: bytes) -> None:
+        self._get(self._actor.write.remote(self._handle, path, to_chunks(data)))
+
+    def export(self, host_dir: str | Path, subdir: str = "") -> list[str]:
+        cap = (self.limits.workspace_mb + 16) << 20  # as a local export's
+        archive = bytearray()
+        for chunk in self._stream(self._actor.archive.remote(self._handle, subdir)):
+            archive += chunk
+            if len(archive) > cap:
+                raise SandboxError(f"the workspace came back over {cap} bytes from {self.node}")
+        return ctr.extract_tar(bytes(archive), Path(host_dir), cap) if archive else []
+
+    def add_inputs(self, more: Inputs) -> None:
+        combined = self.inputs.extended(more)  # a name taken already is refused here
+        self._get(self._actor.add_inputs.remote(self._handle, ship(more)))
+        self.inputs = combined
+
+    def renew(self, inputs: Inputs) -> None:
+        self._get(self._actor.renew.remote(self._handle, ship(inputs)))
+        self.inputs = inputs
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._get(self._actor.close.remote(self._handle))
+        except SandboxError as error:  # its node is gone: so is the container (or the
+            log.info("sandbox on node %s: %s", self.node, error)  # server removes it)
+        finally:
+            self._pool.released(self.node)
+
+
+def ship(inputs: Inputs | Sequence[str | Path]) -> dict[str, Chunks]:
+    """Each input's bytes into the object store, in chunks: {name: refs}."""
+    shipped = {}
+    for item in Inputs.from_paths(inputs):
+        with open(item.path, "rb") as f:
+            shipped[item.name] = [ray.put(b) for b in iter(lambda: f.read(CHUNK), b"")]
+    return shipped
+
+
+class RayPool:
+    """The server's sandboxes on a Ray cluster: `acquire` as SandboxPool's, `size` warm ones
+    on each node."""
+
+    def __init__(self, address: str, size: int, limits: Limits, image: str | None = None):
+        self.size, self.limits, self.image = size, limits, image
+        self.address = address
+        self._actors: dict[str, Any] = {}
+        self._held: Counter[str] = Counter()  # this server's sandboxes on each node
+        self._lock = threading.Lock()
+        before = signal.getsignal(signal.SIGTERM)  # ray.init puts a plain exit there
+        try:
+            ray.init(
+                address=address,
+                namespace=f"sandcell-serve-{uuid.uuid4().hex[:12]}",
+                logging_level=logging.ERROR,
+                log_to_driver=False,  # a session's story is its trace
+            )
+        except ConnectionError as error:
+            raise SandboxUnavailable(f"no Ray cluster answers at {address} ({error})") from None
+        finally:
+            signal.signal(signal.SIGTERM, before)
+        if not self.slots():
+            ray.shutdown()
+            raise SandboxUnavailable(no_slots(address))
+        self._refresh()
+
+    def slots(self) -> dict[str, int]:
+        """The nodes offering sandboxes now: {node id: slots it declared}."""
+        return {
+            n["NodeID"]: int(n["Resources"][RESOURCE])
+            for n in ray.nodes()
+            if n["Alive"] and n["Resources"].get(RESOURCE)
+        }
+
+    def _refresh(self) -> dict[str, int]:
+        """A SandboxNode on each node offering sandboxes that has none (nodes that joined)."""
+        slots = self.slots()
+        node_class = ray.remote(SandboxNode)
+        for node, count in slots.items():
+            if node not in self._actors:
+                self._actors[node] = node_class.options(
+                    num_cpus=0,
+                    max_concurrency=4 * count + 8,  # cells, their interrupts, files, stops
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                ).remote(self.size, self.limits, self.image)
+        return slots
+
+    def room(self) -> bool:
+        with self._lock:
+            slots = self._refresh()
+            return any(count > self._held[node] for node, count in slots.items())
+
+    def acquire(self, inputs: Inputs | Sequence[str | Path] = ()) -> NodeSandbox:
+        """A sandbox on the node with the most free slots; SandboxUnavailable when none has one."""
+        with self._lock:
+            slots = self._refresh()
+            free = {node: count - self._held[node] for node, count in slots.items()}
+            node = max(free, key=lambda n: free[n], default=None)
+            if node is None or free[node] <= 0:
+                raise SandboxUnavailable(
+                    f"every `{RESOURCE}` slot of the Ray cluster at {self.address} is taken "
+                    f"({sum(slots.values())} in all): start a node, or wait for a session to idle"
+                )
+            self._held[node] += 1
+            actor = self._actors[node]
+        handle = secrets.token_hex(8)
+        inputs = Inputs.from_paths(inputs)
+        sandbox = NodeSandbox(self, node, actor, handle, inputs)
+        try:
+            sandbox._get(actor.acquire.remote(handle, ship(inputs)))
+        except BaseException:
+            sandbox.close()
+            raise
+        return sandbox
+
+    def resume(self, folder: Path, inputs: Inputs) -> NodeSandbox:
+        """A pause of this machine's engine (from a server run without --ray) is not restored
+        on a node: the session starts a fresh kernel with its files in place, and says why."""
+        raise PauseError(
+            "a pause taken on this machine's engine is not restored on a Ray node: its kernel "
+            "starts fresh"
+        )
+
+    def released(self, node: str) -> None:
+        with self._lock:
+            self._held[node] -= 1
+
+    def held(self) -> dict[str, int]:
+        with self._lock:
+            return {node: count for node, count in self._held.items() if count}
+
+    def close(self) -> None:
+        """Every node's sandboxes and pool removed, then the connection closed."""
+        actors = list(self._actors.values())
+        try:
+            done = [actor.shutdown.remote() for actor in actors]
+            if done:
+                ray.wait(done, num_returns=len(done), timeout=SHUTDOWN_S)
+            for actor in actors:
+                ray.kill(actor)
+        finally:
+            self._actors.clear()
+            ray.shutdown()
+
+
+def no_slots(address: str) -> str:
+    return (
+        f"no node of the Ray cluster at {address} offers the `{RESOURCE}` resource; start "
+        "each node that has Docker and the image with `ray start --address ... --resources "
+        f"'{{\"{RESOURCE}\": N}}'`"
+    )
+
+
+def reachable(address: str) -> None:
+    """ray.init waits minutes for a cluster address where nothing listens; a plain TCP
+    connect says so at once."""
+    target = address
+    if address == "auto":
+        try:
+            target = ray._private.utils.read_ray_address()  # the cluster `ray start` left here
+        except AttributeError:
+            return
+    if not target or "://" in target:
+        return  # no cluster here (ray.init says so) or a ray:// client address
+    host, _, port = target.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except (OSError, ValueError) as error:
+        raise SandboxUnavailable(
+            f"no Ray cluster answers at {target} ({getattr(error, 'strerror', None) or error}); "
+            "start one with `ray start --head --resources '{\"sandcell\": 2}'` or give the "
+            "head's address to --ray"
+        ) from None

@@ -1,0 +1,121 @@
+"""`sandcell serve --ray` (issue 49, first step): each session's sandbox on a node of a real Ray
+cluster on this machine (a head that offers no sandbox, two nodes of 2 `sandcell` slots,
+shared by the module), the real CLI in its own process with scripted replies, over HTTP.
+Sessions land on both nodes; a cell's lines stream as they are printed; an interrupt reaches
+a cell on a node and the kernel keeps its variables; inputs go out and files come back; a
+full cluster answers 503; the server's stop removes every container on every node."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from sandcell.sandbox import Execution
+from tests.cli_runner import sandcell
+from tests.missing import IN_CI
+from tests.polling import wait_for
+from tests.serve_helpers import (
+    SALES,
+    client,
+    events,
+    execute,
+    new_session,
+    python,
+    serve_process,
+    upload,
+)
+
+try:
+    from tests.ray_cluster import owned_by, ray_cluster  # imports Ray
+except ImportError:  # `make test` installs it; with CI=true a missing Ray is a failure
+    if IN_CI:
+        raise
+    pytest.skip("ray is not installed: pip install -e '.[ray]'", allow_module_level=True)
+
+pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("ray")]  # one cluster at a time
+NODE = {"num_cpus": 1, "resources": {"sandcell": 2}, "object_store_memory": 100 << 20}
+LINES = (
+    "import time\nfor i in range(4):\n    print('line', i, flush=True)\n    time.sleep(1)\n"
+    "open('/workspace/made.txt', 'w').write('made on a node')"
+)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    head = {"num_cpus": 1, "object_store_memory": 100 << 20}  # offers no sandbox
+    with ray_cluster(head, [NODE, NODE]) as cluster:
+        yield cluster
+
+
+def value(response) -> str:
+    assert response.status_code == 200, response.text
+    ex = Execution.from_dict(response.json())
+    assert ex.ok, ex
+    return ex.text
+
+
+@pytest.mark.timeout(420)
+def test_sessions_on_both_nodes_stream_interrupt_files_and_a_full_cluster(cluster, tmp_path):
+    replies = [python(LINES), "Final Answer: made it."]
+    proc, base = serve_process(tmp_path, replies, "--ray", cluster.address, "--pool", "0")
+    try:
+        with client(base) as api, client(base) as other:
+            sids = [new_session(api) for _ in range(4)]
+            assert upload(api, sids[0], ("sales.csv", SALES.read_bytes())).status_code == 201
+            for number, sid in enumerate(sids):
+                assert value(execute(api, sid, f"x = {number}; x")) == str(number)
+            nodes = [api.get(f"/api/sessions/{sid}").json()["node"] for sid in sids]
+            assert set(nodes) == {n.node_id for n in cluster.worker_nodes}, nodes
+            # every slot is taken: the fifth session waits for one
+            full = api.post("/api/sessions")
+            assert full.status_code == 503 and "slot of the Ray cluster" in full.json()["error"]
+            assert int(full.headers["retry-after"]) >= 1
+            # the uploaded file went to its node
+            read = execute(api, sids[0], "import pandas as pd; len(pd.read_csv('/data/sales.csv'))")
+            assert value(read) == "12"
+
+            # a line a second: the first is on the stream long before the cell ends
+            with api.stream(
+                "POST", f"/api/sessions/{sids[1]}/messages", json={"content": "go"}
+            ) as r:
+                arrived = {}
+                for kind, data in events(r):
+                    if kind == "output" and "first" not in arrived:
+                        arrived["first"] = time.monotonic()
+                        assert data["text"].startswith("line 0")
+                    if kind == "observation":
+                        arrived["end"] = time.monotonic()
+            assert arrived["end"] - arrived["first"] > 2.0, arrived
+            made = api.get(f"/api/sessions/{sids[1]}/files/workspace/made.txt")
+            assert made.status_code == 200 and made.text == "made on a node"  # came back
+
+            # an interrupt reaches a cell on its node; the kernel keeps its variables
+            ran: dict = {}
+            spin = threading.Thread(
+                target=lambda: ran.update(r=execute(other, sids[2], "while True: pass"))
+            )
+            spin.start()
+            wait_for(lambda: api.get(f"/api/sessions/{sids[2]}").json()["running"], 30)
+            time.sleep(1)
+            assert api.post(f"/api/sessions/{sids[2]}/interrupt").json() == {"interrupted": True}
+            spin.join(30)
+            stopped = Execution.from_dict(ran["r"].json())
+            assert stopped.error is not None and stopped.error.name == "KeyboardInterrupt"
+            assert value(execute(api, sids[2], "x")) == "2"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    assert proc.returncode in (0, 143), proc.returncode
+    # the stop removed every sandbox on every node
+    wait_for(lambda: not owned_by(cluster.processes.seen), 30, "the nodes' sandboxes gone")
+
+
+def test_serve_ray_with_no_cluster_is_a_one_line_error(tmp_path):
+    env = {**os.environ, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
+    run = sandcell(
+        "serve", "--ray", "127.0.0.1:1", "--data", str(tmp_path / "d"), timeout=60, env=env
+    )
+    assert run.returncode == 3, run.stderr
+    assert "no Ray cluster answers at 127.0.0.1:1" in run.stderr and "Traceback" not in run.stderr
