@@ -250,8 +250,9 @@ class SandboxReleased(Event):
     gone. `not_paused`: why it was not paused instead (gVisor keeps a paused kernel)."""
 
     tag = "sandbox_released"
-    reason: str
+    reason: str  # "idle", "shutdown", or "node_lost": the Ray node holding it is gone
     not_paused: str | None = None
+    node: str | None = None  # the Ray node it was on (serve --ray)
 
 
 @dataclass(frozen=True)
@@ -282,7 +283,8 @@ class Rebuilt(Event):
     tag = "rebuilt"
     cells: int  # the recorded cells, in order
     skipped: int  # of those, the ones recorded as stopped: not run again
-    reason: str  # "restart": the server restarted since the session was last used
+    reason: str  # "restart": the server restarted since; "node_lost": its Ray node went
+    node: str | None = None  # the lost Ray node (reason "node_lost")
 
 
 @dataclass(frozen=True)

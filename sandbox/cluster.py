@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 RESOURCE = "sandcell"  # what a node declares: sandboxes at once (as for batches)
 CHUNK = 8 << 20  # the most bytes one object through the store holds (a test node's is small)
 SHUTDOWN_S = 120.0  # a node's sandboxes removed at the server's stop, at most
+PING_S = 10.0  # a node's actor that does not answer a ping within this is taken as lost
 
 Chunks = list[ray.ObjectRef[bytes]]
 
@@ -66,6 +67,7 @@ class SandboxNode:
         # each node mounts its own wheelhouse: the server's folder when this node has it
         self.limits = replace(limits, wheelhouse=on_this_machine(limits.wheelhouse))
         self.image = image
+        self.reap()  # the containers an earlier actor of this node left (its worker died)
         self.pool = SandboxPool(pool_size, self.limits, image) if pool_size else None
         self._sandboxes: dict[str, DockerSandbox] = {}
         self._scratch: dict[str, Path] = {}  # each sandbox's inputs, written here
@@ -160,12 +162,28 @@ class SandboxNode:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
 
+    def reap(self) -> int:
+        """Containers of this engine whose owner process on this host is gone (a node lost
+        on a machine it shared with this one: the test cluster), removed."""
+        return len(ctr.reap_orphans(ctr.engine(), wait_s=ctr.REMOVAL_WAIT_S))
+
+    def ping(self) -> bool:
+        return True
+
     def shutdown(self) -> None:
         """Every sandbox of this node removed, and its pool (the server is stopping)."""
         for handle in list(self._sandboxes):
             self.close(handle)
         if self.pool is not None:
             self.pool.close()
+
+
+class NodeLost(SandboxError):
+    """The Ray node holding a sandbox is gone, and the sandbox with it."""
+
+    def __init__(self, node: str):
+        super().__init__(f"the Ray node {node} holding this sandbox was lost")
+        self.node = node
 
 
 class NodeSandbox:
@@ -186,16 +204,16 @@ class NodeSandbox:
                 raise cause from None
             raise SandboxError(f"on node {self.node}: {error}") from None
         except ray.exceptions.RayActorError:
-            raise SandboxError(
-                f"the Ray node {self.node} holding this sandbox was lost (or its worker died)"
-            ) from None
+            self._pool.forget(self.node)
+            raise NodeLost(self.node) from None
 
     def _stream(self, generator: Any) -> Iterator[Any]:
         try:
             for ref in generator:
                 yield self._get(ref)
         except ray.exceptions.RayActorError:
-            raise SandboxError(f"the Ray node {self.node} holding this sandbox was lost") from None
+            self._pool.forget(self.node)
+            raise NodeLost(self.node) from None
 
     def run(
         self,
@@ -363,6 +381,32 @@ class RayPool:
             "a pause taken on this machine's engine is not restored on a Ray node: its kernel "
             "starts fresh"
         )
+
+    def lost(self, node: str) -> bool:
+        """Whether `node` is gone: the cluster says it is dead, or its actor does not answer
+        (a node whose raylet was killed is declared dead only seconds later). The first time,
+        what it held is forgotten and the other nodes remove the containers it left where they
+        share its engine."""
+        with self._lock:
+            actor = self._actors.get(node)
+        alive = actor is not None and node in self.slots()
+        if actor is not None and alive:
+            try:
+                ray.get(actor.ping.remote(), timeout=PING_S)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                alive = False
+        if not alive:
+            self.forget(node)
+        return not alive
+
+    def forget(self, node: str) -> None:
+        with self._lock:
+            gone = self._actors.pop(node, None)
+            others = list(self._actors.values())
+        if gone is not None:
+            log.warning("Ray node %s was lost with its sandboxes", node)
+            for actor in others:
+                actor.reap.remote()
 
     def released(self, node: str) -> None:
         with self._lock:

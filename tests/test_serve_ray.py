@@ -5,11 +5,13 @@ Sessions land on both nodes; a cell's lines stream as they are printed; an inter
 a cell on a node and the kernel keeps its variables; inputs go out and files come back; a
 full cluster answers 503; the server's stop removes every container on every node."""
 
+import json
 import os
 import signal
 import threading
 import time
 
+import psutil
 import pytest
 
 from sandcell.sandbox import Execution
@@ -18,6 +20,7 @@ from tests.missing import IN_CI
 from tests.polling import wait_for
 from tests.serve_helpers import (
     SALES,
+    ask,
     client,
     events,
     execute,
@@ -119,3 +122,45 @@ def test_serve_ray_with_no_cluster_is_a_one_line_error(tmp_path):
     )
     assert run.returncode == 3, run.stderr
     assert "no Ray cluster answers at 127.0.0.1:1" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.timeout(420)
+def test_a_node_lost_under_a_live_session_its_next_cell_runs_on_another_after_a_replay(
+    cluster, tmp_path
+):
+    replies = [
+        python("x = 41\nopen('/workspace/kept.txt', 'w').write('kept')"),
+        "Final Answer: set.",
+    ]
+    proc, base = serve_process(tmp_path, replies, "--ray", cluster.address, "--pool", "0")
+    try:
+        with client(base) as api:
+            sid = new_session(api)
+            assert ask(api, sid, "set x")[-1][1]["answer"] == "set."
+            lost = api.get(f"/api/sessions/{sid}").json()["node"]
+            (node,) = [n for n in cluster.worker_nodes if n.node_id == lost]
+            raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
+            workers = raylet.children(recursive=True)  # its sandbox actor's among them
+            cluster.remove_node(node, allow_graceful=False)
+            # a worker outlives its killed raylet a little here; on a lost host all goes at once
+            wait_for(
+                lambda: not any(w.is_running() for w in workers), 60, "the node's workers gone"
+            )
+            r = execute(api, sid, "x + 1")
+            assert value(r) == "42"  # the kernel rebuilt by replay, on the other node
+            warning = r.headers["x-sandcell-warning"]
+            assert lost in warning and "re-running its 1 recorded cell" in warning, warning
+            now = api.get(f"/api/sessions/{sid}").json()["node"]
+            assert now != lost and now in {n.node_id for n in cluster.worker_nodes}
+            kept = api.get(f"/api/sessions/{sid}/files/workspace/kept.txt")
+            assert kept.status_code == 200 and kept.text == "kept"
+            trace = [json.loads(line) for line in api.get(f"/api/sessions/{sid}/trace").text.splitlines()]  # fmt: skip
+            assert {"node_lost"} <= {e.get("reason") for e in trace if e["type"] == "rebuilt"}
+            assert [e["node"] for e in trace if e["type"] == "sandbox_released"] == [lost]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+        cluster.add_node(**NODE)  # the next test has two nodes again
+        cluster.wait_for_nodes(timeout=60)
+    # the lost node's container too: removed by the node that shares its engine
+    wait_for(lambda: not owned_by(cluster.processes.seen), 60, "every sandbox gone")

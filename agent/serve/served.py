@@ -25,7 +25,8 @@ from sandcell.agent.events import (
     SandboxResumed,
 )
 from sandcell.agent.records import history
-from sandcell.agent.records.replay import rerun
+from sandcell.agent.records.replay import recorded_cells, rerun
+from sandcell.agent.records.trace import read_events
 from sandcell.agent.seams import RunResult
 from sandcell.agent.serve import files, titles
 from sandcell.agent.serve.config import ServeConfig
@@ -69,6 +70,8 @@ class ServedSession:
         self._resuming = past is not None
         # why the kernel was not paused when it last went (the next warning says it)
         self._not_paused = past.not_paused if past else None
+        self._lost_node: str | None = None  # the Ray node its sandbox went with (--ray)
+        self._rebuilt_for: str | None = None  # ... for the rebuild's event
         paused = folder / PAUSED_DIR
         self.resumed = past is not None  # continued after a server restart
         self.first_question = past.first_question if past else ""  # the default title
@@ -307,12 +310,30 @@ class ServedSession:
         self.session.publish(SandboxPaused(reason=reason, seconds=seconds, size=size))
         return None
 
+    def node_lost(self, node: str) -> None:
+        """The Ray node holding the live sandbox is gone, its kernel with it: the next one,
+        on another node, is rebuilt by re-running the recorded cells (and says so)."""
+        self.sandbox.release()  # its container went with the node, or another node removes it
+        self._rebuild = recorded_cells(read_events(self.folder / "trace.jsonl"))
+        self._lost_node = self._rebuilt_for = node
+        self.session.publish(SandboxReleased(reason="node_lost", node=node))
+
     def renewed(self, woke: bool) -> str | None:
         """Called as a message or cell begins, after the sandbox's wake (`woke`: it began
         one); a warning when the kernel is a fresh one. A paused kernel's restore is waited
         for (a few seconds): its outcome decides the warning."""
         if not woke:
             return None
+        if self._lost_node is not None:
+            node, self._lost_node = self._lost_node, None
+            if not self._rebuild:
+                return f"the Ray node {node} holding this session's sandbox was lost: a fresh one"
+            return (
+                f"the Ray node {node} holding this session's sandbox was lost: its kernel is "
+                f"rebuilt on another node by re-running its {len(self._rebuild)} recorded "
+                "cell(s) (a cell that had run into its time limit or was stopped is not run "
+                "again); the files brought back after each answer are in place"
+            )
         attempt = self.sandbox.resuming
         why = self._not_paused and f"it could not be paused: {self._not_paused}"
         self._not_paused = None
@@ -347,10 +368,14 @@ class ServedSession:
         """Ready a fresh sandbox: after a server restart its kernel is rebuilt by replay (the
         cells make the files again); after an idle release the files are put back."""
         if self._rebuild:
+            node, self._rebuilt_for = self._rebuilt_for, None
             skipped = rerun(sandbox, self._rebuild, rebuild=True)
             self.session.publish(
-                Rebuilt(cells=len(self._rebuild), skipped=len(skipped), reason="restart")
-            )
+                Rebuilt(
+                    cells=len(self._rebuild), skipped=len(skipped),
+                    reason="node_lost" if node else "restart", node=node,
+                )
+            )  # fmt: skip
             self._rebuild = []
             return
         for host, inside in files.collected(self.folder):
