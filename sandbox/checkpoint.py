@@ -167,6 +167,14 @@ def size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
+def seal(folder: Path) -> None:
+    """Seal the pause in `folder` with this machine's key (owner-only): one written here, or
+    one that came from a Ray node's engine (checked on its node first) or back to one."""
+    _owner_only(folder)
+    (folder / SEAL).write_text(_digest(folder, key()))
+    os.chmod(folder / SEAL, 0o600)
+
+
 def _owner_only(folder: Path) -> None:
     os.chmod(folder, 0o700)
     for path in folder.rglob("*"):
@@ -204,8 +212,7 @@ class Paused:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(self.__dict__, f)
-        (folder / SEAL).write_text(_digest(folder, key()))
-        os.chmod(folder / SEAL, 0o600)
+        seal(folder)
 
     @classmethod
     def read(cls, folder: Path) -> Paused:

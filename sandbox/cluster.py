@@ -20,6 +20,7 @@ import secrets
 import shutil
 import signal
 import socket
+import tarfile
 import tempfile
 import threading
 import uuid
@@ -32,6 +33,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from sandcell.sandbox import checkpoint
 from sandcell.sandbox import container as ctr
 from sandcell.sandbox.checkpoint import PauseError
 from sandcell.sandbox.docker_sandbox import DockerSandbox
@@ -92,10 +94,16 @@ class SandboxNode:
             paths[name] = path
         return Inputs.from_paths(paths)
 
+    def _begin(self, handle: str) -> Path:
+        """The sandbox's scratch folder on this node (its inputs, a pause on its way)."""
+        with self._lock:
+            if handle not in self._scratch:
+                self._scratch[handle] = Path(tempfile.mkdtemp(prefix="sandcell-node-"))
+            return self._scratch[handle]
+
     def acquire(self, handle: str, shipped: dict[str, Chunks]) -> str:
         """A sandbox for `handle` with these inputs; this node's id."""
-        with self._lock:
-            self._scratch[handle] = Path(tempfile.mkdtemp(prefix="sandcell-node-"))
+        self._begin(handle)
         inputs = self._inputs(handle, shipped)
         if self.pool is not None:
             sandbox = self.pool.acquire(inputs)
@@ -161,6 +169,55 @@ class SandboxNode:
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
+
+    def pause(self, handle: str) -> Iterator[bytes]:
+        """The sandbox paused (gVisor) and its container removed: the tar of its pause, read
+        back a chunk at a time, without this node's seal (the server seals it with its own).
+        PauseError as a local pause's: the sandbox runs on unless it says it ended."""
+        folder = self._begin(handle) / "paused"
+        self._sandbox(handle).pause(folder)
+        archive = folder.with_suffix(".tar")
+        try:
+            with tarfile.open(archive, "w") as tar:
+                tar.add(folder / checkpoint.STATE, arcname=checkpoint.STATE)
+                tar.add(folder / checkpoint.SAVED, arcname=checkpoint.SAVED)
+            shutil.rmtree(folder)
+            with open(archive, "rb") as f:  # a plain loop: Ray sends into the generator
+                while chunk := f.read(CHUNK):
+                    yield chunk
+        finally:
+            self.close(handle)  # the scratch folder with it
+
+    def receive(self, handle: str, chunk: bytes) -> None:
+        """One chunk of a pause to resume here, appended (sent as an object of the store, which
+        Ray hands over as its bytes: one at a time)."""
+        with open(self._begin(handle) / "paused.tar", "ab") as f:
+            f.write(chunk)
+
+    def resume(self, handle: str, shipped: dict[str, Chunks]) -> str:
+        """The sandbox paused elsewhere (its tar received), sealed with this node's key once
+        the server checked its own, restored with these inputs (those it had); this node's
+        id. PauseError when the engine, image, runsc or mounts do not match."""
+        scratch = self._begin(handle)
+        folder = scratch / "paused"
+        try:
+            with tarfile.open(scratch / "paused.tar") as tar:
+                tar.extractall(folder, filter="data")
+            (scratch / "paused.tar").unlink()
+            checkpoint.seal(folder)
+            inputs = self._inputs(handle, shipped)
+            sandbox = DockerSandbox(
+                limits=self.limits, inputs=inputs, image=self.image, staging=True,
+                resume_from=folder,
+            )  # fmt: skip
+        except BaseException:
+            self.close(handle)
+            raise
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        with self._lock:
+            self._sandboxes[handle] = sandbox
+        return ray.get_runtime_context().get_node_id()
 
     def reap(self) -> int:
         """Containers of this engine whose owner process on this host is gone (a node lost
@@ -277,6 +334,27 @@ class NodeSandbox:
         self._get(self._actor.renew.remote(self._handle, ship(inputs)))
         self.inputs = inputs
 
+    def pause(self, folder: str | Path) -> None:
+        """Checkpoint the sandbox on its node into `folder` here (made here, owner-only,
+        sealed with this server's key) and remove its container; RayPool.resume brings it
+        back on any node. PauseError as DockerSandbox.pause's."""
+        folder = Path(folder)
+        if folder.exists():
+            raise PauseError(f"{folder} exists already: pause into a new folder")
+        with tempfile.TemporaryFile() as archive:
+            for chunk in self._stream(self._actor.pause.remote(self._handle)):
+                archive.write(chunk)
+            archive.seek(0)
+            folder.mkdir(mode=0o700, parents=True)
+            try:
+                with tarfile.open(fileobj=archive) as tar:
+                    tar.extractall(folder, filter="data")
+                checkpoint.seal(folder)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+        self.close()  # its container went with the pause
+
     def close(self) -> None:
         if self._closed:
             return
@@ -307,6 +385,8 @@ class RayPool:
         self.address = address
         self._actors: dict[str, Any] = {}
         self._held: Counter[str] = Counter()  # this server's sandboxes on each node
+        # nodes found lost before the cluster says so (a restarted node has a new id)
+        self._lost: set[str] = set()
         self._lock = threading.Lock()
         before = signal.getsignal(signal.SIGTERM)  # ray.init puts a plain exit there
         try:
@@ -330,7 +410,7 @@ class RayPool:
         return {
             n["NodeID"]: int(n["Resources"][RESOURCE])
             for n in ray.nodes()
-            if n["Alive"] and n["Resources"].get(RESOURCE)
+            if n["Alive"] and n["Resources"].get(RESOURCE) and n["NodeID"] not in self._lost
         }
 
     def _refresh(self) -> dict[str, int]:
@@ -351,8 +431,8 @@ class RayPool:
             slots = self._refresh()
             return any(count > self._held[node] for node, count in slots.items())
 
-    def acquire(self, inputs: Inputs | Sequence[str | Path] = ()) -> NodeSandbox:
-        """A sandbox on the node with the most free slots; SandboxUnavailable when none has one."""
+    def _place(self) -> tuple[str, Any]:
+        """The node with the most free slots, one of them taken; SandboxUnavailable if none."""
         with self._lock:
             slots = self._refresh()
             free = {node: count - self._held[node] for node, count in slots.items()}
@@ -363,24 +443,50 @@ class RayPool:
                     f"({sum(slots.values())} in all): start a node, or wait for a session to idle"
                 )
             self._held[node] += 1
-            actor = self._actors[node]
-        handle = secrets.token_hex(8)
+            return node, self._actors[node]
+
+    def _on_a_node(self, inputs: Inputs, start: Callable[[NodeSandbox], None]) -> NodeSandbox:
+        """A NodeSandbox on the node with the most free slots, `start`ed there; a node found
+        lost meanwhile is left out and the next one tried (SandboxUnavailable: none left)."""
+        while True:
+            node, actor = self._place()
+            sandbox = NodeSandbox(self, node, actor, secrets.token_hex(8), inputs)
+            try:
+                start(sandbox)
+                return sandbox
+            except NodeLost:
+                sandbox.close()
+            except BaseException:
+                sandbox.close()
+                raise
+
+    def acquire(self, inputs: Inputs | Sequence[str | Path] = ()) -> NodeSandbox:
+        """A sandbox on the node with the most free slots; SandboxUnavailable when none has one."""
         inputs = Inputs.from_paths(inputs)
-        sandbox = NodeSandbox(self, node, actor, handle, inputs)
-        try:
-            sandbox._get(actor.acquire.remote(handle, ship(inputs)))
-        except BaseException:
-            sandbox.close()
-            raise
-        return sandbox
+
+        def start(sandbox: NodeSandbox) -> None:
+            sandbox._get(sandbox._actor.acquire.remote(sandbox._handle, ship(inputs)))
+
+        return self._on_a_node(inputs, start)
 
     def resume(self, folder: Path, inputs: Inputs) -> NodeSandbox:
-        """A pause of this machine's engine (from a server run without --ray) is not restored
-        on a node: the session starts a fresh kernel with its files in place, and says why."""
-        raise PauseError(
-            "a pause taken on this machine's engine is not restored on a Ray node: its kernel "
-            "starts fresh"
-        )
+        """The sandbox paused into `folder` (NodeSandbox.pause, on any node), restored on the
+        node with the most free slots, once this server's seal holds; PauseError when it
+        cannot be (nothing is left running)."""
+        checkpoint.Paused.read(folder)  # this server's key: refused before anything moves
+
+        def start(sandbox: NodeSandbox) -> None:
+            actor, handle = sandbox._actor, sandbox._handle
+            with tempfile.TemporaryFile() as archive:
+                with tarfile.open(fileobj=archive, mode="w") as tar:
+                    tar.add(folder / checkpoint.STATE, arcname=checkpoint.STATE)
+                    tar.add(folder / checkpoint.SAVED, arcname=checkpoint.SAVED)
+                archive.seek(0)
+                for chunk in iter(lambda: archive.read(CHUNK), b""):  # one object at a time
+                    sandbox._get(actor.receive.remote(handle, ray.put(chunk)))
+            sandbox._get(actor.resume.remote(handle, ship(inputs)))
+
+        return self._on_a_node(inputs, start)
 
     def lost(self, node: str) -> bool:
         """Whether `node` is gone: the cluster says it is dead, or its actor does not answer
@@ -401,6 +507,7 @@ class RayPool:
 
     def forget(self, node: str) -> None:
         with self._lock:
+            self._lost.add(node)
             gone = self._actors.pop(node, None)
             others = list(self._actors.values())
         if gone is not None:

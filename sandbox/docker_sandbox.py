@@ -34,7 +34,7 @@ from sandcell.sandbox.execution import Execution
 from sandcell.sandbox.inputs import Inputs
 from sandcell.sandbox.limits import Limits
 from sandcell.sandbox.stream import StreamLink
-from sandcell.sandbox.wheelhouse import Offer, offer, resolve
+from sandcell.sandbox.wheelhouse import Offer, index_hash, offer, resolve
 
 
 def wheelhouse_offer(
@@ -492,15 +492,20 @@ class DockerSandbox:
         return self.limits.runtime or self.client.info().get("DefaultRuntime", "runc")
 
     def _identity(self, staging: bool) -> dict:
-        """What a restore must match (Paused's fields): the image, runsc's version, and the
-        mounts as they were (gVisor restores the same mounts)."""
+        """What a restore must match (Paused's fields): the image (its content hash, the
+        label `sandcell image build` gives it; an image without one, by its id), runsc's
+        version, and the mounts as they were (gVisor restores the same mounts): the inputs by
+        their sha256, the wheelhouse by its index. No engine-local id, no host path: a pause
+        taken on one machine (a Ray node) restores on another with the same image."""
+        image = self.client.images.get(self.image)
+        house = self.wheelhouse.mount
         return {
-            "image_id": self.client.images.get(self.image).id,
+            "image_id": (image.labels or {}).get(image_build.LABEL_HASH) or image.id,
             "runsc": checkpoint.runsc_version(self.client, self._runtime_name()),
             "mounts": {
                 "inputs": {item.name: item.sha256 for item in self.inputs},
                 "staging": staging,
-                "wheelhouse": str(self.wheelhouse.mount) if self.wheelhouse.mount else None,
+                "wheelhouse": index_hash(house) if house else None,
             },
         }
 

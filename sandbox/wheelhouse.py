@@ -193,6 +193,15 @@ def _write(path: Path, text: str) -> None:
     os.replace(temp, path)
 
 
+def index_hash(folder: Path) -> str:
+    """The wheelhouse's index as one digest (every page: which wheels, by their sha256): what a
+    paused sandbox's restore compares, never the folder's path, which differs per machine."""
+    digest = hashlib.sha256()
+    for page in sorted((folder / INDEX).rglob("index.html")):
+        digest.update(str(page.relative_to(folder)).encode() + b"\0" + page.read_bytes())
+    return digest.hexdigest()
+
+
 def write_index(house: Wheelhouse) -> None:
     """simple/ from the wheels there now: one page per project, a sha256 on every link."""
     projects: dict[str, list[Wheel]] = {}

@@ -164,3 +164,46 @@ def test_a_node_lost_under_a_live_session_its_next_cell_runs_on_another_after_a_
         cluster.wait_for_nodes(timeout=60)
     # the lost node's container too: removed by the node that shares its engine
     wait_for(lambda: not owned_by(cluster.processes.seen), 60, "every sandbox gone")
+
+
+def removed_with_its_workers(cluster, node_id: str) -> None:
+    """The worker node `node_id` removed (its raylet killed), once its workers are gone too
+    (a worker outlives its killed raylet a little here; on a lost host all goes at once)."""
+    (node,) = [n for n in cluster.worker_nodes if n.node_id == node_id]
+    workers = psutil.Process(node.all_processes["raylet"][0].process.pid).children(recursive=True)
+    cluster.remove_node(node, allow_graceful=False)
+    wait_for(lambda: not any(w.is_running() for w in workers), 60, "the node's workers gone")
+
+
+@pytest.mark.timeout(420)
+def test_under_gvisor_a_session_paused_on_one_node_resumes_on_another(cluster, tmp_path):
+    proc, base = serve_process(
+        tmp_path, ["Final Answer: unused."], "--ray", cluster.address, "--pool", "0", "--runtime", "runsc",
+        "--idle-minutes", "0.05",  # 3 s
+    )  # fmt: skip
+    try:
+        with client(base) as api:
+            sid = new_session(api)
+            x = value(execute(api, sid, "import random\nx = random.random()\nx"))
+            first = api.get(f"/api/sessions/{sid}").json()["node"]
+            paused = lambda: api.get(f"/api/sessions/{sid}").json()["sandbox"] == "paused"  # noqa: E731
+            wait_for(paused, 120, "the idle pause")
+            assert api.get(f"/api/sessions/{sid}").json()["node"] is None
+            folder = tmp_path / "d" / "alice" / sid / ".paused"
+            assert folder.is_dir() and oct(folder.stat().st_mode & 0o777) == "0o700"
+            removed_with_its_workers(cluster, first)  # the pause belongs to no node
+            r = execute(api, sid, "x")
+            assert value(r) == x and "x-sandcell-warning" not in r.headers  # the same kernel
+            now = api.get(f"/api/sessions/{sid}").json()["node"]
+            assert now != first and now in {n.node_id for n in cluster.worker_nodes}
+            trace = [json.loads(line) for line in api.get(f"/api/sessions/{sid}/trace").text.splitlines()]  # fmt: skip
+            kinds = [e["type"] for e in trace]
+            assert "sandbox_paused" in kinds and "rebuilt" not in kinds, kinds
+            (resumed,) = [e for e in trace if e["type"] == "sandbox_resumed"]
+            assert resumed.get("error") is None, resumed
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+        cluster.add_node(**NODE)  # the next test has two nodes again
+        cluster.wait_for_nodes(timeout=60)
+    wait_for(lambda: not owned_by(cluster.processes.seen), 60, "every sandbox gone")
