@@ -207,3 +207,37 @@ def test_under_gvisor_a_session_paused_on_one_node_resumes_on_another(cluster, t
         cluster.add_node(**NODE)  # the next test has two nodes again
         cluster.wait_for_nodes(timeout=60)
     wait_for(lambda: not owned_by(cluster.processes.seen), 60, "every sandbox gone")
+
+
+@pytest.mark.timeout(420)
+def test_sigterm_pauses_the_sessions_on_both_nodes_and_a_restart_restores_them(cluster, tmp_path):
+    options = ["--ray", cluster.address, "--pool", "0", "--runtime", "runsc", "--stop-grace", "60"]
+    proc, base = serve_process(tmp_path, ["Final Answer: unused."], *options)
+    values = {}
+    try:
+        with client(base) as api:
+            sids = [new_session(api) for _ in range(3)]
+            for sid in sids:
+                values[sid] = value(execute(api, sid, "import random\nx = random.random()\nx"))
+            nodes = {api.get(f"/api/sessions/{sid}").json()["node"] for sid in sids}
+            assert nodes == {n.node_id for n in cluster.worker_nodes}  # both nodes hold some
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    wait_for(lambda: not owned_by(cluster.processes.seen), 60, "every sandbox gone")
+    for sid in sids:  # each kernel paused into its folder, on the server
+        assert (tmp_path / "d" / "alice" / sid / ".paused" / "pause.hmac").is_file()
+    proc, base = serve_process(tmp_path, ["Final Answer: unused."], *options)
+    try:
+        with client(base) as api:
+            listed = {s["id"]: s["sandbox"] for s in api.get("/api/sessions").json()}
+            assert listed == dict.fromkeys(sids, "paused"), listed
+            for sid in sids:
+                r = execute(api, sid, "x")
+                assert value(r) == values[sid] and "x-sandcell-warning" not in r.headers
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=180)
+    wait_for(lambda: not owned_by(cluster.processes.seen), 60, "every sandbox gone")
