@@ -264,6 +264,7 @@ class SandboxPaused(Event):
     reason: str
     seconds: float
     size: int  # the checkpoint's bytes on disk
+    node: str | None = None  # the Ray node it was paused on (serve --ray)
 
 
 @dataclass(frozen=True)
@@ -274,6 +275,7 @@ class SandboxResumed(Event):
     tag = "sandbox_resumed"
     seconds: float
     error: str | None = None
+    node: str | None = None  # the Ray node it was restored on (serve --ray)
 
 
 @dataclass(frozen=True)

@@ -200,7 +200,9 @@ def test_under_gvisor_a_session_paused_on_one_node_resumes_on_another(cluster, t
             kinds = [e["type"] for e in trace]
             assert "sandbox_paused" in kinds and "rebuilt" not in kinds, kinds
             (resumed,) = [e for e in trace if e["type"] == "sandbox_resumed"]
-            assert resumed.get("error") is None, resumed
+            assert resumed.get("error") is None and resumed["node"] == now, resumed
+            (pause,) = [e for e in trace if e["type"] == "sandbox_paused"]
+            assert pause["node"] == first
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)

@@ -295,7 +295,7 @@ class ServedSession:
         budget = f"your {self.config.max_user_mb:g} MB (--max-user-mb)"
         if self._room() <= 0:
             return f"your files already take {budget}: no room for its checkpoint"
-        began = time.monotonic()
+        began, node = time.monotonic(), self.sandbox.node
         try:
             self.sandbox.pause(folder)
         except Exception as error:  # SandboxError, or an engine's error: never lose the turn
@@ -307,7 +307,7 @@ class ServedSession:
             self.sandbox.paused = None
             return f"its checkpoint ({size / MB:.0f} MB) would take your files past {budget}"
         seconds = round(time.monotonic() - began, 2)
-        self.session.publish(SandboxPaused(reason=reason, seconds=seconds, size=size))
+        self.session.publish(SandboxPaused(reason=reason, seconds=seconds, size=size, node=node))
         return None
 
     def node_lost(self, node: str) -> None:
@@ -325,11 +325,11 @@ class ServedSession:
         if not woke:
             return None
         if self._lost_node is not None:
-            node, self._lost_node = self._lost_node, None
+            lost, self._lost_node = self._lost_node, None
             if not self._rebuild:
-                return f"the Ray node {node} holding this session's sandbox was lost: a fresh one"
+                return f"the Ray node {lost} holding this session's sandbox was lost: a fresh one"
             return (
-                f"the Ray node {node} holding this session's sandbox was lost: its kernel is "
+                f"the Ray node {lost} holding this session's sandbox was lost: its kernel is "
                 f"rebuilt on another node by re-running its {len(self._rebuild)} recorded "
                 "cell(s) (a cell that had run into its time limit or was stopped is not run "
                 "again); the files brought back after each answer are in place"
@@ -339,7 +339,8 @@ class ServedSession:
         self._not_paused = None
         if attempt is not None:
             error = attempt.wait()
-            self.session.publish(SandboxResumed(seconds=attempt.seconds, error=error))
+            node = self.sandbox.node if error is None else None
+            self.session.publish(SandboxResumed(seconds=attempt.seconds, error=error, node=node))
             if attempt.kept:
                 return None  # no engine now: the use fails and says so; the pause waits
             if error is None:
