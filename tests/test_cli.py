@@ -73,7 +73,7 @@ HELP = {
     "mcp": ["--input", "--output", "--http", "--host", "--port", "--users", "--timeout", "--cpus"]
     + ["--max-rich-outputs", "--max-rich-mb", "--wheelhouse", "--transport"],
     "packages": ["add", "list", "remove"],
-    "doctor": ["--runtime", "--transport"],
+    "doctor": ["--runtime", "--transport", "--ray"],
 }
 
 

@@ -18,6 +18,7 @@ from sandcell.sandbox import Execution
 from tests.cli_runner import sandcell
 from tests.missing import IN_CI
 from tests.polling import wait_for
+from tests.scripted_server import ScriptedServer
 from tests.serve_helpers import (
     SALES,
     ask,
@@ -243,3 +244,24 @@ def test_sigterm_pauses_the_sessions_on_both_nodes_and_a_restart_restores_them(c
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=180)
     wait_for(lambda: not owned_by(cluster.processes.seen), 60, "every sandbox gone")
+
+
+@pytest.mark.timeout(240)
+def test_doctor_ray_checks_each_node_s_engine_image_and_runtimes(cluster):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "SANDCELL_M"))}
+    with ScriptedServer(model="scripted-model") as server:
+        env |= {"OPENAI_BASE_URL": server.url, "SANDCELL_MODEL": "scripted-model"}
+        done = sandcell(
+            "doctor", "--ray", cluster.address, "--runtime", "runsc", env=env, timeout=180
+        )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        "ok  cluster   2 of 3 node(s)" in done.stdout and "offer 4 sandbox slot(s)" in done.stdout
+    )
+    for node in cluster.worker_nodes:
+        mine = [line for line in done.stdout.splitlines() if f"node {node.node_id[:12]}" in line]
+        assert [line.split()[:2] for line in mine] == [
+            ["ok", "engine"], ["ok", "image"], ["ok", "runtime"]
+        ], done.stdout  # fmt: skip
+    missing = sandcell("doctor", "--ray", "127.0.0.1:1", env=env, timeout=60)
+    assert missing.returncode == 3 and "FAIL  cluster   no Ray cluster answers" in missing.stdout

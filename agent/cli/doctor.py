@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -16,8 +17,22 @@ from sandcell.agent.model.settings import ModelSettings
 @click.option("--base-url", help="The endpoint to check [env OPENAI_BASE_URL].")
 @runtime_option
 @transport_option
+@click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[ADDRESS]",
+    help="Check a Ray cluster instead of this host's engine (ADDRESS, else RAY_ADDRESS, else "
+    "auto): the nodes offering sandboxes, and each node's engine, image and runtimes.",
+)
 def doctor_cmd(
-    model_name: str | None, base_url: str | None, runtime: str | None, transport: str
+    model_name: str | None,
+    base_url: str | None,
+    runtime: str | None,
+    transport: str,
+    ray_address: str | None,
 ) -> None:
     """Check the engine, the sandbox image, the runtimes, the transport, the model endpoint,
     free disk and the cgroup limits. Exit 0 when everything a run needs holds, 3 otherwise."""
@@ -26,9 +41,11 @@ def doctor_cmd(
     with exits.reported():
         settings = ModelSettings.from_env(name=model_name, base_url=base_url)
         failed = 0
-        for check in doctor.checks(
-            settings, runtime or None, endpoint_given=bool(base_url), transport=transport
-        ):
+        found = doctor.checks(
+            settings, runtime or None, endpoint_given=bool(base_url), transport=transport,
+            cluster=None if ray_address is None else ray_address or os.environ.get("RAY_ADDRESS") or "auto",
+        )  # fmt: skip
+        for check in found:
             failed += check.status == doctor.FAIL
             terminal.echo(f"{check.status:>4}  {check.name:<9} {check.detail}")
             if check.fix and check.status in (doctor.FAIL, doctor.WARN):

@@ -295,8 +295,16 @@ def checks(
     runtime: str | None,
     endpoint_given: bool = False,
     transport: str = "auto",
+    cluster: str | None = None,
 ) -> Iterator[Check]:
-    """Every check, in the order a person fixes them."""  # fmt: skip
+    """Every check, in the order a person fixes them; with `cluster` (doctor --ray), the Ray
+    cluster's nodes in place of this host's engine."""  # fmt: skip
+    if cluster is not None:
+        from sandcell.agent.cli.doctor_cluster import cluster_checks  # imports Ray: only here
+
+        yield from cluster_checks(cluster, runtime)
+        yield model(settings, dict(os.environ), endpoint_given)
+        return
     client, found = engine()
     yield found
     info = None
