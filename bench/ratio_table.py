@@ -12,6 +12,7 @@ SECTIONS = (
     "packages",
     "session",
     "serve",
+    "serve_ray",
     "mcp",
     "ray",
     "gvisor",

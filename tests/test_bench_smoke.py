@@ -54,6 +54,7 @@ def test_smoke_bench_writes_every_section(tmp_path):
     want.add("recipe")
     want.add("library")
     want.add("library_ray")
+    want.add("serve_ray")
     want.add("packages")  # skipped in the smoke run (an image rebuild takes minutes)
     want.add("transport")
     assert want <= set(results)
