@@ -58,6 +58,10 @@ class NodeLost(SandboxError):
         self.node = node
 
 
+class NodeUnavailable(SandboxError):
+    """The Ray node holding a sandbox did not answer, for now (it may be going)."""
+
+
 class NodeSandbox:
     """A session's sandbox on a node, through the `Sandbox` Protocol."""
 
@@ -65,27 +69,34 @@ class NodeSandbox:
         self.limits, self.inputs = pool.limits, inputs
         self.node, self._pool, self._actor, self._handle = node, pool, actor, handle
         self._closed = False
+        self._closing = threading.Lock()  # a pause's own close and a stopping server's
 
     def _get(self, ref: Any) -> Any:
         """The call's answer; the sandbox's own error as it was raised on the node."""
         try:
             return ray.get(ref)
-        except ray.exceptions.RayTaskError as error:
-            cause = error.cause
-            if isinstance(cause, Exception):
-                raise cause from None
-            raise SandboxError(f"on node {self.node}: {error}") from None
-        except ray.exceptions.RayActorError:
+        except Exception as error:
+            raise self._said(error) from None
+
+    def _said(self, error: Exception) -> Exception:
+        """A Ray error as the sandbox's: its own error as raised on the node; NodeLost when
+        the node's actor died or a result was lost with its node; else a SandboxError."""
+        if isinstance(error, ray.exceptions.RayTaskError) and isinstance(error.cause, Exception):
+            return error.cause
+        if isinstance(error, ray.exceptions.ActorDiedError | ray.exceptions.ObjectLostError):
             self._pool.forget(self.node)
-            raise NodeLost(self.node) from None
+            return NodeLost(self.node)
+        if isinstance(error, ray.exceptions.RayError):  # unavailable for now: not lost
+            first = next(iter(str(error).splitlines()), type(error).__name__)
+            return NodeUnavailable(f"the Ray node {self.node} did not answer: {first}")
+        return error
 
     def _stream(self, generator: Any) -> Iterator[Any]:
         try:
             for ref in generator:
                 yield self._get(ref)
-        except ray.exceptions.RayActorError:
-            self._pool.forget(self.node)
-            raise NodeLost(self.node) from None
+        except ray.exceptions.RayError as error:
+            raise self._said(error) from None
 
     def run(
         self,
@@ -156,13 +167,19 @@ class NodeSandbox:
         folder = Path(folder)
         if folder.exists():
             raise PauseError(f"{folder} exists already: pause into a new folder")
-        with tempfile.TemporaryFile() as archive:
+        most = (self.limits.memory_mb + self.limits.workspace_mb + self.limits.tmp_mb + 256) << 20
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder.parent) as archive:  # on the session's disk
+            got = 0
             for chunk in self._stream(self._actor.pause.remote(self._handle)):
+                got += len(chunk)
+                if got > most:  # a node's answer is capped here too
+                    raise PauseError(f"the checkpoint from node {self.node} passed {most} bytes")
                 archive.write(chunk)
             archive.seek(0)
             folder.mkdir(mode=0o700, parents=True)
             try:
-                with tarfile.open(fileobj=archive) as tar:
+                with tarfile.open(fileobj=archive, mode="r:") as tar:  # plain tar only
                     tar.extractall(folder, filter="data")
                 checkpoint.seal(folder)
             except BaseException:
@@ -171,9 +188,10 @@ class NodeSandbox:
         self.close()  # its container went with the pause
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
         try:
             self._get(self._actor.close.remote(self._handle))
         except SandboxError as error:  # its node is gone: so is the container (or the
@@ -202,6 +220,7 @@ class RayPool:
         self._held: Counter[str] = Counter()  # this server's sandboxes on each node
         # nodes found lost before the cluster says so (a restarted node has a new id)
         self._lost: set[str] = set()
+        self._gone: list[Any] = []  # their actors
         self._lock = threading.Lock()
         before = signal.getsignal(signal.SIGTERM)  # ray.init puts a plain exit there
         try:
@@ -246,11 +265,12 @@ class RayPool:
             slots = self._refresh()
             return any(count > self._held[node] for node, count in slots.items())
 
-    def _place(self) -> tuple[str, Any]:
-        """The node with the most free slots, one of them taken; SandboxUnavailable if none."""
+    def _place(self, skip: set[str] = frozenset()) -> tuple[str, Any]:  # type: ignore[assignment]
+        """The node with the most free slots (but those in `skip`), one of them taken;
+        SandboxUnavailable if none."""
         with self._lock:
             slots = self._refresh()
-            free = {node: count - self._held[node] for node, count in slots.items()}
+            free = {node: n - self._held[node] for node, n in slots.items() if node not in skip}
             node = max(free, key=lambda n: free[n], default=None)
             if node is None or free[node] <= 0:
                 raise SandboxUnavailable(
@@ -262,14 +282,17 @@ class RayPool:
 
     def _on_a_node(self, inputs: Inputs, start: Callable[[NodeSandbox], None]) -> NodeSandbox:
         """A NodeSandbox on the node with the most free slots, `start`ed there; a node found
-        lost meanwhile is left out and the next one tried (SandboxUnavailable: none left)."""
+        lost meanwhile (or not answering) is left out and the next one tried
+        (SandboxUnavailable: none left)."""
+        tried: set[str] = set()
         while True:
-            node, actor = self._place()
+            node, actor = self._place(tried)
             sandbox = NodeSandbox(self, node, actor, secrets.token_hex(8), inputs)
             try:
                 start(sandbox)
                 return sandbox
-            except NodeLost:
+            except (NodeLost, NodeUnavailable):
+                tried.add(node)
                 sandbox.close()
             except BaseException:
                 sandbox.close()
@@ -304,21 +327,23 @@ class RayPool:
         return self._on_a_node(inputs, start)
 
     def lost(self, node: str) -> bool:
-        """Whether `node` is gone: the cluster says it is dead, or its actor does not answer
-        (a node whose raylet was killed is declared dead only seconds later). The first time,
-        what it held is forgotten and the other nodes remove the containers it left where they
-        share its engine."""
+        """Whether `node` is gone: found lost before, or its actor does not answer a ping (one
+        round trip, asked as each turn of a session begins). The first time, what it held is
+        forgotten and the other nodes remove the containers it left where they share its
+        engine."""
         with self._lock:
-            actor = self._actors.get(node)
-        alive = actor is not None and node in self.slots()
-        if actor is not None and alive:
-            try:
-                ray.get(actor.ping.remote(), timeout=PING_S)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                alive = False
-        if not alive:
+            actor = None if node in self._lost else self._actors.get(node)
+        if actor is None:
             self.forget(node)
-        return not alive
+            return True
+        try:
+            ray.get(actor.ping.remote(), timeout=PING_S)
+        except ray.exceptions.ActorDiedError:
+            self.forget(node)
+            return True
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return False  # unavailable for now: the turn's call says so if it stays so
+        return False
 
     def forget(self, node: str) -> None:
         with self._lock:
@@ -327,6 +352,7 @@ class RayPool:
             others = list(self._actors.values())
         if gone is not None:
             log.warning("Ray node %s was lost with its sandboxes", node)
+            self._gone.append(gone)  # asked to shut down at the end all the same
             for actor in others:
                 actor.reap.remote()
 
@@ -340,7 +366,7 @@ class RayPool:
 
     def close(self) -> None:
         """Every node's sandboxes and pool removed, then the connection closed."""
-        actors = list(self._actors.values())
+        actors = [*self._actors.values(), *self._gone]
         try:
             done = [actor.shutdown.remote() for actor in actors]
             if done:

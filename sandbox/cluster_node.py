@@ -6,6 +6,7 @@ sandbox. Bytes come and go in objects of at most CHUNK."""
 
 from __future__ import annotations
 
+import itertools
 import queue
 import shutil
 import tarfile
@@ -50,6 +51,7 @@ class SandboxNode:
         self._sandboxes: dict[str, DockerSandbox] = {}
         self._scratch: dict[str, Path] = {}  # each sandbox's inputs, written here
         self._lock = threading.Lock()
+        self._numbers = itertools.count()  # input files' names in the scratch folders
 
     def _sandbox(self, handle: str) -> DockerSandbox:
         sandbox = self._sandboxes.get(handle)
@@ -62,7 +64,7 @@ class SandboxNode:
         folder = self._scratch[handle]
         paths = {}
         for name, refs in shipped.items():
-            path = folder / f"{len(list(folder.iterdir()))}-{name}"
+            path = folder / f"{next(self._numbers)}-{name}"
             with open(path, "wb") as f:
                 for ref in refs:
                     f.write(ray.get(ref))
@@ -177,7 +179,7 @@ class SandboxNode:
         scratch = self._begin(handle)
         folder = scratch / "paused"
         try:
-            with tarfile.open(scratch / "paused.tar") as tar:
+            with tarfile.open(scratch / "paused.tar", "r:") as tar:
                 tar.extractall(folder, filter="data")
             (scratch / "paused.tar").unlink()
             checkpoint.seal(folder)

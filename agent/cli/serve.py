@@ -29,10 +29,20 @@ if TYPE_CHECKING:
     from sandcell.sandbox.protocol import Pool
 
 
-def claim_data(data: Path) -> TextIO:
+def claim_data(data: Path, on_refusal: Callable[[], None] | None = None) -> TextIO:
     """The --data folder for this server alone: two servers on one folder would resume the
     same sessions and write the same traces. An flock on DATA/.lock, held while the process
-    lives (the kernel lets it go however the process ends, kill -9 too)."""
+    lives (the kernel lets it go however the process ends, kill -9 too). `on_refusal` runs
+    first when it cannot be had (with --ray: the cluster's sandboxes go)."""
+    try:
+        return _claim(data)
+    except BaseException:
+        if on_refusal is not None:
+            on_refusal()
+        raise
+
+
+def _claim(data: Path) -> TextIO:
     import fcntl
 
     try:
@@ -146,7 +156,7 @@ def serve_cmd(
     model = build_model(opts)
     limits = build_limits(opts)
     ray_address, sandboxes = where_sandboxes_run(ray_address, pool, limits)
-    claimed = claim_data(data)
+    claimed = claim_data(data, on_refusal=sandboxes.close if sandboxes else None)
     config = ServeConfig(
         model=model,
         users=known,

@@ -143,10 +143,10 @@ class Sessions:
     def renew(self, served: ServedSession) -> str | None:
         """Make sure the session has a sandbox (a released one takes a fresh one, if there
         is room); a warning when its kernel is a fresh one."""
+        node, lost = served.sandbox.node, getattr(self.pool, "lost", None)
+        if node is not None and lost is not None and lost(node):  # a cluster's node went
+            served.node_lost(node)  # (not under the lock: the other sessions go on)
         with self._lock:
-            node, lost = served.sandbox.node, getattr(self.pool, "lost", None)
-            if node is not None and lost is not None and lost(node):  # a cluster's node went
-                served.node_lost(node)
             if not served.sandbox.live:
                 self._check_room(served.user)
             woke = served.sandbox.wake()
