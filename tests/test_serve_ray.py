@@ -194,6 +194,9 @@ def test_under_gvisor_a_session_paused_on_one_node_resumes_on_another(cluster, t
             assert folder.is_dir() and oct(folder.stat().st_mode & 0o777) == "0o700"
             removed_with_its_workers(cluster, first)  # the pause belongs to no node
             r = execute(api, sid, "x")
+            said = [line for line in api.get(f"/api/sessions/{sid}/trace").text.splitlines()
+                    if "sandbox_resumed" in line]  # fmt: skip
+            assert r.json().get("error") is None, (r.headers.get("x-sandcell-warning"), said)
             assert value(r) == x and "x-sandcell-warning" not in r.headers  # the same kernel
             now = api.get(f"/api/sessions/{sid}").json()["node"]
             assert now != first and now in {n.node_id for n in cluster.worker_nodes}
