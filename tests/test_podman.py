@@ -46,7 +46,9 @@ def test_doctor_names_podman_and_exec_runs_over_either_transport(podman_env, tmp
         )  # fmt: skip
         assert done.returncode == 0 and done.stdout.strip() == "3", (way, done.stdout, done.stderr)
     stuck = sandcell("exec", "--timeout", "3", "-c", "while True: pass", env=podman_env, timeout=90)
-    assert stuck.returncode == 124 and "Timed out after 3 s" in stuck.stdout, stuck.stdout
+    # the message gives the cell's measured time: its 3 s and the interrupt (more under load)
+    took = re.search(r"Timed out after (\d+) s", stuck.stdout)
+    assert stuck.returncode == 124 and took and int(took[1]) >= 3, stuck.stdout
     refused = sandcell("exec", "--runtime", "runsc", "-c", "1", env=podman_env, timeout=60)
     assert refused.returncode == 3 and "Podman's Docker API takes no runtime" in refused.stderr
 
