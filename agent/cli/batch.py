@@ -18,7 +18,9 @@ from sandcell.agent.cli.options import (
     build_rules,
     check_options,
     expect_option_value,
+    needing_ray,
     output_option,
+    ray_option,
 )
 from sandcell.agent.jobs.batch import (
     RESULTS,
@@ -49,15 +51,9 @@ if TYPE_CHECKING:
     show_default=True,
     help="Sandboxes running at once.",
 )
-@click.option(
-    "--ray",
-    "ray_address",
-    is_flag=False,
-    flag_value="",
-    default=None,
-    metavar="[ADDRESS]",
-    help="Run the jobs on a Ray cluster (ADDRESS, else RAY_ADDRESS, else auto); its nodes "
-    "declare --resources '{\"sandcell\": N}'. Needs pip install 'sandcell[ray]'.",
+@ray_option(
+    "Run the jobs on a Ray cluster (ADDRESS, else RAY_ADDRESS, else auto); its nodes "
+    "declare --resources '{\"sandcell\": N}'. Needs pip install 'sandcell[ray]'."
 )
 @click.option(
     "--shared-paths",
@@ -243,14 +239,8 @@ def ray_executor(
     opts: dict[str, Any],
 ) -> RayExecutor:
     """The jobs on a Ray cluster: the nodes check Docker and the image themselves."""
-    try:
+    with needing_ray():
         from sandcell.agent.jobs.ray_batch import RayExecutor, Settings
-    except ImportError as error:
-        if error.name != "ray" and not (error.name or "").startswith("ray."):
-            raise
-        raise click.UsageError(
-            "--ray needs Ray on this host and on every node: pip install 'sandcell[ray]'"
-        ) from None
     model = opts["model"]  # the key travels on its own, as an object in the cluster
     return RayExecutor(
         Settings(settings, replace(model, api_key=None), shared_paths),

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
 
 from sandcell.agent.cli import exits, terminal
-from sandcell.agent.cli.options import runtime_option, transport_option
+from sandcell.agent.cli.options import (
+    cluster_address,
+    ray_option,
+    runtime_option,
+    transport_option,
+)
 from sandcell.agent.model.settings import ModelSettings
 
 
@@ -17,15 +21,9 @@ from sandcell.agent.model.settings import ModelSettings
 @click.option("--base-url", help="The endpoint to check [env OPENAI_BASE_URL].")
 @runtime_option
 @transport_option
-@click.option(
-    "--ray",
-    "ray_address",
-    is_flag=False,
-    flag_value="",
-    default=None,
-    metavar="[ADDRESS]",
-    help="Check a Ray cluster instead of this host's engine (ADDRESS, else RAY_ADDRESS, else "
-    "auto): the nodes offering sandboxes, and each node's engine, image and runtimes.",
+@ray_option(
+    "Check a Ray cluster instead of this host's engine (ADDRESS, else RAY_ADDRESS, else "
+    "auto): the nodes offering sandboxes, and each node's engine, image and runtimes."
 )
 def doctor_cmd(
     model_name: str | None,
@@ -43,7 +41,7 @@ def doctor_cmd(
         failed = 0
         found = doctor.checks(
             settings, runtime or None, endpoint_given=bool(base_url), transport=transport,
-            cluster=None if ray_address is None else ray_address or os.environ.get("RAY_ADDRESS") or "auto",
+            cluster=None if ray_address is None else cluster_address(ray_address),
         )  # fmt: skip
         for check in found:
             failed += check.status == doctor.FAIL

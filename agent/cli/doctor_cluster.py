@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from sandcell.agent.cli.doctor_checks import FAIL, OK, SKIP, Check
+from sandcell.agent.cli.options import needing_ray
 
 NODE_ANSWER_S = 120  # a node's checks (its engine may be slow to answer)
 
@@ -25,7 +26,8 @@ def on_the_node(runtime: str | None) -> list[Check]:
 
 
 def cluster_checks(address: str, runtime: str | None) -> Iterator[Check]:
-    import ray
+    with needing_ray():
+        import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from sandcell.sandbox.cluster import RESOURCE, no_slots, reachable

@@ -7,7 +7,8 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -90,6 +91,33 @@ def rich_options(command: FC) -> FC:
         show_default=True,
         help="Displayed outputs (figures, tables) kept per cell; more are dropped and counted.",
     )(command)
+
+
+def ray_option(help_text: str) -> Callable[[FC], FC]:
+    """--ray [ADDRESS]: a Ray cluster (see cluster_address); `help_text` says what for."""
+    return click.option(
+        "--ray", "ray_address", is_flag=False, flag_value="", default=None,
+        metavar="[ADDRESS]", help=help_text,
+    )  # fmt: skip
+
+
+def cluster_address(given: str) -> str:
+    """--ray's ADDRESS, else RAY_ADDRESS, else auto (the cluster `ray start` left here)."""
+    return given or os.environ.get("RAY_ADDRESS") or "auto"
+
+
+@contextmanager
+def needing_ray() -> Iterator[None]:
+    """Around the import of a module that imports Ray: a missing Ray is a usage error that
+    says how to install it (any other missing module stays the error it is)."""
+    try:
+        yield
+    except ImportError as error:
+        if error.name != "ray" and not (error.name or "").startswith("ray."):
+            raise
+        raise click.UsageError(
+            "--ray needs Ray on this host and on every node: pip install 'sandcell[ray]'"
+        ) from None
 
 
 def runtime_option(command: FC) -> FC:

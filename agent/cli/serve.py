@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING, Any, TextIO
 import click
 
 from sandcell.agent.cli import exits
-from sandcell.agent.cli.options import FC, agent_options, build_limits, build_model, build_rules
+from sandcell.agent.cli.options import (
+    FC,
+    agent_options,
+    build_limits,
+    build_model,
+    build_rules,
+    cluster_address,
+    needing_ray,
+    ray_option,
+)
 from sandcell.agent.hosting.listening import (
     listening_socket,
     run_until_stopped,
@@ -110,16 +119,10 @@ def _megabytes_option(name: str, most: float, default: float, help_text: str) ->
     "Disk for one user: uploads and session folders under DATA/<user> (507 past it).",
 )
 @_megabytes_option("--max-upload-mb", 1 << 20, 100.0, "Cap on one upload request (413 above it).")
-@click.option(
-    "--ray",
-    "ray_address",
-    is_flag=False,
-    flag_value="",
-    default=None,
-    metavar="[ADDRESS]",
-    help="Each session's sandbox on a node of a Ray cluster (ADDRESS, else RAY_ADDRESS, else "
+@ray_option(
+    "Each session's sandbox on a node of a Ray cluster (ADDRESS, else RAY_ADDRESS, else "
     "auto; nodes declare --resources '{\"sandcell\": N}'); --pool is then per node. The "
-    "loop, model calls and files stay here. Needs pip install 'sandcell[ray]'.",
+    "loop, model calls and files stay here. Needs pip install 'sandcell[ray]'."
 )
 @click.option(
     "--stop-grace",
@@ -201,15 +204,9 @@ def where_sandboxes_run(
 
         preflight(runtime=limits.runtime, transport=limits.transport)
         return None, None
-    address = ray_address or os.environ.get("RAY_ADDRESS") or "auto"
-    try:
+    address = cluster_address(ray_address)
+    with needing_ray():
         from sandcell.sandbox.cluster import RayPool, reachable
-    except ImportError as error:
-        if error.name != "ray" and not (error.name or "").startswith("ray."):
-            raise
-        raise click.UsageError(
-            "--ray needs Ray on this host and on every node: pip install 'sandcell[ray]'"
-        ) from None
     reachable(address)
     return address, RayPool(address, size, limits)
 
