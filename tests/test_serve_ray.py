@@ -139,14 +139,7 @@ def test_a_node_lost_under_a_live_session_its_next_cell_runs_on_another_after_a_
             sid = new_session(api)
             assert ask(api, sid, "set x")[-1][1]["answer"] == "set."
             lost = api.get(f"/api/sessions/{sid}").json()["node"]
-            (node,) = [n for n in cluster.worker_nodes if n.node_id == lost]
-            raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
-            workers = raylet.children(recursive=True)  # its sandbox actor's among them
-            cluster.remove_node(node, allow_graceful=False)
-            # a worker outlives its killed raylet a little here; on a lost host all goes at once
-            wait_for(
-                lambda: not any(w.is_running() for w in workers), 60, "the node's workers gone"
-            )
+            removed_with_its_workers(cluster, lost)
             r = execute(api, sid, "x + 1")
             assert value(r) == "42"  # the kernel rebuilt by replay, on the other node
             warning = r.headers["x-sandcell-warning"]
@@ -159,12 +152,18 @@ def test_a_node_lost_under_a_live_session_its_next_cell_runs_on_another_after_a_
             assert {"node_lost"} <= {e.get("reason") for e in trace if e["type"] == "rebuilt"}
             assert [e["node"] for e in trace if e["type"] == "sandbox_released"] == [lost]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=120)
-        cluster.add_node(**NODE)  # the next test has two nodes again
-        cluster.wait_for_nodes(timeout=60)
+        stopped_with_a_node_back(proc, cluster)
     # the lost node's container too: removed by the node that shares its engine
     wait_for(lambda: not owned_by(cluster.processes.seen), 60, "every sandbox gone")
+
+
+def stopped_with_a_node_back(proc, cluster) -> None:
+    """The server stopped (SIGTERM) and a node added for the one the test removed: the next
+    test has two again."""
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    cluster.add_node(**NODE)
+    cluster.wait_for_nodes(timeout=60)
 
 
 def removed_with_its_workers(cluster, node_id: str) -> None:
@@ -208,10 +207,7 @@ def test_under_gvisor_a_session_paused_on_one_node_resumes_on_another(cluster, t
             (pause,) = [e for e in trace if e["type"] == "sandbox_paused"]
             assert pause["node"] == first
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=120)
-        cluster.add_node(**NODE)  # the next test has two nodes again
-        cluster.wait_for_nodes(timeout=60)
+        stopped_with_a_node_back(proc, cluster)
     wait_for(lambda: not owned_by(cluster.processes.seen), 60, "every sandbox gone")
 
 
