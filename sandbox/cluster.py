@@ -131,7 +131,7 @@ class NodeSandbox:
         return dict(self._call("run_checks", request))
 
     def read(self, path: str, max_bytes: int | None = None) -> bytes:
-        cap = max_bytes if max_bytes is not None else (self.limits.workspace_mb + 16) << 20
+        cap = max_bytes if max_bytes is not None else self.limits.transfer_bytes
         data = bytearray()
         for chunk in self._stream(self._actor.read.remote(self._handle, path, max_bytes)):
             data += chunk
@@ -143,7 +143,7 @@ class NodeSandbox:
         self._get(self._actor.write.remote(self._handle, path, to_chunks(data)))
 
     def export(self, host_dir: str | Path, subdir: str = "") -> list[str]:
-        cap = (self.limits.workspace_mb + 16) << 20  # as a local export's
+        cap = self.limits.transfer_bytes  # as a local export's
         archive = bytearray()
         for chunk in self._stream(self._actor.archive.remote(self._handle, subdir)):
             archive += chunk

@@ -638,7 +638,8 @@ class DockerSandbox:
 
     def read(self, path: str, max_bytes: int | None = None) -> bytes:
         limit = -1 if max_bytes is None else max_bytes
-        return self._files("read", _sandbox_path(path), str(limit), max_out=max_bytes or self._cap)
+        cap = max_bytes or self.limits.transfer_bytes
+        return self._files("read", _sandbox_path(path), str(limit), max_out=cap)
 
     def write(self, path: str, data: bytes) -> None:
         try:
@@ -684,31 +685,24 @@ class DockerSandbox:
         ]}  # fmt: skip
         return {"outputs": {item["path"]: failed for item in request["outputs"]}}
 
-    @property
-    def _cap(self) -> int:
-        """The most a read or an export takes: the workspace's size, and a little."""
-        return (self.limits.workspace_mb + 16) << 20
-
     def export(self, host_dir: str | Path, subdir: str = "") -> list[str]:
         """Copy the workspace (or one folder of it) to host_dir; returns the files copied.
         Links and special files are left behind, so nothing can point outside host_dir."""
         archive = self.archive(subdir)
-        return [] if archive is None else ctr.extract_tar(archive, Path(host_dir), self.export_cap)
+        cap = self.limits.transfer_bytes
+        return [] if archive is None else ctr.extract_tar(archive, Path(host_dir), cap)
 
     def archive(self, subdir: str = "") -> bytes | None:
         """The workspace (or one folder of it) as the sandbox's helper tars it, at most
-        `export_cap` bytes: hostile input, for `container.extract_tar` only; None when the
+        `Limits.transfer_bytes`: hostile input, for `container.extract_tar` only; None when the
         folder does not exist."""
         try:
-            return self._files("tar", *([subdir] if subdir else []), max_out=self._cap)
+            tar = ["tar", *([subdir] if subdir else [])]
+            return self._files(*tar, max_out=self.limits.transfer_bytes)
         except FileNotFoundError:
             if subdir:
                 return None  # the folder does not exist: nothing to export
             raise SandboxError("export failed: the workspace is missing") from None
-
-    @property
-    def export_cap(self) -> int:
-        return self._cap
 
     def add_inputs(self, paths: Inputs | Sequence[str | Path]) -> None:
         """Give a pool sandbox its input files (read-only under /data)."""

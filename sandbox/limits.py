@@ -33,5 +33,12 @@ class Limits:
     # the engine bind-mounts), "stream" (the engine's API alone), "auto" (ipc where it works)
     transport: str = "auto"
 
+    @property
+    def transfer_bytes(self) -> int:
+        """The most one read or export of the workspace takes: its size, and a little (the
+        sandbox's helper caps its answer there; a host that receives it, here or from a Ray
+        node, caps it again)."""
+        return (self.workspace_mb + 16) << 20
+
     def to_dict(self) -> dict:
         return asdict(self)
