@@ -105,6 +105,8 @@ class NodeSandbox:
         *,
         on_output: Callable[[StreamChunk], None] | None = None,
     ) -> Execution:
+        if on_output is None:  # nobody reads the stream: one answer costs one object
+            return self._call("run", code, timeout)
         for item in self._stream(self._actor.run.remote(self._handle, code, timeout)):
             if isinstance(item, Execution):
                 return item

@@ -114,8 +114,9 @@ class SandboxNode:
         yield ended[0]
 
     def call(self, handle: str, method: str, *args: Any) -> Any:
-        """interrupt, restart, stat, files, run_checks: as the sandbox answers them."""
-        if method not in ("interrupt", "restart", "stat", "files", "run_checks"):
+        """interrupt, restart, stat, files, run_checks, and run when the caller does not read
+        the output as it comes (one answer, no generator): as the sandbox answers them."""
+        if method not in ("run", "interrupt", "restart", "stat", "files", "run_checks"):
             raise SandboxError(f"no such sandbox call: {method}")
         return getattr(self._sandbox(handle), method)(*args)
 
