@@ -32,6 +32,7 @@ from sandcell.sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
 from sandcell.tools import Registry, calculator_tool, file_metadata_tool, python_tool
 from tests.cli_runner import SANDCELL, sandcell_process
 from tests.containers import container_labels, owner_label
+from tests.mcp_helpers import bearer, http_session, python, start_http, text
 from tests.serve_helpers import ALICE, BOB, wait_for
 
 TOOLS = {"run_python", "describe_file", "list_files", "read_file", "write_file"}
@@ -57,14 +58,6 @@ def over_stdio(scenario: Callable[[ClientSession], Awaitable[T]], *args: str) ->
             return await scenario(session)
 
     return anyio.run(main)
-
-
-def text(result) -> str:
-    return "\n".join(c.text for c in result.content if c.type == "text")
-
-
-async def python(session: ClientSession, code: str, **extra):
-    return await session.call_tool("run_python", {"code": code, **extra})
 
 
 # -- stdio --------------------------------------------------------------------------------------
@@ -375,9 +368,11 @@ def test_usage_errors_are_one_line():
     assert port.exit_code == 2 and "--port is for --http" in port.stderr
     named = runner.invoke(main, ["mcp", "--allowed-host", "a.test"], prog_name="sandcell")
     assert named.exit_code == 2 and "--allowed-host is for --http" in named.stderr
+    ray = runner.invoke(main, ["mcp", "--ray", "127.0.0.1:1"], prog_name="sandcell")
+    assert ray.exit_code == 2 and "--ray is for --http" in ray.stderr
     missing = runner.invoke(main, ["mcp", "--input", "/nonexistent.csv"], prog_name="sandcell")
     assert missing.exit_code == 2 and "does not exist" in missing.stderr
-    for result in (users, port, missing):
+    for result in (users, port, ray, missing):
         errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
         assert len(errors) == 1 and "Traceback" not in result.stderr
 
@@ -399,38 +394,6 @@ def test_export_never_replaces_an_input_or_files_already_in_the_output_folder(tm
 
 
 # -- streamable HTTP ----------------------------------------------------------------------------
-
-
-def start_http(tmp_path, *extra: str) -> tuple[subprocess.Popen, str]:
-    users = tmp_path / "users.txt"
-    users.write_text(f"alice:{ALICE}\nbob:{BOB}\n")
-    proc = sandcell_process(
-        "mcp", "--http", "--port", "0", "--users", str(users), "--pool", "1", *extra
-    )
-    first = proc.stdout.readline()
-    found = re.search(r"http://127\.0\.0\.1:\d+/mcp", first)
-    assert found, first + proc.stderr.read()
-    return proc, found.group(0)
-
-
-def bearer(token: str) -> dict:
-    return {"Authorization": f"Bearer {token}"}
-
-
-@asynccontextmanager
-async def http_session(url: str, token: str, end: bool = True):
-    """`end=False`: the client goes away without ending its session (no DELETE)."""
-    async with (
-        httpx.AsyncClient(headers=bearer(token), timeout=httpx.Timeout(30, read=300)) as http,
-        streamable_http_client(url, http_client=http, terminate_on_close=end) as (
-            read,
-            write,
-            session_id,
-        ),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
-        yield session, session_id()
 
 
 @pytest.mark.docker

@@ -11,15 +11,21 @@ import signal
 import threading
 import time
 
+import anyio
 import psutil
 import pytest
 
 from sandcell.sandbox import Execution
 from tests.cli_runner import sandcell
+from tests.containers import container_labels, owner_label
+from tests.mcp_helpers import http_session, start_http, text
+from tests.mcp_helpers import python as python_mcp
 from tests.missing import IN_CI
 from tests.polling import wait_for
 from tests.scripted_server import ScriptedServer
 from tests.serve_helpers import (
+    ALICE,
+    BOB,
     SALES,
     ask,
     client,
@@ -242,6 +248,38 @@ def test_sigterm_pauses_the_sessions_on_both_nodes_and_a_restart_restores_them(c
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=180)
+    wait_for(lambda: not owned_by(cluster.processes.seen), 60, "every sandbox gone")
+
+
+@pytest.mark.timeout(300)
+def test_mcp_http_ray_opens_each_session_s_sandbox_on_a_node_and_a_lost_node_says_so(
+    cluster, tmp_path
+):
+    data = tmp_path / "sales.csv"
+    data.write_text("region,amount\nnorth,10\n")
+    lost = next(iter(cluster.worker_nodes)).node_id  # holds one of the two sessions' sandboxes
+    owners: set[str] = set()
+    proc, url = start_http(tmp_path, "--ray", cluster.address, "--pool", "0", "--input", str(data))
+
+    async def two_sessions():
+        async with http_session(url, ALICE) as (alice, _), http_session(url, BOB) as (bob, _):
+            read = "open('/data/sales.csv').read().splitlines()[1]"
+            for number, session in enumerate((alice, bob)):
+                assert text(await python_mcp(session, f"x = {number}; {read}")) == "'north,10'"
+            # each on a node's actor (most free slots first: one a node), none on the server
+            owners.update(c["sandcell.owner"] for c in owned_by(cluster.processes.seen))
+            assert container_labels(owner_label(proc.pid)) == []
+            removed_with_its_workers(cluster, lost)
+            after = [await python_mcp(session, "x") for session in (alice, bob)]
+            errors = [text(r) for r in after if r.isError]
+            assert len(errors) == 1 and f"the Ray node {lost}" in errors[0], errors
+            assert [text(r) for r in after if not r.isError] in (["0"], ["1"])
+
+    try:
+        anyio.run(two_sessions)
+        assert len(owners) == 2, owners
+    finally:
+        stopped_with_a_node_back(proc, cluster)
     wait_for(lambda: not owned_by(cluster.processes.seen), 60, "every sandbox gone")
 
 

@@ -3,7 +3,8 @@
 stdio: stdout is the protocol channel, so nothing else is printed there (messages go to
 stderr); one sandbox lives as long as the process, begun in the background so `initialize`
 answers at once, and closed when stdin ends, on Ctrl-C or on SIGTERM.
---http: streamable HTTP at /mcp, one sandbox per MCP session from a warm pool."""
+--http: streamable HTTP at /mcp, one sandbox per MCP session from a warm pool (--ray: the
+Ray cluster's `RayPool`, a sandbox on a node)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from sandcell.agent.cli.options import (
     limit_options,
     output_option,
     overwrite_option,
+    ray_option,
+    where_sandboxes_run,
 )
 from sandcell.agent.hosting.server_options import server_options, users_of
 from sandcell.agent.seams import Terminated
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
     from mcp.server.lowlevel import Server
 
     from sandcell.sandbox import DockerSandbox, Inputs, Limits
+    from sandcell.sandbox.protocol import Pool
 
 
 @click.command("mcp")
@@ -45,6 +49,11 @@ if TYPE_CHECKING:
     sessions_help="Sessions at once; more answer 503.",
     idle_help="A session idle this long ends and its sandbox is removed.",
     http_only=True,
+)
+@ray_option(
+    "--http: each session's sandbox on a node of a Ray cluster (ADDRESS, else RAY_ADDRESS, "
+    "else auto; nodes declare --resources '{\"sandcell\": N}'); --pool is then per node. "
+    "Needs pip install 'sandcell[ray]'."
 )
 @overwrite_option
 @limit_options
@@ -60,6 +69,7 @@ def mcp_cmd(
     max_sessions: int,
     idle_minutes: float,
     allowed_hosts: tuple[str, ...],
+    ray_address: str | None,
     overwrite: bool,
     opts: dict[str, Any],
 ) -> None:
@@ -67,7 +77,6 @@ def mcp_cmd(
     write_file, calculator, export_outputs. Over stdio by default (one sandbox for the
     process); --http serves streamable HTTP at /mcp with bearer tokens, a sandbox per session."""
     from sandcell.sandbox import Inputs
-    from sandcell.sandbox.container import preflight
 
     _quiet_sdk_logs()
     limits, checked = build_limits(opts), Inputs.from_paths(list(inputs))
@@ -82,8 +91,8 @@ def mcp_cmd(
             )
     if not http:
         _refuse_http_options()
-    # no engine, image or runtime: exit 3, before any client waits
-    preflight(runtime=limits.runtime)
+    # no engine, image or runtime (with --ray: no cluster): exit 3, before any client waits
+    _, cluster = where_sandboxes_run(ray_address, pool, limits)
     if not http:
         _serve_stdio(limits, checked, output)
         return
@@ -91,7 +100,7 @@ def mcp_cmd(
     settings = HttpSettings(
         users_known, bool(users), host, port, pool, idle_minutes * 60, max_sessions, allowed_hosts
     )
-    _serve_http(limits, checked, output, settings)
+    _serve_http(limits, checked, output, settings, cluster)
 
 
 @dataclass(frozen=True)
@@ -152,7 +161,9 @@ def _exit_now(stop: BaseException) -> NoReturn:
     os._exit(exits.for_error(stop))
 
 
-HTTP_ONLY = ("host", "port", "users", "pool", "max_sessions", "idle_minutes", "allowed_hosts")
+HTTP_ONLY = (
+    "host", "port", "users", "pool", "max_sessions", "idle_minutes", "allowed_hosts", "ray_address"
+)  # fmt: skip
 
 
 def _refuse_http_options() -> None:
@@ -165,12 +176,17 @@ def _refuse_http_options() -> None:
 
 
 def _serve_http(
-    limits: Limits, inputs: Inputs, output: Path | None, settings: HttpSettings
+    limits: Limits,
+    inputs: Inputs,
+    output: Path | None,
+    settings: HttpSettings,
+    cluster: Pool | None,
 ) -> None:
+    """`cluster`: --ray's pool of sandboxes on the cluster's nodes, else one on this host."""
     from sandcell.agent.mcp.server import SessionSandboxes, build_server
     from sandcell.sandbox import SandboxPool
 
-    warm = SandboxPool(size=settings.pool, limits=limits)
+    warm = cluster or SandboxPool(size=settings.pool, limits=limits)
     cells = SessionSandboxes(
         lambda: warm.acquire(inputs), limits, inputs, output, per_session_output=True
     )

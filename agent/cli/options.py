@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from sandcell.agent.output_checks import Expect
     from sandcell.agent.seams import Model
     from sandcell.agent.session import Agent
+    from sandcell.sandbox.protocol import Pool
 
 R = TypeVar("R")
 # An option decorator, as the shared lists hold them
@@ -118,6 +119,24 @@ def needing_ray() -> Iterator[None]:
         raise click.UsageError(
             "--ray needs Ray on this host and on every node: pip install 'sandcell[ray]'"
         ) from None
+
+
+def where_sandboxes_run(
+    ray_address: str | None, size: int, limits: Limits
+) -> tuple[str | None, Pool | None]:
+    """This host's engine, image and runtime checked (None: the sessions make its pool); with
+    --ray the cluster's address and pool, connected and checked. Either way a miss is said
+    before the server listens (exit 3)."""
+    if ray_address is None:
+        from sandcell.sandbox.container import preflight
+
+        preflight(runtime=limits.runtime, transport=limits.transport)
+        return None, None
+    address = cluster_address(ray_address)
+    with needing_ray():
+        from sandcell.sandbox.cluster import RayPool, reachable
+    reachable(address)
+    return address, RayPool(address, size, limits)
 
 
 def runtime_option(command: FC) -> FC:

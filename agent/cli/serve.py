@@ -21,9 +21,8 @@ from sandcell.agent.cli.options import (
     build_limits,
     build_model,
     build_rules,
-    cluster_address,
-    needing_ray,
     ray_option,
+    where_sandboxes_run,
 )
 from sandcell.agent.hosting.listening import (
     listening_socket,
@@ -34,8 +33,6 @@ from sandcell.agent.hosting.server_options import server_options, users_of
 
 if TYPE_CHECKING:
     from sandcell.agent.serve import ServeConfig
-    from sandcell.sandbox.limits import Limits
-    from sandcell.sandbox.protocol import Pool
 
 
 def claim_data(data: Path, on_refusal: Callable[[], None] | None = None) -> TextIO:
@@ -191,24 +188,6 @@ def serve_cmd(
             sessions.close()
         sock.close()
         claimed.close()  # every session ended: --data is free for the next server
-
-
-def where_sandboxes_run(
-    ray_address: str | None, size: int, limits: Limits
-) -> tuple[str | None, Pool | None]:
-    """This host's engine, image and runtime checked (None: the sessions make its pool); with
-    --ray the cluster's address and pool, connected and checked. Either way a miss is said
-    before the server listens (exit 3)."""
-    if ray_address is None:
-        from sandcell.sandbox.container import preflight
-
-        preflight(runtime=limits.runtime, transport=limits.transport)
-        return None, None
-    address = cluster_address(ray_address)
-    with needing_ray():
-        from sandcell.sandbox.cluster import RayPool, reachable
-    reachable(address)
-    return address, RayPool(address, size, limits)
 
 
 def say_where(sock: socket.socket, config: ServeConfig, users_file: Path | None) -> None:
