@@ -7,6 +7,7 @@ sandbox. Bytes come and go in objects of at most CHUNK."""
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import shutil
 import tarfile
@@ -29,6 +30,7 @@ from sandcell.sandbox.limits import Limits
 from sandcell.sandbox.pool import SandboxPool
 from sandcell.sandbox.wheelhouse import on_this_machine
 
+SCRATCH = "sandcell-node"  # the scratch folders' prefix, in the node's temporary folder
 CHUNK = 8 << 20  # the most bytes one object through the store holds (a test node's is small)
 
 Chunks = list[ray.ObjectRef[bytes]]
@@ -39,6 +41,16 @@ def in_chunks(data: bytes) -> Iterator[bytes]:
         yield data[at : at + CHUNK]
 
 
+def scratch_root() -> Path:
+    """This actor's folder for its sandboxes' scratch folders, named by its pid; those of actors
+    whose process is gone (a worker that died, a node lost and back) removed first."""
+    for old in Path(tempfile.gettempdir()).glob(f"{SCRATCH}-*"):
+        pid = old.name.removeprefix(f"{SCRATCH}-").split("-")[0]
+        if pid.isdigit() and not ctr.alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{SCRATCH}-{os.getpid()}-"))
+
+
 class SandboxNode:
     """One per node: its warm pool and the server's sandboxes on it, by handle."""
 
@@ -47,6 +59,7 @@ class SandboxNode:
         self.limits = replace(limits, wheelhouse=on_this_machine(limits.wheelhouse))
         self.image = image
         self.reap()  # the containers an earlier actor of this node left (its worker died)
+        self._root = scratch_root()
         self.pool = SandboxPool(pool_size, self.limits, image) if pool_size else None
         self._sandboxes: dict[str, DockerSandbox] = {}
         self._scratch: dict[str, Path] = {}  # each sandbox's inputs, written here
@@ -76,7 +89,7 @@ class SandboxNode:
         """The sandbox's scratch folder on this node (its inputs, a pause on its way)."""
         with self._lock:
             if handle not in self._scratch:
-                self._scratch[handle] = Path(tempfile.mkdtemp(prefix="sandcell-node-"))
+                self._scratch[handle] = Path(tempfile.mkdtemp(dir=self._root))
             return self._scratch[handle]
 
     def acquire(self, handle: str, shipped: dict[str, Chunks]) -> str:
@@ -212,3 +225,4 @@ class SandboxNode:
             self.close(handle)
         if self.pool is not None:
             self.pool.close()
+        shutil.rmtree(self._root, ignore_errors=True)

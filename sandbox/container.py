@@ -414,7 +414,7 @@ def reap_orphans(client: docker.DockerClient, wait_s: float = 0) -> list[str]:
     for entry in listed[0] + listed[1]:
         labels = entry.get("Labels") or {}
         owner_host, _, pid = labels.get(OWNER_LABEL, ":").partition(":")
-        if owner_host == host and pid.isdigit() and _alive(int(pid)):
+        if owner_host == host and pid.isdigit() and alive(int(pid)):
             continue
         if owner_host != host and entry.get("State") == "running":
             continue  # started from another machine sharing this engine: not ours to judge
@@ -439,7 +439,7 @@ def reap_orphan_volumes(client: docker.DockerClient) -> list[str]:
     for volume in client.api.volumes(filters={"label": LABEL}).get("Volumes") or []:
         labels = volume.get("Labels") or {}
         owner_host, _, pid = labels.get(OWNER_LABEL, ":").partition(":")
-        if owner_host != host or (pid.isdigit() and _alive(int(pid))):
+        if owner_host != host or (pid.isdigit() and alive(int(pid))):
             continue  # another machine's (a shared engine), or its owner lives
         try:
             client.api.remove_volume(volume["Name"])
@@ -460,7 +460,8 @@ def _wait_removed(client: docker.DockerClient, container_id: str, seconds: float
         pass  # still going after the wait: `sandcell gc` later finds what is left
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process of this host has this pid (no signal is sent)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
