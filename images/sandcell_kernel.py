@@ -11,7 +11,10 @@
 - Saves every PNG a cell displays under boundary.FIGURES and names the file in the display
   metadata (boundary.PATH_KEY), and sends the matplotlib figures a cell leaves open or shows
   under any backend (Agg too), once each.
-- Shows pandas DataFrames and Series as bounded text that always states the shape.
+- Shows pandas DataFrames and Series as bounded text that always states the shape (pandas 2
+  and 3 name their classes' modules differently: both are registered).
+- Sends the data behind each matplotlib figure and each DataFrame or Series shown, as JSON beside
+  its image or text (sandcell_charts.py).
 - Lets `%pip install` / `!pip install` take packages from the operator's wheelhouse when one
   is mounted (sandcell_pip.py), and makes a failed one a failed cell: the sandbox is offline.
 """
@@ -26,6 +29,7 @@ import weakref
 from collections import deque
 
 import boundary
+import sandcell_charts as charts
 import sandcell_pip as packages
 
 LIMIT = int(os.environ.get(boundary.OUTPUT_CHARS_ENV, str(1 << 20)))
@@ -357,7 +361,11 @@ def _send_open_figures(ip) -> None:
                 print(f"[figure not drawn: {type(error).__name__}: {error}]", file=sys.stderr)
                 continue
             if png:  # None for a figure with nothing drawn on it
-                display({"image/png": png, "text/plain": repr(fig)}, raw=True)
+                bundle = {"image/png": png, "text/plain": repr(fig)}
+                chart = charts.chart_json(fig)
+                if chart is not None:
+                    bundle[boundary.CHART_MIME] = chart
+                display(bundle, raw=True)
 
     def close(figures) -> None:
         if figures:
@@ -408,8 +416,48 @@ def _bounded_pandas(ip) -> None:
     def series(s, p, cycle):
         p.text(s.to_string(max_rows=30, min_rows=10, length=True, dtype=True, name=True))
 
-    plain.for_type_by_name("pandas.core.frame", "DataFrame", frame)
-    plain.for_type_by_name("pandas.core.series", "Series", series)
+    for module in PANDAS_MODULES:
+        plain.for_type_by_name(module["DataFrame"], "DataFrame", frame)
+        plain.for_type_by_name(module["Series"], "Series", series)
+
+
+# where pandas defines its classes: pandas 3 names them `pandas.DataFrame`, pandas 2 by file
+PANDAS_MODULES = (
+    {"DataFrame": "pandas", "Series": "pandas"},
+    {"DataFrame": "pandas.core.frame", "Series": "pandas.core.series"},
+)
+
+
+def _data_formats(ip) -> None:
+    """A figure's chart and a frame's table as formats of their own, computed with the image
+    and the text wherever the object is displayed (display(), a cell's value, the inline
+    backend's show). Each format is JSON text, or nothing. Matched by class name here rather
+    than registered by type: the inline backend removes every formatter's Figure entry when
+    pyplot is imported."""
+    from IPython.core.formatters import BaseFormatter
+
+    class DataFormat(BaseFormatter):
+        _return_type = (str,)
+
+        def __init__(self, mime: str, makers: dict, **kwargs):
+            super().__init__(**kwargs)
+            self.format_type, self.makers = mime, makers
+
+        def __call__(self, obj):
+            for cls in type(obj).__mro__:
+                make = self.makers.get((cls.__module__, cls.__name__))
+                if make is not None:
+                    return make(obj)  # never raises: None when it cannot read obj
+            return None
+
+    chart = {("matplotlib.figure", "Figure"): charts.chart_json}
+    table = {}
+    for module in PANDAS_MODULES:
+        table[(module["DataFrame"], "DataFrame")] = charts.table_json
+        table[(module["Series"], "Series")] = charts.table_json
+    formatters = ip.display_formatter.formatters
+    for mime, makers in ((boundary.CHART_MIME, chart), (boundary.TABLE_MIME, table)):
+        formatters[mime] = DataFormat(mime, makers, parent=ip.display_formatter)
 
 
 def _offline_pip(ip) -> None:
@@ -486,5 +534,6 @@ def load_ipython_extension(ip) -> None:
     _send_open_figures(ip)  # before the stream cap's end of cell: its notes count as output
     _cap_streams(ip, end_marker)
     _bounded_pandas(ip)
+    _data_formats(ip)
     packages.configure()
     _offline_pip(ip)

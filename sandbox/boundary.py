@@ -265,6 +265,20 @@ RICH_OUTPUTS = 32
 RICH_BYTES_ENV = "SANDCELL_RICH_BYTES"
 RICH_BYTES = 8 << 20  # 32 figures of 256 KB; one display may be at most this big
 
+# The data behind a chart and a table, beside its image or text (images/sandcell_charts.py
+# makes them; sandbox/rich_data.py checks them): JSON text, bounded by these caps.
+CHART_MIME = "application/vnd.sandcell.chart+json"
+TABLE_MIME = "application/vnd.sandcell.table+json"
+DATA_BYTES = 128 << 10  # one chart's or table's JSON; the host drops a bigger one unread
+CHART_POINTS = 2000  # points of a chart's series in all, kept evenly over each whole range
+CHART_ELEMENTS = 100  # series, bars, wedges or boxes of one chart (a superchart: per axes)
+CHART_AXES = 16  # charts of a superchart
+CHART_TICKS = 50  # ticks of an axis
+CHART_OUTLIERS = 50  # outliers of a box
+TABLE_ROWS = 30  # the first rows of a table
+TABLE_COLUMNS = 50
+LABEL_CHARS = 200  # a title, label, name or table cell's text
+
 # -- metadata keys of a displayed result ---------------------------------------------------------
 PATH_KEY = "sandcell/path"  # workspace path where an image was saved
 ERROR_KEY = "sandcell/error"  # why it was not saved

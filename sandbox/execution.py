@@ -21,6 +21,11 @@ class Result:
     data: dict[str, str]
     metadata: dict = field(default_factory=dict)
     is_main: bool = False  # the value of the cell's last expression
+    # the data behind a chart (a matplotlib figure) or a table (a DataFrame) it shows, checked
+    # (sandbox/rich_data.py); notes say what was refused
+    chart: dict | None = None
+    table: dict | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def path(self) -> str | None:

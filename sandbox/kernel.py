@@ -27,6 +27,7 @@ MAX_MESSAGE_BYTES = 32 << 20  # a single ZMQ message larger than this is refused
 # message over 16 MiB before it reaches the host (see images/relay.py).
 RECEIVE_HWM = 2
 RICH_KINDS = ("execute_result", "display_data")
+DATA_FORMATS = (boundary.CHART_MIME, boundary.TABLE_MIME)  # a chart's and a table's data
 # A display whose message passes what is left of the rich byte cap by this much can never be
 # kept (its JSON is its rich_size plus quotes, escapes and headers): it is counted unread.
 UNREAD_SLACK, UNREAD_FLOOR = 1.25, 64 << 10
@@ -288,11 +289,19 @@ class Collector:
             self._drop_rich(size)
             return
         self.rich_kept_bytes += size
+        # texts only; the data formats too when not (rich_data says so instead of dropping them)
         data = (
-            {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
+            {k: v for k, v in data.items() if isinstance(v, str) or k in DATA_FORMATS}
+            if isinstance(data, dict)
+            else {}
         )
         metadata = metadata if isinstance(metadata, dict) else {}
-        ex.results.append(Result(data=data, metadata=metadata, is_main=is_main))
+        result = Result(data=data, metadata=metadata, is_main=is_main)
+        if boundary.CHART_MIME in data or boundary.TABLE_MIME in data:
+            from sandcell.sandbox import rich_data  # pydantic's models: only when needed
+
+            result.chart, result.table, result.notes = rich_data.taken(data)
+        ex.results.append(result)
 
     def _marker(self, kind: str, value: str) -> None:
         """A marker from the container. Model code can print one too: one that is not what

@@ -4,6 +4,7 @@ import re
 from dataclasses import dataclass, field
 
 from sandcell.sandbox.boundary import ERROR_KEY, PACKAGES_FILE
+from sandcell.sandbox.chart_text import chart_text
 from sandcell.sandbox.execution import Execution, Result
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/svg+xml")
@@ -143,15 +144,19 @@ def _offline(execution: Execution) -> bool:
 
 
 def _result(result: Result, budget: int) -> str:
+    notes = "".join(f"\n{note}" for note in result.notes)
     image = next((t for t in IMAGE_TYPES if t in result.data), None)
     if image:
         where = result.path or result.metadata.get(ERROR_KEY, "not saved")
-        return f"[image {image} saved to {where}]"
+        shown = f"[image {image} saved to {where}]"
+        if result.chart is not None:  # what the picture shows, for a model that cannot see it
+            shown += "\n" + chart_text(result.chart)
+        return cut(shown + notes, budget)
     text = result.data.get("text/plain")
     if text is None:
         kinds = ", ".join(sorted(result.data)) or "nothing"
-        return f"[display of {kinds}]"
-    return cut(text, budget)
+        return f"[display of {kinds}]{notes}"
+    return cut(text + notes, budget)
 
 
 def _rich_note(execution: Execution) -> str:

@@ -1,15 +1,21 @@
-"""The MCP SDK's own client against `sandcell mcp` (tests/test_mcp.py, and `mcp --http --ray`
-in tests/test_serve_ray.py): a session over streamable HTTP, a cell, a result's text."""
+"""The MCP SDK's own client against `sandcell mcp` (tests/test_mcp.py, test_charts.py, and
+`mcp --http --ray` in test_serve_ray.py): a session over stdio or streamable HTTP, a cell, a
+result's text."""
 
+import os
 import re
 import subprocess
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
+import anyio
 import httpx
-from mcp import ClientSession
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.cli_runner import sandcell_process
+from tests.cli_runner import SANDCELL, sandcell_process
 from tests.serve_helpers import ALICE, BOB
 
 
@@ -51,3 +57,26 @@ async def http_session(url: str, token: str, end: bool = True):
     ):
         await session.initialize()
         yield session, session_id()
+
+
+T = TypeVar("T")
+
+
+@asynccontextmanager
+async def stdio(*args: str):
+    """A ClientSession over stdio with `sandcell mcp ARGS` as the server process."""
+    server = StdioServerParameters(command=SANDCELL[0], args=[*SANDCELL[1:], "mcp", *args])
+    server.env = dict(os.environ)  # the SDK passes a bare environment otherwise
+    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+def over_stdio(scenario: Callable[[ClientSession], Awaitable[T]], *args: str) -> T:
+    """scenario(session) run against `sandcell mcp ARGS` over stdio: what it returns."""
+
+    async def main() -> T:
+        async with stdio(*args) as session:
+            return await scenario(session)
+
+    return anyio.run(main)

@@ -3,25 +3,20 @@ SDK's own client (stdio_client, streamable_http_client + ClientSession); no JSON
 
 import base64
 import hashlib
-import os
 import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Awaitable, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TypeVar
 
 import anyio
 import httpx
 import psutil
 import pytest
 from click.testing import CliRunner
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
+from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import McpError
 from mcp.types import CancelledNotification, CancelledNotificationParams, ClientNotification
@@ -30,34 +25,13 @@ from sandcell.agent.cli import main
 from sandcell.agent.mcp.definitions import definitions
 from sandcell.sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
 from sandcell.tools import Registry, calculator_tool, file_metadata_tool, python_tool
-from tests.cli_runner import SANDCELL, sandcell_process
+from tests.cli_runner import sandcell_process
 from tests.containers import container_labels, owner_label
-from tests.mcp_helpers import bearer, http_session, python, start_http, text
+from tests.mcp_helpers import bearer, http_session, over_stdio, python, start_http, text
 from tests.serve_helpers import ALICE, BOB, wait_for
 
 TOOLS = {"run_python", "describe_file", "list_files", "read_file", "write_file"}
 TOOLS |= {"calculator", "export_outputs"}
-T = TypeVar("T")
-
-
-@asynccontextmanager
-async def stdio(*args: str):
-    """A ClientSession over stdio with `sandcell mcp ARGS` as the server process."""
-    server = StdioServerParameters(command=SANDCELL[0], args=[*SANDCELL[1:], "mcp", *args])
-    server.env = dict(os.environ)  # the SDK passes a bare environment otherwise
-    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
-        yield session
-
-
-def over_stdio(scenario: Callable[[ClientSession], Awaitable[T]], *args: str) -> T:
-    """scenario(session) run against `sandcell mcp ARGS` over stdio: what it returns."""
-
-    async def main() -> T:
-        async with stdio(*args) as session:
-            return await scenario(session)
-
-    return anyio.run(main)
 
 
 # -- stdio --------------------------------------------------------------------------------------

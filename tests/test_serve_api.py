@@ -158,6 +158,8 @@ def test_upload_a_csv_then_a_question_streams_its_steps_with_chart_table_and_not
         obs = dict(got)["observation"]
         assert obs["ok"] and f"{truth.idxmax()} {truth.max()}" in obs["text"]
         assert len(obs["figures"]) == 1 and "<table" in obs["tables"][0]
+        assert obs["table_data"][0]["rows"] == [[int(v)] for v in truth.values]  # its data too
+        assert [b["value"] for b in obs["charts"][0]["elements"]] == list(truth.values)
         assert "<style" not in obs["tables"][0] and "North" in obs["tables"][0]
         final = got[-1][1]
         assert final["answer"] == f"most units: {truth.idxmax()} {truth.max()}"

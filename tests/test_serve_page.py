@@ -107,11 +107,11 @@ def test_upload_ask_steps_stream_chart_and_table_show_notebook_downloads(page, m
     expect(page.get_by_test_id("step").first).to_be_visible()
     expect(page.get_by_test_id("stop")).to_be_visible()  # while the question runs
     chart = page.get_by_test_id("chart")
-    chart.wait_for(state="visible")
-    page.wait_for_function(
-        "() => { const i = document.querySelector('[data-testid=chart]');"
-        " return i && i.complete && i.naturalWidth > 0; }"
-    )
+    chart.wait_for(state="visible")  # drawn from its data; the PNG a link beside it
+    expect(chart.locator("canvas")).to_be_visible()
+    with client(page.url.rstrip("/")) as api:
+        png = api.get(chart.get_by_test_id("chart-png").get_attribute("href"))
+    assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
     table = page.get_by_test_id("table")
     expect(table.locator("table")).to_be_visible()
     expect(table).to_contain_text("North")

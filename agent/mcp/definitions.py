@@ -21,7 +21,10 @@ MCP_NAMES = {"python": "run_python", "file_metadata": "describe_file", "calculat
 _AGENT_NAME = re.compile(r"\b(" + "|".join(MCP_NAMES) + r")\b")  # `run_python` is one word
 
 # What is true over MCP only: a session's kernel outlives a call, and figures are content
-PYTHON_NOTE = "Variables persist between calls; each figure comes back as PNG image content."
+PYTHON_NOTE = (
+    "Variables persist between calls; each figure comes back as PNG image content, and the data "
+    "behind each chart and DataFrame shown as structuredContent {charts: [...], tables: [...]}."
+)
 
 _DICT_OUTPUT = {"type": "object"}  # list_files, read_file, export_outputs answer an object
 _TEXT_OUTPUT = {  # write_file answers one line, also as {"result": line}

@@ -117,8 +117,9 @@ async def blocking(
 
 
 def observation(execution: Execution, chars: int) -> CallToolResult:
-    """The bounded observation as text, each figure as PNG image content; isError when the
-    code raised, timed out or the kernel restarted (the text says which)."""
+    """The bounded observation as text, each figure as PNG image content, the data of each
+    chart and table shown as structured content; isError when the code raised, timed out or
+    the kernel restarted (the text says which)."""
     text = render(execution, chars)
     pngs = [r.data["image/png"] for r in execution.results if r.data.get("image/png")]
     if len(pngs) > MAX_IMAGES:  # a loop of plt.show() must not flood the client's context
@@ -129,7 +130,11 @@ def observation(execution: Execution, chars: int) -> CallToolResult:
     content: list[ContentBlock] = [TextContent(type="text", text=text)]
     for png in pngs[:MAX_IMAGES]:
         content.append(ImageContent(type="image", data=png.strip(), mimeType="image/png"))
-    return CallToolResult(content=content, isError=not execution.ok)
+    data = {  # at most as many as the images (each at most boundary.DATA_BYTES)
+        "charts": [r.chart for r in execution.results if r.chart is not None][:MAX_IMAGES],
+        "tables": [r.table for r in execution.results if r.table is not None][:MAX_IMAGES],
+    }
+    return CallToolResult(content=content, structuredContent=data, isError=not execution.ok)
 
 
 def progress_of(ctx: Context) -> Callable[[StreamChunk], None] | None:

@@ -21,6 +21,7 @@ from sandcell.agent.events import (
     Step,
 )
 from sandcell.agent.records.trace import read_events
+from sandcell.sandbox.boundary import CHART_MIME, TABLE_MIME
 
 
 def trace_to_notebook(events: list[Event]) -> nbformat.NotebookNode:
@@ -122,6 +123,9 @@ def _code_cell(execution: dict) -> nbformat.NotebookNode:
             outputs.append(new_output("stream", name=chunk["name"], text=chunk["text"]))
     for result in execution.get("results", []):
         data = {k: v for k, v in result.get("data", {}).items() if isinstance(v, str)}
+        for mime, kept in ((CHART_MIME, result.get("chart")), (TABLE_MIME, result.get("table"))):
+            if kept is not None:  # checked when the cell ran: JSON, as a +json MIME type holds
+                data[mime] = kept
         metadata = {
             k: v for k, v in result.get("metadata", {}).items() if not k.startswith("sandcell/")
         }

@@ -213,11 +213,15 @@ class ServedSession:
         self.save_figures(ex)
         return ex
 
-    def save_figures(self, ex: Execution) -> list[str]:
+    def save_figures(self, ex: Execution) -> list[tuple[str, dict | None]]:
         """Copy the charts a cell showed to figures/ now, not only when the question ends;
-        their URLs. A chart that cannot be read is left out, not an error of the question."""
-        urls = []
-        for path in ex.images:
+        the URL of each, with the data behind it when the kernel sent it. A chart that cannot
+        be read is left out, not an error of the question."""
+        saved: list[tuple[str, dict | None]] = []
+        for result in ex.results:
+            path = result.path
+            if path is None:
+                continue
             name = path.removeprefix(FIGURES + "/")
             if name == path or files.parts_of(name) is None or "/" in name:
                 continue
@@ -233,8 +237,8 @@ class ServedSession:
             except (SandboxError, OSError) as error:
                 log.warning("chart %s of session %s not copied: %s", path, self.id, error)
                 continue
-            urls.append(f"{self.url}/files/{FIGURES_DIR}/{quote(name)}")
-        return urls
+            saved.append((f"{self.url}/files/{FIGURES_DIR}/{quote(name)}", result.chart))
+        return saved
 
     # -- the user's disk ---------------------------------------------------------------------
     def _room(self, skip: Path | None = None) -> int:

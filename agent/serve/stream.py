@@ -46,19 +46,22 @@ def table_html(html: str) -> str:
 def shown(ex: Execution) -> dict:
     """What the page shows of a cell, each output once: `output` (the stream, which the page
     has shown live already), `results` as text, `tables` (a result with an HTML table is shown
-    as the table alone), the compact `error`, and `notes`. The model's text is `text`."""
+    as the table alone) with `table_data` beside them (one each: a DataFrame's rows, which the
+    page draws as a sortable table instead of the HTML, or null), the compact `error`, and
+    `notes`. The model's text is `text`."""
     p = parts(ex)
-    results, tables = [], []
+    results, tables, table_data = [], [], []
     for result, text in zip(ex.results, p.results, strict=True):
         html = result.data.get("text/html")
         if html is not None:
             tables.append(table_html(html))
+            table_data.append(result.table)
             if "<table" in html.lower():
                 continue  # its text form is the model's; a person reads the table
         if not any(kind in result.data for kind in IMAGE_TYPES):  # charts: `figures`
             results.append(text)
-    return {"output": p.stream, "results": results, "tables": tables, "error": p.error,
-            "notes": p.notes}  # fmt: skip
+    return {"output": p.stream, "results": results, "tables": tables, "table_data": table_data,
+            "error": p.error, "notes": p.notes}  # fmt: skip
 
 
 # An answer is Markdown: CommonMark and tables, no raw HTML (a `<script>` in it is text), then
@@ -215,7 +218,9 @@ class MessageStream:
         out = {"tool": event.tool, "ok": event.ok, "text": event.text}
         ex = event.execution
         if ex is not None:
-            out["figures"] = self.served.save_figures(ex)
+            saved = self.served.save_figures(ex)
+            out["figures"] = [url for url, _ in saved]
+            out["charts"] = [chart for _, chart in saved]  # each figure's data, or null
             out.update(shown(ex))
             out["execution"] = execution_summary(ex)
         return out

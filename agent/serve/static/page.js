@@ -218,15 +218,23 @@ function observation(data) {
     else if (data.output) node.append(el("pre", { class: "output", text: data.output }));
     for (const text of data.results || []) node.append(el("pre", { class: "result", text }));
   }
-  for (const html of data.tables || []) {
+  const drawing = window.sandcellCharts; // charts.js: absent if it failed to load
+  (data.tables || []).forEach((html, i) => {
+    const rows = (data.table_data || [])[i];
+    if (rows && drawing) { // a DataFrame: drawn from its data, its columns sortable
+      node.append(drawing.dataTable(rows));
+      return;
+    }
     const box = el("div", { class: "table", testid: "table" });
     box.innerHTML = html; // server-sanitized by nh3 (agent/serve/stream.py table_html)
     node.append(box);
-  }
-  for (const url of data.figures || []) {
-    if (typeof url !== "string" || !url.startsWith("/api/")) continue; // our own files only
-    node.append(el("img", { class: "chart", testid: "chart", src: url, alt: "figure" }));
-  }
+  });
+  (data.figures || []).forEach((url, i) => {
+    if (typeof url !== "string" || !url.startsWith("/api/")) return; // our own files only
+    const chart = (data.charts || [])[i] || null;
+    node.append(drawing ? drawing.figure(url, chart)
+      : el("img", { class: "chart", testid: "chart", src: url, alt: "figure" }));
+  });
   if (data.error) node.append(el("pre", { class: "error", testid: "cell-error", text: data.error }));
   for (const note of data.notes || []) node.append(el("div", { class: "cell-note", text: note }));
 }
