@@ -37,24 +37,24 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True, allow_inf_nan=False)
 
 
-class Truncated(Strict):
-    """What the kernel left out: `points` of a series or `elements` of a chart, and `kept`."""
+class PointsCut(Strict):
+    """A series the kernel thinned: `points` it had, `kept` sent."""
 
-    points: Count | None = None
-    elements: Count | None = None
+    points: Count
     kept: Count
 
-    @model_validator(mode="after")
-    def one_count(self) -> Truncated:
-        if (self.points is None) == (self.elements is None):
-            raise ValueError("says points or elements, one of them")
-        return self
+
+class ElementsCut(Strict):
+    """A chart the kernel cut: `elements` (series, bars, wedges, boxes, axes) it had, `kept`."""
+
+    elements: Count
+    kept: Count
 
 
 class Series(Strict):
     label: Text
     points: list[tuple[Value, Value]] = Field(max_length=CHART_POINTS)
-    truncated: Truncated | None = None
+    truncated: PointsCut | None = None
 
 
 class Bar(Strict):
@@ -82,7 +82,7 @@ class Box(Strict):
 class Chart(Strict):
     type: str  # each kind of chart names its own (first in a dump, as the kernel sends it)
     title: Text | None = None
-    truncated: Truncated | None = None
+    truncated: ElementsCut | None = None
 
 
 class Axes2D(Chart):
