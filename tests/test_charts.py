@@ -112,11 +112,7 @@ def test_a_million_points_come_back_bounded_and_say_so(sb):
         sb, "plt.plot(range(1_000_000), [v % 1000 for v in range(1_000_000)]); plt.show()"
     )
     (series,) = chart["elements"]
-    assert series["truncated"] == {
-        "points": 1_000_000,
-        "kept": len(series["points"]),
-        "elements": None,
-    }
+    assert series["truncated"] == {"points": 1_000_000, "kept": len(series["points"])}
     assert len(series["points"]) <= boundary.CHART_POINTS
     assert series["points"][0] == [0, 0] and series["points"][-1] == [999_999, 999]  # whole range
     text = render(sb.run(PLT + "plt.plot(range(10_000)); plt.show()"))
