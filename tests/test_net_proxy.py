@@ -1,0 +1,198 @@
+"""The host's proxy of `--allow-net` (issue 51, first step), without a container: the
+allowlist's entries, the addresses a sandbox may never reach by a plain name, and the proxy on
+a Unix socket in front of real servers on loopback, with its resolver replaced in-process."""
+
+import http.server
+import ipaddress
+import socket
+import socketserver
+import threading
+from contextlib import contextmanager
+
+import pytest
+
+from sandcell.sandbox.allowlist import Allowlist, refused_address
+from sandcell.sandbox.net_proxy import NetLimits, NetProxy
+
+pytestmark = pytest.mark.timeout(60)
+BODY = b"region,amount\nnorth,10\n"
+BIG = 1 << 20
+
+
+class Files(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        body = BODY if self.path == "/data.csv" else b"x" * BIG
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class Echo(socketserver.BaseRequestHandler):
+    def handle(self):
+        while data := self.request.recv(4096):
+            self.request.sendall(data)
+
+
+@contextmanager
+def serving(handler):
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def proxy(tmp_path, allow: str, names=None, **limits):
+    """A proxy for `allow`, whose resolver knows `names` ({name: [address, ...]}); yields
+    (proxy, the records of its connections, the names it looked up)."""
+    records, asked = [], []
+
+    async def resolver(host, port):
+        asked.append(host)
+        answers = (names or {}).get(host)
+        if answers is None:
+            raise OSError(f"no such name: {host}")
+        return answers(len(asked)) if callable(answers) else answers
+
+    made = NetProxy(Allowlist.parse([allow]), tmp_path / "net.sock", NetLimits(**limits),
+                    records.append, resolver).start()  # fmt: skip
+    try:
+        yield made, records, asked
+    finally:
+        made.close()
+
+
+def through(made, request: bytes, more: bytes = b"") -> bytes:
+    """Send a request through the proxy's socket, as the sandbox's forwarder does; all of the
+    answer."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(30)
+        s.connect(str(made.path))
+        s.sendall(request + more)
+        s.shutdown(socket.SHUT_WR)
+        return b"".join(iter(lambda: s.recv(65536), b""))
+
+
+def get(port: int, name: str = "files.test", path: str = "/data.csv") -> bytes:
+    return f"GET http://{name}:{port}{path} HTTP/1.1\r\nHost: {name}:{port}\r\n\r\n".encode()
+
+
+def test_entries_parse_match_narrow_and_say_what_is_wrong():
+    allow = Allowlist.parse(["data.example.org, *.example.com:8443", "internal:Intra.Local:8080"])
+    assert str(allow) == "data.example.org, *.example.com:8443, internal:intra.local:8080"
+    assert allow.entry_for("DATA.example.org.", 443) and allow.entry_for("data.example.org", 80)
+    assert not allow.entry_for("data.example.org", 8443)
+    assert allow.entry_for("a.b.example.com", 8443) and not allow.entry_for("example.com", 8443)
+    assert allow.entry_for("intra.local", 8080).internal
+    narrowed = allow.narrowed(Allowlist.parse(["data.example.org:443", "x.example.com:8443",
+                                               "other.org", "internal:data.example.org"]))  # fmt: skip
+    assert str(narrowed) == "data.example.org:443, x.example.com:8443"
+    assert not Allowlist.parse([]) and str(Allowlist.parse([])) == "nothing"
+    for bad, said in [("a.com:0", "port"), ("a.com:x", "port"), ("*", "not a host"),
+                      ("*.com", "two labels"), ("a_b.com", "not a host"), ("-a.com", "not a host")]:  # fmt: skip
+        with pytest.raises(ValueError, match=said):
+            Allowlist.parse([bad])
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [("127.0.0.1", "loopback"), ("10.1.2.3", "private"), ("192.168.0.9", "private"),
+     ("169.254.169.254", "link-local"), ("100.64.1.1", "carrier-grade NAT"),
+     ("224.0.0.251", "multicast"), ("0.0.0.0", "unspecified"), ("::1", "loopback"),
+     ("::ffff:127.0.0.1", "loopback"), ("fe80::1", "link-local"), ("fd00::1", "private"),
+     ("240.0.0.1", "reserved"), ("93.184.216.34", None), ("2606:4700::1111", None)],
+)  # fmt: skip
+def test_addresses_a_plain_name_may_not_lead_to(address, why):
+    said = refused_address(ipaddress.ip_address(address))
+    assert (said is None) if why is None else (why in said), said
+
+
+def test_an_allowed_host_is_fetched_and_each_connection_is_recorded(tmp_path):
+    with serving(Files) as port, proxy(tmp_path, f"internal:files.test:{port}",
+                                       {"files.test": ["127.0.0.1"]}) as (made, records, _):  # fmt: skip
+        answer = through(made, get(port))
+    assert answer.startswith(b"HTTP/1.0 200") and answer.endswith(BODY)
+    (record,) = records
+    assert (record.host, record.port, record.address, record.allowed) == (
+        "files.test",
+        port,
+        "127.0.0.1",
+        True,
+    )
+    assert record.sent > 0 and record.received == len(answer) and record.reason == ""
+
+
+def test_a_host_not_on_the_list_is_refused_in_one_line_that_says_what_may_be_reached(tmp_path):
+    with proxy(tmp_path, "data.example.org", {"other.test": ["93.184.216.34"]}) as (
+        made,
+        records,
+        asked,
+    ):
+        answer = through(made, b"CONNECT other.test:443 HTTP/1.1\r\n\r\n")
+    status = answer.split(b"\r\n")[0].decode()
+    assert status == (
+        "HTTP/1.1 403 not allowed: other.test:443; this sandbox may reach: data.example.org"
+    )
+    assert asked == [] and records[0].allowed is False  # refused before any lookup
+
+
+def test_a_plain_name_that_resolves_to_loopback_is_refused_and_reached_only_as_internal(tmp_path):
+    names = {"files.test": ["127.0.0.1"]}
+    with serving(Files) as port:
+        with proxy(tmp_path, f"files.test:{port}", names) as (made, records, _):
+            refused = through(made, get(port))
+        assert refused.startswith(
+            f"HTTP/1.1 403 not allowed: files.test resolves to 127.0.0.1 is a loopback address; "
+            f"name it as internal:files.test:{port}".encode()
+        ), refused
+        with proxy(tmp_path, f"internal:files.test:{port}", names) as (made, records, _):
+            assert through(made, get(port)).endswith(BODY)
+
+
+def test_one_lookup_per_connection_and_it_goes_to_the_address_that_was_checked(tmp_path):
+    # a resolver that answers loopback first, then a private address no server is on
+    answers = lambda n: ["127.0.0.1"] if n % 2 else ["10.255.255.1"]  # noqa: E731
+    with serving(Files) as port, proxy(tmp_path, f"internal:files.test:{port}",
+                                       {"files.test": answers}) as (made, records, asked):  # fmt: skip
+        assert through(made, get(port)).endswith(BODY)
+        assert asked == ["files.test"] and records[0].address == "127.0.0.1"
+
+
+def test_connect_tunnels_bytes_both_ways_and_the_byte_cap_cuts_a_download(tmp_path):
+    with serving(Echo) as port, proxy(tmp_path, f"internal:echo.test:{port}",
+                                      {"echo.test": ["127.0.0.1"]}) as (made, records, _):  # fmt: skip
+        answer = through(made, f"CONNECT echo.test:{port} HTTP/1.1\r\n\r\n".encode(), b"ping")
+    assert answer == b"HTTP/1.1 200 Connection established\r\n\r\nping"
+    assert (records[0].sent, records[0].received) == (4, 4)
+    with serving(Files) as port, proxy(tmp_path, f"internal:files.test:{port}",
+                                       {"files.test": ["127.0.0.1"]}, total_bytes=100_000) as (made, records, _):  # fmt: skip
+        answer = through(made, get(port, path="/big"))
+    assert len(answer) < 100_000 and records[0].received < 100_000
+    assert records[0].reason == "cut at this sandbox's 0.0953674 MB of network"
+
+
+def test_connections_at_once_are_capped_and_close_ends_the_open_ones(tmp_path):
+    with serving(Echo) as port, proxy(tmp_path, f"internal:echo.test:{port}",
+                                      {"echo.test": ["127.0.0.1"]}, connections=1) as (made, records, _):  # fmt: skip
+        held = socket.socket(socket.AF_UNIX)
+        held.settimeout(30)
+        held.connect(str(made.path))
+        held.sendall(f"CONNECT echo.test:{port} HTTP/1.1\r\n\r\n".encode())
+        assert held.recv(100).startswith(b"HTTP/1.1 200")
+        second = through(made, f"CONNECT echo.test:{port} HTTP/1.1\r\n\r\n".encode())
+        assert second.startswith(b"HTTP/1.1 503 too many connections at once (1)")
+        made.close()
+        assert held.recv(100) == b"" and not made.path.exists()
+        held.close()
+    assert [r.reason for r in records] == [
+        "too many connections at once (1)",
+        "the sandbox was closed",
+    ]
