@@ -196,3 +196,38 @@ def test_connections_at_once_are_capped_and_close_ends_the_open_ones(tmp_path):
         "too many connections at once (1)",
         "the sandbox was closed",
     ]
+
+
+def test_the_container_s_forwarder_carries_urllib_and_pandas_through_the_proxy(tmp_path):
+    """What a cell does (HTTP_PROXY set, a plain urllib or pandas call), with the forwarder
+    the container runs on its loopback in front of the host's proxy; here both on this host."""
+    import subprocess
+    import sys
+
+    from sandcell.images import net_forwarder
+
+    cell = (
+        "import urllib.request, urllib.error, pandas as pd\n"
+        "print(pd.read_csv('http://files.test:{port}/data.csv').amount.sum())\n"
+        "try:\n"
+        "    urllib.request.urlopen('http://other.test:{port}/data.csv')\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code, e.reason)\n"
+    )
+    with serving(Files) as port, proxy(tmp_path, f"internal:files.test:{port}",
+                                       {"files.test": ["127.0.0.1"]}) as (made, records, _):  # fmt: skip
+        listener = net_forwarder.listening(0)
+        threading.Thread(
+            target=net_forwarder.serve, args=(listener, str(made.path)), daemon=True
+        ).start()
+        proxy_url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        env = {"HTTP_PROXY": proxy_url, "http_proxy": proxy_url, "NO_PROXY": "", "PATH": "/usr/bin"}
+        run = subprocess.run([sys.executable, "-c", cell.format(port=port)], env=env,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        listener.close()
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [
+        "10",
+        f"403 not allowed: other.test:{port}; this sandbox may reach: internal:files.test:{port}",
+    ]
+    assert [(r.host, r.allowed) for r in records] == [("files.test", True), ("other.test", False)]
