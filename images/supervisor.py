@@ -57,6 +57,9 @@ KERNEL_ARGS = [
     "--HistoryManager.enabled=False",
 ]
 KERNEL_CMD = [sys.executable, "-m", boundary.KERNEL_MODULE, *KERNEL_ARGS]
+# --allow-net: the forwarder the proxy variables name (no decision there: the host's proxy
+# decides; model code could reach its socket itself and gain nothing)
+NET_CMD = [sys.executable, boundary.NET_PROGRAM, str(boundary.NET_PORT), boundary.NET_SOCKET]
 HANDLED = {
     signal.SIGCHLD,
     boundary.RESTART,
@@ -289,6 +292,11 @@ def start_relay(forked: bool) -> int:
     return spawn(RELAY_CMD, 500, run_relay if forked else None)
 
 
+def start_net() -> int:
+    """The forwarder, when the host gave this sandbox a proxy; -1 when it did not."""
+    return spawn(NET_CMD, 500) if os.environ.get(boundary.NET_ENV) == "1" else -1
+
+
 def stop_relay(relay: int) -> None:
     """The relay killed and reaped, then its socket files removed from the host's folder
     (unsealed by the host for this): their absence tells the host nothing in the container
@@ -452,6 +460,7 @@ def main() -> None:
     listener, seen = checks_socket(), []
     preloaded = forked = False
     relay, kernel = start(forked, connection(True, seen))
+    net = start_net()
     while True:
         info = signal.sigwaitinfo(HANDLED)
         sig = info.si_signo
@@ -462,11 +471,15 @@ def main() -> None:
         if sig != signal.SIGCHLD and info.si_pid != 0:
             continue  # sent from inside the container (model code): only the host may ask
         if sig == signal.SIGCHLD:
-            if any(pid == kernel for pid, _ in reap()):
+            ended = [pid for pid, _ in reap()]
+            if kernel in ended:
                 kernel = -1  # the host notices through the heartbeat and asks for a restart
+            if net > 0 and net in ended:
+                net = start_net()  # ended by model code (same uid): back at once
         elif sig == boundary.RESTART:
             kill_all({1})
             relay, kernel = start(forked, connection(False, seen))
+            net = start_net()
         elif sig == boundary.RENEW:
             # No process of the last job may see the next job's files: if one outlives the
             # kill, or anything it wrote stays, the container ends (the host then says so).
@@ -481,6 +494,7 @@ def main() -> None:
                 if forked:
                     preload_checker(listener)
             relay, kernel = start(forked, connection(True, seen))
+            net = start_net()  # the last job's connections went with the kill
         elif sig == boundary.QUIESCE:  # a pause: the host checkpoints the container next
             stop_relay(relay)
             relay = -1
@@ -488,7 +502,7 @@ def main() -> None:
             if relay == -1:
                 relay = start_relay(forked)
         elif sig == boundary.SWEEP:  # a timed-out cell's strays: the host's helpers are not
-            kill_all({1, kernel, relay}, spare_helpers=True)
+            kill_all({1, kernel, relay, net}, spare_helpers=True)
         else:
             kill_all({1})
             sys.exit(0)

@@ -279,6 +279,15 @@ TABLE_ROWS = 30  # the first rows of a table
 TABLE_COLUMNS = 50
 LABEL_CHARS = 200  # a title, label, name or table cell's text
 
+# --allow-net: the container's way out (sandbox/net_proxy.py on the host, net_forwarder.py
+# inside). The host's proxy socket sits in NET_DIR (a read-only mount); the forwarder listens
+# on 127.0.0.1:NET_PORT, which the proxy variables name. NET_ENV says there is one.
+NET_DIR = "/run/sandcell-net"
+NET_SOCKET = f"{NET_DIR}/net.sock"
+NET_PORT = 3128
+NET_ENV = "SANDCELL_NET"
+NET_PROGRAM = "/opt/sandcell/net_forwarder.py"
+
 # -- metadata keys of a displayed result ---------------------------------------------------------
 PATH_KEY = "sandcell/path"  # workspace path where an image was saved
 ERROR_KEY = "sandcell/error"  # why it was not saved

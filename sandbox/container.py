@@ -223,6 +223,11 @@ def start(
         boundary.RICH_OUTPUTS_ENV: str(limits.rich_outputs),
         boundary.RICH_BYTES_ENV: str(limits.rich_bytes),
     }
+    if limits.allow_net:  # every client that reads the proxy variables goes to the forwarder
+        proxy = f"http://127.0.0.1:{boundary.NET_PORT}"
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+            environment[name] = environment[name.lower()] = proxy
+        environment[boundary.NET_ENV] = "1"
     podman = is_podman(client)
     tmpfs = _tmpfs(limits, podman)
     if streamed:

@@ -17,6 +17,7 @@ import time
 import uuid
 import warnings
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -29,10 +30,12 @@ from jupyter_client import BlockingKernelClient
 
 from sandcell.sandbox import boundary, checkpoint, image_build, kernel, transport, volumes
 from sandcell.sandbox import container as ctr
+from sandcell.sandbox.allowlist import Allowlist
 from sandcell.sandbox.errors import SandboxError, SandboxUnavailable
 from sandcell.sandbox.execution import Execution
 from sandcell.sandbox.inputs import Inputs
 from sandcell.sandbox.limits import Limits
+from sandcell.sandbox.net_proxy import NetConnection, NetLimits, NetProxy
 from sandcell.sandbox.stream import StreamLink
 from sandcell.sandbox.wheelhouse import Offer, index_hash, offer, resolve
 
@@ -133,6 +136,7 @@ class DockerSandbox:
             self, _cleanup, self.client, None, self.conn_dir, self._live, self._links,
             self._volumes,
         )  # fmt: skip
+        self._net = self._net_proxy()  # before the container: it mounts the proxy's folder
         started = time.monotonic()
         self._start(mounts, resume / checkpoint.SAVED if resume else None)
         self.start_seconds = time.monotonic() - started
@@ -143,6 +147,24 @@ class DockerSandbox:
         )
 
     # -- lifecycle -------------------------------------------------------------------
+    def _net_proxy(self) -> NetProxy | None:
+        """With an allowlist, the host's proxy for this sandbox on a socket in a folder of its
+        own (removed with the sandbox), its connections' records kept in net_connections;
+        None without one."""
+        self.net_connections: deque[NetConnection] = deque(maxlen=NET_RECORDS)
+        if not self.limits.allow_net:
+            return None
+        if self.streamed:
+            raise SandboxError(NET_STREAMED)
+        allowlist = Allowlist.parse(self.limits.allow_net)
+        folder = Path(tempfile.mkdtemp(prefix=NET_PREFIX))
+        folder.chmod(0o755)  # the sandbox's uid may reach the socket, not write the folder
+        limits = NetLimits(total_bytes=self.limits.net_mb << 20)
+        proxy = NetProxy(allowlist, folder / "net.sock", limits, self.net_connections.append)
+        _listen(proxy)
+        weakref.finalize(self, _close_net, proxy)
+        return proxy
+
     def _wheelhouse(self) -> Offer:
         """The operator's wheelhouse, mounted where it fits the image; never over the stream
         transport (it is a folder of this machine)."""
@@ -165,6 +187,8 @@ class DockerSandbox:
             attached = ctr.bind_mounts(
                 self.conn_dir, mounts, self.staging_dir, self.wheelhouse.mount
             )
+            if self._net is not None:  # read-only: a Unix socket there still connects
+                attached[str(self._net.path.parent)] = {"bind": boundary.NET_DIR, "mode": "ro"}
         self.container = ctr.start(
             self.client, self.image, self.limits, self.label, self.conn_dir, attached,
             gvisor=self.gvisor, checkpoint=saved, streamed=self.streamed,
@@ -297,6 +321,9 @@ class DockerSandbox:
     def close(self) -> None:
         self._set_client(None)
         self._finalizer()
+        net = getattr(self, "_net", None)  # absent when the constructor failed before it
+        if net is not None:
+            _close_net(net)
 
     @property
     def closed(self) -> bool:
@@ -409,6 +436,8 @@ class DockerSandbox:
         self._check_open()
         if self.streamed:
             raise checkpoint.PauseError(STREAMED_PAUSE)
+        if self.limits.allow_net:
+            raise checkpoint.PauseError(NET_PAUSE)
         if not self.gvisor:
             raise checkpoint.PauseError(
                 "only a sandbox under gVisor (--runtime runsc) can be paused: runc's checkpoints "
@@ -515,6 +544,8 @@ class DockerSandbox:
         paused = checkpoint.Paused.read(folder)
         if self.streamed:
             raise checkpoint.PauseError(STREAMED_PAUSE)
+        if self.limits.allow_net:
+            raise checkpoint.PauseError(NET_PAUSE)
         if not self.gvisor:
             raise checkpoint.PauseError("a paused sandbox resumes only under gVisor (runsc)")
         now = self._identity(staging)
@@ -553,6 +584,10 @@ class DockerSandbox:
         try:
             ctr.check_running(self.container)
             self._new_kernel(boundary.RENEW, new_key=True)
+            if self._net is not None:  # no connection of the last job, and a new byte budget
+                self._net.close()
+                self._net.used = 0
+                _listen(self._net)
             # The supervisor kills the last job's processes before it starts the kernel just
             # reached: only now may /data change, so none of them can see the new inputs.
             self._place(fresh.mounts(), emptied=True)
@@ -739,6 +774,13 @@ STREAMED_PAUSE = (
     "pausing needs the ipc transport (a local engine that sees this machine's folders): "
     "gVisor's checkpoint is made and kept on the engine's machine"
 )
+NET_STREAMED = (
+    "--allow-net needs the ipc transport for now (a local engine that sees this machine's "
+    "folders: the proxy's socket is one); leave --allow-net out, or use a local engine"
+)
+NET_PAUSE = "a sandbox with --allow-net is not paused yet: it is closed, and rebuilt by replay"
+NET_PREFIX = "sandcell-net-"  # the host's folder of a sandbox's proxy socket
+NET_RECORDS = 1000  # the sandbox's last connections kept (net_connections)
 
 
 def _link_inputs(staging_dir: Path, inputs: dict[str, Path]) -> None:
@@ -783,6 +825,17 @@ def _oom_counter_file(host_pid: int | None, container_id: str) -> Path | None:
         if candidate.exists():
             return candidate
     return None
+
+
+def _listen(proxy: NetProxy) -> None:
+    proxy.start()
+    proxy.path.chmod(0o666)  # the sandbox's uid connects: that needs write permission on it
+
+
+def _close_net(proxy: NetProxy) -> None:
+    """The proxy's connections ended and its folder removed (close(), or at collection)."""
+    proxy.close()
+    shutil.rmtree(proxy.path.parent, ignore_errors=True)
 
 
 def _cleanup(

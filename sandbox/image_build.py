@@ -33,8 +33,8 @@ from sandcell.sandbox.errors import SandboxUnavailable
 SOURCES_DIR = Path(str(files("sandcell.images")))  # a wheel's copy, or links to images/ (editable)
 CONTRACT = Path(__file__).parent / "boundary.py"  # the host-container contract, copied in
 PROGRAMS = (
-    "supervisor.py", "sandcell_kernel.py", "sandcell_charts.py", "sandcell_pip.py", "relay.py",
-    "bridge.py", "files.py", "checks.py",
+    "supervisor.py", "sandcell_kernel.py", "sandcell_charts.py", "net_forwarder.py",
+    "sandcell_pip.py", "relay.py", "bridge.py", "files.py", "checks.py",
 )  # fmt: skip
 # Every file of the build context but the wheels, in the order the hash reads them.
 SOURCES = ("Dockerfile", "requirements.txt", *PROGRAMS)

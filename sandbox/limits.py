@@ -32,6 +32,10 @@ class Limits:
     # How the host reaches the kernel and the inputs (sandbox/transport.py): "ipc" (folders
     # the engine bind-mounts), "stream" (the engine's API alone), "auto" (ipc where it works)
     transport: str = "auto"
+    # --allow-net: the hosts the sandbox may reach through the host's proxy (allowlist.py
+    # entries); () is no network at all. net_mb caps the bytes of all its connections.
+    allow_net: tuple[str, ...] = ()
+    net_mb: int = 100
 
     @property
     def transfer_bytes(self) -> int:

@@ -13,6 +13,7 @@ from sandcell.agent.cli.options import (
     MEMORY_MB,
     TIMEOUT_S,
     input_option,
+    net_options,
     output_option,
     rich_options,
     runtime_option,
@@ -37,6 +38,7 @@ def print_live(chunk: StreamChunk) -> None:
 @runtime_option
 @transport_option
 @wheelhouse_option
+@net_options
 @click.option("--json", "as_json", is_flag=True, help="Print the Execution as JSON.")
 @click.option("-c", "code", default=None, help="The code to run.")
 @click.argument("file", required=False, type=click.File("r"))
@@ -51,6 +53,8 @@ def exec_cmd(
     runtime: str | None,
     transport: str,
     wheelhouse: str | None,
+    allow_net: tuple[str, ...],
+    net_mb: int,
     as_json: bool,
     code: str | None,
     file: IO[str] | None,
@@ -77,6 +81,8 @@ def exec_cmd(
         rich_bytes=rich_mb << 20,
         wheelhouse=wheelhouse,
         transport=transport,
+        allow_net=allow_net,
+        net_mb=net_mb,
     )
     live = None if as_json else print_live  # stdout and stderr as the code prints them
     with DockerSandbox(limits=limits, inputs=list(inputs)) as sandbox:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from sandcell.sandbox.protocol import Pool
 
 R = TypeVar("R")
+NET_ENV = "SANDCELL_ALLOW_NET"  # --allow-net's entries, separated by spaces or commas
 # An option decorator, as the shared lists hold them
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -197,6 +198,41 @@ def wheelhouse_option(command: FC) -> FC:
     )(command)
 
 
+def net_options(command: FC) -> FC:
+    """--allow-net HOST[:PORT] (repeatable, comma lists) and --net-mb: the hosts the sandbox
+    may reach through the host's proxy (sandbox/allowlist.py), and the bytes it may move."""
+    command = click.option(
+        "--net-mb",
+        type=click.IntRange(1, 1 << 20),
+        default=Limits.net_mb,
+        show_default=True,
+        help="With --allow-net: bytes (in MB) all of a sandbox's connections may move.",
+    )(command)
+    return click.option(
+        "--allow-net",
+        "allow_net",
+        multiple=True,
+        metavar="HOST[:PORT]",
+        envvar=NET_ENV,
+        callback=_allowlist,
+        help="A host the sandbox may reach through a proxy on this host (repeatable, or a "
+        "comma list; *.example.org for its subdomains; ports 443 and 80 unless given). A name "
+        "that resolves to a loopback, private or link-local address is refused unless written "
+        f"internal:HOST[:PORT]. [default: ${NET_ENV}, else no network at all]",
+    )(command)
+
+
+def _allowlist(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> tuple[str, ...]:
+    from sandcell.sandbox.allowlist import Allowlist
+
+    try:
+        return tuple(str(entry) for entry in Allowlist.parse(value).entries)
+    except ValueError as error:
+        raise click.BadParameter(str(error).removeprefix("--allow-net ")) from None
+
+
 def task_text(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A --task that says something: empty or blank text is a usage error."""
     if value is not None and not value.strip():
@@ -320,6 +356,7 @@ _LIMIT_OPTIONS: list[Decorator] = [
     runtime_option,
     transport_option,
     wheelhouse_option,
+    net_options,
 ]
 
 
@@ -327,7 +364,7 @@ _MODEL_NAMES = ["model_name", "base_url", "api_key", "replay", "protocol", "visi
 _MODEL_NAMES += ["temperature"]
 _MODEL_NAMES += ["max_tokens", "max_steps", "wall_s"]
 _LIMIT_NAMES = ["timeout_s", "memory_mb", "cpus", "rich_outputs", "rich_mb", "runtime"]
-_LIMIT_NAMES += ["wheelhouse", "transport"]
+_LIMIT_NAMES += ["wheelhouse", "transport", "allow_net", "net_mb"]
 
 
 def _gathered(
@@ -378,7 +415,7 @@ def with_model_settings(opts: dict[str, Any]) -> dict[str, Any]:
 
 def limit_options(command: Callable[..., R]) -> Callable[..., R]:
     """Add the sandbox limit options only (--timeout, --memory, --cpus, --max-rich-outputs,
-    --max-rich-mb, --runtime, --transport, --wheelhouse), as `opts`."""
+    --max-rich-mb, --runtime, --transport, --wheelhouse, --allow-net, --net-mb), as `opts`."""
     return _gathered(command, _LIMIT_OPTIONS, _LIMIT_NAMES)
 
 
@@ -421,6 +458,8 @@ def build_limits(opts: dict[str, Any]) -> Limits:
         runtime=opts["runtime"] or None,  # SANDCELL_RUNTIME= (empty) is the engine's default
         wheelhouse=opts["wheelhouse"],
         transport=opts["transport"],
+        allow_net=opts["allow_net"],
+        net_mb=opts["net_mb"],
     )
 
 
