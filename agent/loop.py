@@ -87,6 +87,7 @@ class Loop:
         rules: Rules | None = None,
         inputs_profile: str = "",
         packages: str = "",  # what the prompt says of packages (prompts.packages_note)
+        allow_net: tuple[str, ...] = (),  # the hosts the sandbox may reach (--allow-net)
         verify: Callable[[int], str | None] | None = None,
         vision: str = "auto",  # show the model the figures its code made (agent.vision)
     ):
@@ -97,7 +98,7 @@ class Loop:
         self.rules = rules or Rules()
         self.auto = protocol == "auto"
         self.protocol: ActionProtocol = make_protocol(protocol)
-        self.inputs_profile, self.packages = inputs_profile, packages
+        self.inputs_profile, self.packages, self.allow_net = inputs_profile, packages, allow_net
         if vision not in VISION_MODES:
             raise ValueError(f"unknown vision mode {vision!r}: use auto, on or off")
         self.vision = vision  # "off" from when an `auto` endpoint refused images
@@ -384,4 +385,6 @@ class Loop:
 
     def _system(self) -> str:
         instructions = self.protocol.instructions(self.registry)
-        return prompts.system_prompt(self.inputs_profile, instructions, packages=self.packages)
+        return prompts.system_prompt(
+            self.inputs_profile, instructions, packages=self.packages, allow_net=self.allow_net
+        )

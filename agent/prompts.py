@@ -13,7 +13,7 @@ from sandcell.tools.file_metadata import profile_inputs
 from sandcell.tools.profile import human_size
 
 SYSTEM = """You are sandcell, a careful data analyst. Answer questions about the user's files by \
-running Python in a sandboxed Jupyter kernel (no network; state persists). Today is {today}.
+running Python in a sandboxed Jupyter kernel ({network}; state persists). Today is {today}.
 Look at the data before computing; print only what you need; save files you create under \
 /workspace/output. Base the answer on what the tools showed, with numbers and units.
 {inputs}{protocol}"""
@@ -33,15 +33,26 @@ UNLABELLED = " If the text above is your answer, send it again starting with `Fi
 
 
 def system_prompt(
-    inputs_profile: str, protocol_block: str, today: dt.date | None = None, packages: str = ""
+    inputs_profile: str,
+    protocol_block: str,
+    today: dt.date | None = None,
+    packages: str = "",
+    allow_net: tuple[str, ...] = (),
 ) -> str:
     """Each tool says when to use it and when not in its own description (the `tools`
-    definitions, or the ReAct block), so the prompt does not repeat them."""
+    definitions, or the ReAct block), so the prompt does not repeat them. `allow_net`: the
+    hosts the sandbox may reach (--allow-net), named to the model; none: no network."""
     described = "\n\n".join(t.strip() for t in (inputs_profile, packages) if t.strip())
     inputs = f"\n{described}\n" if described else ""
     protocol = f"\n{protocol_block.strip()}" if protocol_block.strip() else ""
+    network = (
+        f"network: only HTTP(S) to {', '.join(e.removeprefix('internal:') for e in allow_net)}, "
+        "through its proxy"
+        if allow_net
+        else "no network"
+    )
     return SYSTEM.format(
-        today=(today or _today()).isoformat(), inputs=inputs, protocol=protocol
+        today=(today or _today()).isoformat(), inputs=inputs, protocol=protocol, network=network
     ).strip()
 
 

@@ -175,6 +175,7 @@ class Session:
                 rules=agent.rules,
                 inputs_profile=self._described(),
                 packages=self._packages(),
+                allow_net=agent.limits.allow_net,
                 verify=self.checker,
             )
         except BaseException:  # re-raised: the sandbox begun above must not outlive it

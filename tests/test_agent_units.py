@@ -262,3 +262,13 @@ def test_notebook_has_thoughts_code_outputs_and_images(tmp_path):
     assert code.outputs[1].data["image/png"] == png
     assert nb.cells[5].outputs[0].ename == "KeyError"
     assert "**Answer:** 2" in nb.cells[-1].source
+
+
+@pytest.mark.timeout(10)
+def test_the_system_prompt_names_the_hosts_the_sandbox_may_reach_or_says_there_is_no_network():
+    sealed = system_prompt("", "")
+    assert "(no network; state persists)" in sealed
+    named = system_prompt("", "", allow_net=("data.example.org", "internal:intra.lan:8080"))
+    assert "(network: only HTTP(S) to data.example.org, intra.lan:8080, through its " \
+        "proxy; state persists)" in named  # fmt: skip
+    assert "no network" not in named

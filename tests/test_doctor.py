@@ -37,6 +37,7 @@ def test_everything_there_exits_0_and_names_each_check():
         "transport",
         "pausing",
         "cgroups",
+        "network",
         "model",
         "disk",
     }
@@ -46,6 +47,20 @@ def test_everything_there_exits_0_and_names_each_check():
     assert (
         "ipc: the engine at unix:///var/run/docker.sock sees this machine's folders" in done.stdout
     )
+
+
+def test_the_allowlist_in_force_is_shown_and_a_wrong_one_fails_with_its_fix():
+    with ScriptedServer(model="scripted-model") as server:
+        env = {"OPENAI_BASE_URL": server.url, "SANDCELL_MODEL": "scripted-model"}
+        done = doctor(**env, SANDCELL_ALLOW_NET="data.example.org internal:intra.lan:8080")
+        wrong = doctor(**env, SANDCELL_ALLOW_NET="data.example.org:99999")
+    assert done.returncode == 0 and lines(done.stdout)["network"] == "ok", done.stdout
+    assert (
+        "named hosts only, through a proxy on this host: data.example.org, internal:intra.lan:8080"
+        in done.stdout
+    )
+    assert wrong.returncode == 3 and lines(wrong.stdout)["network"] == "FAIL", wrong.stdout
+    assert "'99999' is not a number from 1 to 65535" in wrong.stdout
 
 
 def test_a_missing_image_tag_exits_3_and_says_to_build_it():

@@ -290,6 +290,19 @@ def transports(client: docker.DockerClient, asked: str) -> Check:
     )  # fmt: skip
 
 
+def network(given: str) -> Check:
+    """The allowlist in force (SANDCELL_ALLOW_NET; --allow-net adds to it per command)."""
+    from sandcell.sandbox.allowlist import Allowlist
+
+    try:
+        allowlist = Allowlist.parse(given.split())
+    except ValueError as error:
+        return Check("network", FAIL, f"SANDCELL_ALLOW_NET: {error}", "correct or unset it")
+    if not allowlist:
+        return Check("network", OK, "none: sandboxes have no network (--allow-net names hosts)")
+    return Check("network", OK, f"named hosts only, through a proxy on this host: {allowlist}")
+
+
 def checks(
     settings: ModelSettings,
     runtime: str | None,
@@ -332,5 +345,6 @@ def checks(
             "fresh kernel, or their cells replayed)",
         )  # fmt: skip
         yield cgroups(info)
+    yield network(os.environ.get("SANDCELL_ALLOW_NET", ""))
     yield model(settings, dict(os.environ), endpoint_given)
     yield disk(info)
