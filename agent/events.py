@@ -256,6 +256,21 @@ class SandboxReleased(Event):
 
 
 @dataclass(frozen=True)
+class NetConnection(Event):
+    """A connection a cell asked for through the sandbox's proxy (--allow-net), as the host's
+    proxy recorded it: where, how many bytes each way, and why it was refused or cut."""
+
+    tag = "net"
+    host: str
+    port: int
+    address: str | None = None  # the address it went to: the one the host checked
+    sent: int = 0
+    received: int = 0
+    allowed: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class SandboxPaused(Event):
     """A served session's sandbox checkpointed into its folder and its container removed
     (`reason` "idle" or "shutdown"): the next use resumes the kernel as it was."""

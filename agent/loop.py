@@ -17,6 +17,7 @@ from sandcell.agent import context, prompts, stops
 from sandcell.agent.events import (
     ActionStarted,
     Final,
+    NetConnection,
     Notice,
     Observation,
     OnEvent,
@@ -250,6 +251,8 @@ class Loop:
             self.publish(
                 Observation(tool=action.tool, ok=outcome.ok, text=outcome.text, execution=ex)
             )
+            for connection in ex.net if ex else []:  # --allow-net: each in the trace
+                self.publish(NetConnection(**connection))
             ran.repeats += [repeat] if repeat else []
         return ran
 

@@ -19,7 +19,7 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import docker
@@ -35,7 +35,7 @@ from sandcell.sandbox.errors import SandboxError, SandboxUnavailable
 from sandcell.sandbox.execution import Execution
 from sandcell.sandbox.inputs import Inputs
 from sandcell.sandbox.limits import Limits
-from sandcell.sandbox.net_proxy import NetConnection, NetLimits, NetProxy
+from sandcell.sandbox.net_proxy import ConnectionRecord, NetLimits, NetProxy
 from sandcell.sandbox.stream import StreamLink
 from sandcell.sandbox.wheelhouse import Offer, index_hash, offer, resolve
 
@@ -151,7 +151,8 @@ class DockerSandbox:
         """With an allowlist, the host's proxy for this sandbox on a socket in a folder of its
         own (removed with the sandbox), its connections' records kept in net_connections;
         None without one."""
-        self.net_connections: deque[NetConnection] = deque(maxlen=NET_RECORDS)
+        self.net_connections: deque[ConnectionRecord] = deque(maxlen=NET_RECORDS)
+        self._net_pending: deque[ConnectionRecord] = deque(maxlen=NET_RECORDS)  # for the next cell
         if not self.limits.allow_net:
             return None
         if self.streamed:
@@ -160,10 +161,14 @@ class DockerSandbox:
         folder = Path(tempfile.mkdtemp(prefix=NET_PREFIX))
         folder.chmod(0o755)  # the sandbox's uid may reach the socket, not write the folder
         limits = NetLimits(total_bytes=self.limits.net_mb << 20)
-        proxy = NetProxy(allowlist, folder / "net.sock", limits, self.net_connections.append)
+        proxy = NetProxy(allowlist, folder / "net.sock", limits, self._net_ended)
         _listen(proxy)
         weakref.finalize(self, _close_net, proxy)
         return proxy
+
+    def _net_ended(self, record: ConnectionRecord) -> None:  # on the proxies' loop thread
+        self.net_connections.append(record)
+        self._net_pending.append(record)
 
     def _wheelhouse(self) -> Offer:
         """The operator's wheelhouse, mounted where it fits the image; never over the stream
@@ -382,9 +387,18 @@ class DockerSandbox:
         if ex.error is not None and ex.error.name == "KeyboardInterrupt":
             ex.interrupted = True
         ex = collector.finish(time.monotonic() - started)
+        ex.net = self._net_records()
         if collector.callback_error is not None:
             raise collector.callback_error
         return ex
+
+    def _net_records(self) -> list[dict]:
+        """The connections that ended since the last cell, taken (at most NET_RECORDS)."""
+        taken: list[dict] = []
+        while self._net_pending and len(taken) < NET_RECORDS:
+            taken.append(asdict(self._net_pending.popleft()))
+        self._net_pending.clear()  # past the cap: the sandbox's net_connections keep the last
+        return taken
 
     def _interrupt_within_grace(self, msg_id: str, collector: kernel.Collector) -> bool:
         """Interrupt the cell and wait the grace for the kernel to say it is idle. A kernel

@@ -64,6 +64,9 @@ class Execution:
     # the host's), and their size (boundary.rich_size)
     rich_dropped: int = 0
     rich_dropped_bytes: int = 0
+    # --allow-net: the connections that ended while the cell ran (or since the last cell),
+    # as the host's proxy recorded them (sandbox/net_proxy.py ConnectionRecord, as dicts)
+    net: list[dict] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

@@ -8,7 +8,7 @@ addresses the sandbox may not reach (allowlist.refused_address) unless the entry
 and connects to the very address it checked: a second lookup could answer otherwise (DNS
 rebinding). A refusal is an HTTP error whose reason phrase says why in one line, which urllib,
 requests and pandas put in their errors. Connections at once, bytes in all, connect and idle
-times are capped. Each connection ends as a NetConnection record given to `on_connection`.
+times are capped. Each connection ends as a ConnectionRecord record given to `on_connection`.
 
 Written on asyncio rather than with a proxy library: the decision has to come after the
 host's own lookup and the connection has to go to the address that was checked, and the
@@ -47,7 +47,7 @@ class NetLimits:
 
 
 @dataclass
-class NetConnection:
+class ConnectionRecord:
     """One connection a sandbox asked for: where, how much, and whether it was let through."""
 
     host: str
@@ -78,7 +78,7 @@ class NetProxy:
         allowlist: Allowlist,
         path: Path,
         limits: NetLimits = NetLimits(),
-        on_connection: Callable[[NetConnection], None] | None = None,
+        on_connection: Callable[[ConnectionRecord], None] | None = None,
         resolver: Resolver = system_resolver,
     ):
         self.allowlist, self.path, self.limits = allowlist, Path(path), limits
@@ -111,7 +111,7 @@ class NetProxy:
         task = asyncio.current_task()
         assert task is not None
         self._open.add(task)
-        record = NetConnection("", 0)
+        record = ConnectionRecord("", 0)
         try:
             await self._serve(reader, writer, record)
         except ProxyRefusal as refusal:
@@ -128,7 +128,7 @@ class NetProxy:
             writer.close()
 
     async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, record: NetConnection
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, record: ConnectionRecord
     ) -> None:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.limits.connect_s)
         method, target, lines = _request(head)
@@ -186,7 +186,7 @@ class NetProxy:
         writer: asyncio.StreamWriter,
         up_reader: asyncio.StreamReader,
         up_writer: asyncio.StreamWriter,
-        record: NetConnection,
+        record: ConnectionRecord,
     ) -> None:
         async def copy(
             source: asyncio.StreamReader, sink: asyncio.StreamWriter, field: str

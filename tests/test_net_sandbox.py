@@ -69,6 +69,9 @@ def test_a_cell_reaches_the_allowed_host_only_through_the_proxy_and_is_cut_at_it
         with DockerSandbox(limits=limits) as sb:
             ex = sb.run(CELL.format(port=port), timeout=60)
             assert ex.ok, ex
+            assert [(c["host"], c["allowed"]) for c in ex.net] == [
+                ("127.0.0.1", True), ("data.example.org", False), ("127.0.0.1", True)
+            ]  # fmt: skip
             with pytest.raises(PauseError, match="not paused yet"):
                 sb.pause(sb.conn_dir + "-paused")  # says why, and runs on
             assert sb.run("1 + 1").text == "2"
@@ -92,3 +95,49 @@ def test_allow_net_needs_the_ipc_transport_for_now():
     with pytest.raises(SandboxError) as refused:
         DockerSandbox(limits=Limits(allow_net=("data.example.org",), transport="stream"))
     assert str(refused.value) == NET_STREAMED
+
+
+def test_an_agent_s_trace_holds_each_connection_and_its_prompt_names_the_hosts(tmp_path):
+    from sandcell import Agent, OpenAIModel, Rules
+    from sandcell.agent.records.trace import read_trace
+    from tests.scripted_server import ScriptedServer
+
+    with files_server() as port:
+        code = (
+            f"import pandas as pd\nprint(pd.read_csv('http://127.0.0.1:{port}/s.csv').amount.sum())"
+        )
+        script = [{"tool_calls": [{"name": "python", "arguments": {"code": code}}]}, "It is 42."]
+        with ScriptedServer(script) as server:
+            model = OpenAIModel("scripted", base_url=server.url, api_key="k", retry_base_s=0.01)
+            limits = Limits(allow_net=(f"internal:127.0.0.1:{port}",))
+            agent = Agent(model, rules=Rules(), protocol="tools", limits=limits)
+            result = agent.run("Sum the amounts", output_dir=tmp_path)
+    assert result.answered, result
+    system = server.requests[0]["messages"][0]["content"]
+    assert f"(network: only HTTP(S) to 127.0.0.1:{port}, through its proxy;" in system
+    (net,) = [e for e in read_trace(result.trace_path) if e["type"] == "net"]
+    assert (net["host"], net["port"], net["allowed"], net["address"]) == (
+        "127.0.0.1", port, True, "127.0.0.1"
+    )  # fmt: skip
+
+
+def test_the_message_stream_shows_each_connection_as_a_net_event(tmp_path):
+    from tests.scripted_server import ScriptedServer
+    from tests.serve_helpers import ask, client, config, new_session, serving
+
+    with files_server() as port:
+        code = (
+            f"import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{port}/s.csv').read()"
+        )
+        script = [{"tool_calls": [{"name": "python", "arguments": {"code": code}}]}, "Read."]
+        limits = Limits(timeout_s=30, allow_net=(f"internal:127.0.0.1:{port}",))
+        with (
+            ScriptedServer(script) as server,
+            serving(config(server, tmp_path / "data", limits=limits)) as base,
+            client(base) as api,
+        ):
+            got = ask(api, new_session(api), "read it")
+    nets = [data for kind, data in got if kind == "net"]
+    assert [(n["host"], n["port"], n["allowed"]) for n in nets] == [("127.0.0.1", port, True)]
+    kinds = [kind for kind, _ in got]
+    assert kinds.index("observation") < kinds.index("net") < kinds.index("answer")

@@ -209,6 +209,8 @@ class MessageStream:
                 self._put("output", {"name": name, "text": text})
             case ev.Observation():
                 self._put("observation", self._observation(event))
+            case ev.NetConnection():  # --allow-net: where a cell went, or was refused
+                self._put("net", event.to_json())
             case ev.Notice(text=text, kernel_reset=True):
                 self._put("warning", {"text": text, "kernel_reset": True})
             case ev.Notice(text=text) | ev.ProtocolChanged(text=text) | ev.VisionOff(text=text):

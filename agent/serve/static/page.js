@@ -196,6 +196,12 @@ function onEvent(kind, data) {
     lastAction = node;
   } else if (kind === "observation") {
     observation(data);
+  } else if (kind === "net") { // a connection through the sandbox's proxy (--allow-net)
+    const where = `${data.host}:${data.port}`;
+    const text = data.allowed
+      ? `connection to ${where}: ${data.sent} bytes sent, ${data.received} received${data.reason ? `; ${data.reason}` : ""}`
+      : `connection to ${where} refused: ${data.reason}`;
+    step("net").append(el("div", { text }));
   } else if (kind === "warning") {
     step("warning").append(el("div", { text: data.text || "" }));
   } else if (kind === "answer" || kind === "error") {
