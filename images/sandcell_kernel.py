@@ -408,8 +408,13 @@ def _bounded_pandas(ip) -> None:
 
     def frame(df, p, cycle):
         p.text(
-            df.to_string(
-                max_rows=30, min_rows=10, max_cols=20, show_dimensions=True, max_colwidth=50
+            df.to_string(  # wrapped at 80 as pandas' own text is: the model reads it
+                max_rows=30,
+                min_rows=10,
+                max_cols=20,
+                show_dimensions=True,
+                max_colwidth=50,
+                line_width=80,
             )
         )
 
