@@ -60,6 +60,7 @@ KERNEL_CMD = [sys.executable, "-m", boundary.KERNEL_MODULE, *KERNEL_ARGS]
 # --allow-net: the forwarder the proxy variables name (no decision there: the host's proxy
 # decides; model code could reach its socket itself and gain nothing)
 NET_CMD = [sys.executable, boundary.NET_PROGRAM, str(boundary.NET_PORT), boundary.NET_SOCKET]
+NET_RESTARTS = 5  # a forwarder killed more often than this stays down until the next kernel
 HANDLED = {
     signal.SIGCHLD,
     boundary.RESTART,
@@ -460,7 +461,7 @@ def main() -> None:
     listener, seen = checks_socket(), []
     preloaded = forked = False
     relay, kernel = start(forked, connection(True, seen))
-    net = start_net()
+    net, restarts = start_net(), 0
     while True:
         info = signal.sigwaitinfo(HANDLED)
         sig = info.si_signo
@@ -474,12 +475,13 @@ def main() -> None:
             ended = [pid for pid, _ in reap()]
             if kernel in ended:
                 kernel = -1  # the host notices through the heartbeat and asks for a restart
-            if net > 0 and net in ended:
-                net = start_net()  # ended by model code (same uid): back at once
+            if net > 0 and net in ended:  # ended by model code (same uid): back, a few times
+                restarts += 1
+                net = start_net() if restarts <= NET_RESTARTS else -1
         elif sig == boundary.RESTART:
             kill_all({1})
             relay, kernel = start(forked, connection(False, seen))
-            net = start_net()
+            net, restarts = start_net(), 0
         elif sig == boundary.RENEW:
             # No process of the last job may see the next job's files: if one outlives the
             # kill, or anything it wrote stays, the container ends (the host then says so).
@@ -494,7 +496,7 @@ def main() -> None:
                 if forked:
                     preload_checker(listener)
             relay, kernel = start(forked, connection(True, seen))
-            net = start_net()  # the last job's connections went with the kill
+            net, restarts = start_net(), 0  # the last job's connections went with the kill
         elif sig == boundary.QUIESCE:  # a pause: the host checkpoints the container next
             stop_relay(relay)
             relay = -1

@@ -89,14 +89,22 @@ def normal(host: str) -> str:
     return host.strip().lower().rstrip(".")
 
 
+def valid_host(host: str) -> bool:
+    """An IP address, or a name of ASCII letters, digits and hyphens in dot-separated labels
+    (253 characters at most)."""
+    if _literal(host):
+        return True
+    return len(host) <= 253 and all(LABEL.fullmatch(label) for label in host.split("."))
+
+
 def _entry(text: str) -> HostEntry:
     internal = text.lower().startswith(INTERNAL)
     rest = text[len(INTERNAL) :] if internal else text
     host, port = _split(rest, text)
     if host.startswith("*."):
-        if not all(LABEL.match(label) for label in host[2:].split(".")) or "." not in host[2:]:
+        if not all(LABEL.fullmatch(label) for label in host[2:].split(".")) or "." not in host[2:]:
             raise ValueError(_wrong(text, "a pattern is *. and a domain of two labels or more"))
-    elif not _literal(host) and not all(LABEL.match(label) for label in host.split(".")):
+    elif not _literal(host) and not all(LABEL.fullmatch(label) for label in host.split(".")):
         raise ValueError(_wrong(text, "not a host name, a *.domain pattern or an IP address"))
     return HostEntry(host, (port,) if port else DEFAULT_PORTS, internal)
 
@@ -131,8 +139,12 @@ def _wrong(text: str, why: str) -> str:
 
 def refused_address(address: Address) -> str | None:
     """Why a sandbox may not reach this address without an internal: entry, or None."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        inner = address.ipv4_mapped or address.sixtofour or (address.teredo or (None, None))[1]
+        if inner is not None:  # an IPv4 address inside: judged as itself
+            return refused_address(inner)
+        if address.is_site_local:
+            return "a site-local address"
     checks = (
         (address.is_loopback, "a loopback address"),
         (address.is_unspecified, "an unspecified address"),

@@ -161,14 +161,16 @@ class DockerSandbox:
         folder = Path(tempfile.mkdtemp(prefix=NET_PREFIX))
         folder.chmod(0o755)  # the sandbox's uid may reach the socket, not write the folder
         limits = NetLimits(total_bytes=self.limits.net_mb << 20)
-        proxy = NetProxy(allowlist, folder / "net.sock", limits, self._net_ended)
+        kept, pending = self.net_connections, self._net_pending
+
+        def ended(record: ConnectionRecord) -> None:  # on the proxies' loop; holds no self:
+            kept.append(record)  # the finalizer below must not keep the sandbox alive
+            pending.append(record)
+
+        proxy = NetProxy(allowlist, folder / "net.sock", limits, ended)
         _listen(proxy)
         weakref.finalize(self, _close_net, proxy)
         return proxy
-
-    def _net_ended(self, record: ConnectionRecord) -> None:  # on the proxies' loop thread
-        self.net_connections.append(record)
-        self._net_pending.append(record)
 
     def _wheelhouse(self) -> Offer:
         """The operator's wheelhouse, mounted where it fits the image; never over the stream
@@ -601,6 +603,8 @@ class DockerSandbox:
             if self._net is not None:  # no connection of the last job, and a new byte budget
                 self._net.close()
                 self._net.used = 0
+                self._net_pending.clear()  # nor a record of one: the next job may be another
+                self.net_connections.clear()  # user's
                 _listen(self._net)
             # The supervisor kills the last job's processes before it starts the kernel just
             # reached: only now may /data change, so none of them can see the new inputs.

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from sandcell.sandbox.allowlist import Allowlist, HostEntry, refused_address
+from sandcell.sandbox.allowlist import Allowlist, HostEntry, normal, refused_address, valid_host
 
 HEAD_BYTES = 16 << 10  # a request's line and headers, at most
 CHUNK = 64 << 10
@@ -66,8 +66,19 @@ class ProxyRefusal(Exception):
 
 
 async def system_resolver(host: str, port: int) -> list[str]:
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    """The host's lookup of a checked name, as a full name (a trailing dot): the host's search
+    domains never make it another one."""
+    name = host if _is_address(host) else f"{host}."
+    infos = await asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM)
     return [str(info[4][0]) for info in infos]
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 class NetProxy:
@@ -86,8 +97,10 @@ class NetProxy:
         self.used = 0  # bytes both ways, all connections
         self._open: set[asyncio.Task] = set()
         self._server: asyncio.AbstractServer | None = None
+        self._closed = False  # a connection accepted as close() ran is ended at once
 
     def start(self) -> NetProxy:
+        self._closed = False
         self._server = _run(asyncio.start_unix_server(self._handle, self.path, limit=HEAD_BYTES))
         return self
 
@@ -98,6 +111,7 @@ class NetProxy:
             _run(self._stop(server))
 
     async def _stop(self, server: asyncio.AbstractServer) -> None:
+        self._closed = True
         server.close()
         for task in list(self._open):
             task.cancel()
@@ -108,6 +122,13 @@ class NetProxy:
     # -- one connection ----------------------------------------------------------------------
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._closed or len(self._open) >= self.limits.connections:
+            # before its request is read: connections that send nothing hold no slot either
+            await _answer(writer, 503, f"too many connections at once ({self.limits.connections})")
+            with contextlib.suppress(OSError, TimeoutError):  # what it sent, read briefly, so
+                await asyncio.wait_for(reader.read(HEAD_BYTES), 0.5)  # the close is no reset
+            writer.close()
+            return
         task = asyncio.current_task()
         assert task is not None
         self._open.add(task)
@@ -123,6 +144,7 @@ class NetProxy:
             record.reason = record.reason or "the sandbox was closed"
         finally:
             self._open.discard(task)
+            record.reason = record.reason[:REASON_CHARS]
             if record.host and self.on_connection is not None:
                 self.on_connection(record)  # before the sandbox sees the end of it
             writer.close()
@@ -134,22 +156,13 @@ class NetProxy:
         method, target, lines = _request(head)
         tunnel = method == "CONNECT"
         record.host, record.port, path = _target(method, target)
-        if len(self._open) > self.limits.connections:
-            raise ProxyRefusal(503, f"too many connections at once ({self.limits.connections})")
         entry = self.allowlist.entry_for(record.host, record.port)
         if entry is None:
             raise ProxyRefusal(403, f"not allowed: {record.host}:{record.port}; this sandbox may "
                                f"reach: {self.allowlist}")  # fmt: skip
         if self.used >= self.limits.total_bytes:
             raise ProxyRefusal(403, f"this sandbox's {self._cap_mb()} MB of network are used up")
-        record.address = await self._checked(record.host, record.port, entry)
-        try:
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(record.address, record.port), self.limits.connect_s
-            )
-        except (OSError, TimeoutError) as error:
-            raise ProxyRefusal(502, f"{record.host}:{record.port} ({record.address}) did not "
-                               f"answer: {error or type(error).__name__}") from None  # fmt: skip
+        up_reader, up_writer = await self._connect(record, entry)
         record.allowed = True
         try:
             if tunnel:
@@ -163,19 +176,39 @@ class NetProxy:
         finally:
             up_writer.close()
 
-    async def _checked(self, host: str, port: int, entry: HostEntry) -> str:
-        """The one address to connect to, from one lookup: the first the sandbox may reach."""
+    async def _connect(
+        self, record: ConnectionRecord, entry: HostEntry
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to one of the addresses the one lookup gave that the sandbox may
+        reach, tried in their order (no second lookup)."""
+        host, port = record.host, record.port
+        tried = []
+        for address in await self._checked(host, port, entry):
+            record.address = address
+            try:
+                return await asyncio.wait_for(
+                    asyncio.open_connection(address, port), self.limits.connect_s
+                )
+            except (OSError, TimeoutError) as error:
+                tried.append(f"{address}: {error or type(error).__name__}")
+        raise ProxyRefusal(502, f"{host}:{port} did not answer ({'; '.join(tried)})")
+
+    async def _checked(self, host: str, port: int, entry: HostEntry) -> list[str]:
+        """The addresses one lookup gave that the sandbox may reach (ProxyRefusal: none)."""
         try:
             answers = await asyncio.wait_for(self.resolver(host, port), self.limits.connect_s)
         except (OSError, TimeoutError) as error:
             raise ProxyRefusal(502, f"{host} does not resolve: {error or 'timed out'}") from None
-        reasons = []
-        for answer in answers:
+        allowed, reasons = [], []
+        for answer in answers[:16]:
             address = ipaddress.ip_address(answer.split("%")[0])
             why = None if entry.internal else refused_address(address)
             if why is None:
-                return str(address)
-            reasons.append(f"{address} is {why}")
+                allowed.append(str(address))
+            else:
+                reasons.append(f"{address} is {why}")
+        if allowed:
+            return list(dict.fromkeys(allowed))
         detail = "; ".join(reasons) or "no address"
         raise ProxyRefusal(403, f"not allowed: {host} resolves to {detail}; name it as "
                            f"internal:{host}:{port} to reach it")  # fmt: skip
@@ -188,39 +221,43 @@ class NetProxy:
         up_writer: asyncio.StreamWriter,
         record: ConnectionRecord,
     ) -> None:
+        loop = asyncio.get_running_loop()
+        last = [loop.time()]  # a byte either way, or a write taken: the connection is alive
+
         async def copy(
             source: asyncio.StreamReader, sink: asyncio.StreamWriter, field: str
         ) -> None:
-            while True:
-                data = await asyncio.wait_for(source.read(CHUNK), self.limits.idle_s)
-                if not data:  # the sandbox is done sending: tell the host, hear it out
-                    if field == "sent" and sink.can_write_eof():
-                        sink.write_eof()
-                    break
+            while data := await source.read(CHUNK):
+                last[0] = loop.time()
                 if self.used + len(data) > self.limits.total_bytes:
                     record.reason = f"cut at this sandbox's {self._cap_mb()} MB of network"
-                    break
+                    return
                 self.used += len(data)
                 setattr(record, field, getattr(record, field) + len(data))
                 sink.write(data)
-                await sink.drain()
+                await sink.drain()  # a side that never reads stops here: the watchdog ends it
+                last[0] = loop.time()
+            if field == "sent" and sink.can_write_eof():  # the sandbox is done sending
+                sink.write_eof()
 
-        ways = [
-            asyncio.create_task(copy(reader, up_writer, "sent")),
-            asyncio.create_task(copy(up_reader, writer, "received")),
-        ]
+        async def watchdog() -> None:
+            while loop.time() - last[0] < self.limits.idle_s:
+                await asyncio.sleep(min(1.0, self.limits.idle_s / 4))
+            record.reason = f"idle for {self.limits.idle_s:g} s"
+
+        sent = asyncio.create_task(copy(reader, up_writer, "sent"))
+        received = asyncio.create_task(copy(up_reader, writer, "received"))
+        idle = asyncio.create_task(watchdog())
         try:
-            done, _ = await asyncio.wait(ways, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if isinstance(task.exception(), TimeoutError):
-                    record.reason = f"idle for {self.limits.idle_s:g} s"
-            if not record.reason and not ways[1].done():  # the sandbox finished sending
-                with contextlib.suppress(Exception):
-                    await ways[1]
+            done, _ = await asyncio.wait(
+                {sent, received, idle}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if done == {sent} and not record.reason:  # hear the host out, as long as it talks
+                await asyncio.wait({received, idle}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in ways:
+            for task in (sent, received, idle):
                 task.cancel()
-            await asyncio.gather(*ways, return_exceptions=True)
+            await asyncio.gather(sent, received, idle, return_exceptions=True)
 
     def _cap_mb(self) -> str:
         return f"{self.limits.total_bytes / (1 << 20):g}"
@@ -238,14 +275,27 @@ def _target(method: str, target: str) -> tuple[str, int, str]:
     """host, port and (for plain HTTP) the path of the request's target."""
     if method == "CONNECT":
         host, _, port = target.rpartition(":")
-        if not port.isdigit():
+        if not port.isdigit() or not 0 < int(port) < 65536:
             raise ProxyRefusal(400, f"CONNECT needs host:port, got {target[:100]!r}")
-        return host.strip("[]").lower(), int(port), ""
+        return _host(host.strip("[]")), int(port), ""
     url = urlsplit(target)
+    try:
+        port_given = url.port
+    except ValueError:
+        raise ProxyRefusal(400, "the URL's port is not a number from 1 to 65535") from None
     if url.scheme != "http" or not url.hostname:
         raise ProxyRefusal(400, "only CONNECT or an absolute http:// URL go through this proxy")
     path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    return url.hostname.lower(), url.port or 80, path
+    return _host(url.hostname), port_given or 80, path
+
+
+def _host(name: str) -> str:
+    """A host name of letters, digits, hyphens and dots, or an IP address: nothing a resolver
+    could read otherwise (a NUL ends a name for getaddrinfo, `%` names an interface)."""
+    host = normal(name)
+    if name != name.strip() or not valid_host(host):
+        raise ProxyRefusal(400, f"not a host name or an IP address: {name[:100]!r}")
+    return host
 
 
 def _origin_form(method: str, path: str, lines: list[str]) -> bytes:

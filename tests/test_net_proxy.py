@@ -192,10 +192,7 @@ def test_connections_at_once_are_capped_and_close_ends_the_open_ones(tmp_path):
         made.close()
         assert held.recv(100) == b"" and not made.path.exists()
         held.close()
-    assert [r.reason for r in records] == [
-        "too many connections at once (1)",
-        "the sandbox was closed",
-    ]
+    assert [r.reason for r in records] == ["the sandbox was closed"]  # the refused one: unread
 
 
 def test_the_container_s_forwarder_carries_urllib_and_pandas_through_the_proxy(tmp_path):
@@ -231,3 +228,91 @@ def test_the_container_s_forwarder_carries_urllib_and_pandas_through_the_proxy(t
         f"403 not allowed: other.test:{port}; this sandbox may reach: internal:files.test:{port}",
     ]
     assert [(r.host, r.allowed) for r in records] == [("files.test", True), ("other.test", False)]
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["evil.com\x00.example.org:443", "evil.com%eth0.example.org:443", "a b.example.org:443",
+     "x.example.org\t:443", "é.example.org:443", "x.example.org:0", "x.example.org:70000"],
+)  # fmt: skip
+def test_a_name_no_resolver_would_read_as_written_is_refused_before_any_lookup(tmp_path, target):
+    with proxy(tmp_path, "internal:*.example.org", {}) as (made, records, asked):
+        answer = through(
+            made, f"CONNECT {target} HTTP/1.1\r\n\r\n".encode("utf-8", "surrogateescape")
+        )
+    assert answer.startswith(b"HTTP/1.1 400 "), answer
+    assert asked == []
+
+
+def test_connections_that_send_nothing_hold_no_slot_past_the_cap(tmp_path):
+    with proxy(tmp_path, "data.example.org", {}, connections=2) as (made, records, _):
+        idle = []
+        for _ in range(2):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(made.path))
+            idle.append(s)
+        import time
+
+        time.sleep(0.3)  # both accepted and waiting for their heads
+        third = through(made, b"CONNECT data.example.org:443 HTTP/1.1\r\n\r\n")
+        assert third.startswith(b"HTTP/1.1 503 too many connections at once (2)"), third
+        for s in idle:
+            s.close()
+
+
+def test_a_long_download_is_not_idle_and_a_silent_one_is(tmp_path):
+    import time
+
+    class Slow(socketserver.BaseRequestHandler):
+        def handle(self):
+            for _ in range(10):  # a byte every 0.2 s: 2 s in all, never 1 s idle
+                self.request.sendall(b"x")
+                time.sleep(0.2)
+
+    with (
+        serving(Slow) as port,
+        proxy(tmp_path, f"internal:slow.test:{port}", {"slow.test": ["127.0.0.1"]},
+              idle_s=1) as (made, records, _),
+        socket.socket(socket.AF_UNIX) as s,
+    ):  # fmt: skip
+        s.settimeout(30)  # the sandbox sends nothing after its request
+        s.connect(str(made.path))
+        s.sendall(f"CONNECT slow.test:{port} HTTP/1.1\r\n\r\n".encode())
+        answer = b"".join(iter(lambda: s.recv(65536), b""))
+    assert answer.endswith(b"x" * 10) and records[0].reason == "", records
+
+    class Flood(socketserver.BaseRequestHandler):
+        def handle(self):
+            try:
+                while True:
+                    self.request.sendall(b"z" * 65536)
+            except OSError:
+                pass
+
+    with (
+        serving(Flood) as port,
+        proxy(tmp_path, f"internal:flood.test:{port}", {"flood.test": ["127.0.0.1"]},
+              idle_s=0.5) as (made, records, _),
+        socket.socket(socket.AF_UNIX) as s,
+    ):  # fmt: skip
+        s.connect(str(made.path))  # half-closed, and never read: its writes block, then end
+        s.sendall(f"CONNECT flood.test:{port} HTTP/1.1\r\n\r\n".encode())
+        s.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + 10
+        while not records and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert records and records[0].reason == "idle for 0.5 s", records
+
+
+def test_every_allowed_address_of_the_one_lookup_is_tried_in_turn(tmp_path):
+    with serving(Files) as port, proxy(tmp_path, f"internal:files.test:{port}",
+                                       {"files.test": ["127.0.0.9", "127.0.0.1"]}) as (made, records, asked):  # fmt: skip
+        assert through(made, get(port)).endswith(BODY)
+    assert asked == ["files.test"] and records[0].address == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    "address", ["2002:a9fe:a9fe::1", "2001:0:4136:e378:8000:63bf:3fff:fdd2", "fec0::1"]
+)
+def test_ipv4_inside_ipv6_is_judged_as_itself(address):
+    assert refused_address(ipaddress.ip_address(address)) is not None
