@@ -92,7 +92,7 @@ def normal(host: str) -> str:
 def valid_host(host: str) -> bool:
     """An IP address, or a name of ASCII letters, digits and hyphens in dot-separated labels
     (253 characters at most)."""
-    if _literal(host):
+    if is_address(host):
         return True
     return len(host) <= 253 and all(LABEL.fullmatch(label) for label in host.split("."))
 
@@ -104,7 +104,7 @@ def _entry(text: str) -> HostEntry:
     if host.startswith("*."):
         if not all(LABEL.fullmatch(label) for label in host[2:].split(".")) or "." not in host[2:]:
             raise ValueError(_wrong(text, "a pattern is *. and a domain of two labels or more"))
-    elif not _literal(host) and not all(LABEL.fullmatch(label) for label in host.split(".")):
+    elif not is_address(host) and not all(LABEL.fullmatch(label) for label in host.split(".")):
         raise ValueError(_wrong(text, "not a host name, a *.domain pattern or an IP address"))
     return HostEntry(host, (port,) if port else DEFAULT_PORTS, internal)
 
@@ -122,7 +122,8 @@ def _split(rest: str, text: str) -> tuple[str, int | None]:
     return normal(host), int(port_text) if port_text else None
 
 
-def _literal(host: str) -> bool:
+def is_address(host: str) -> bool:
+    """Whether `host` is an IP address written out (not a name)."""
     try:
         ipaddress.ip_address(host)
     except ValueError:

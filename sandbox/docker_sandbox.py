@@ -169,7 +169,7 @@ class DockerSandbox:
 
         proxy = NetProxy(allowlist, folder / "net.sock", limits, ended)
         _listen(proxy)
-        weakref.finalize(self, _close_net, proxy)
+        self._net_finalizer = weakref.finalize(self, _close_net, proxy)  # once: close or GC
         return proxy
 
     def _wheelhouse(self) -> Offer:
@@ -328,9 +328,9 @@ class DockerSandbox:
     def close(self) -> None:
         self._set_client(None)
         self._finalizer()
-        net = getattr(self, "_net", None)  # absent when the constructor failed before it
-        if net is not None:
-            _close_net(net)
+        closing = getattr(self, "_net_finalizer", None)  # absent: no proxy, or none made yet
+        if closing is not None:
+            closing()
 
     @property
     def closed(self) -> bool:

@@ -28,7 +28,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from sandcell.sandbox.allowlist import Allowlist, HostEntry, normal, refused_address, valid_host
+from sandcell.sandbox.allowlist import (
+    Allowlist,
+    HostEntry,
+    is_address,
+    normal,
+    refused_address,
+    valid_host,
+)
 
 HEAD_BYTES = 16 << 10  # a request's line and headers, at most
 CHUNK = 64 << 10
@@ -68,17 +75,9 @@ class ProxyRefusal(Exception):
 async def system_resolver(host: str, port: int) -> list[str]:
     """The host's lookup of a checked name, as a full name (a trailing dot): the host's search
     domains never make it another one."""
-    name = host if _is_address(host) else f"{host}."
+    name = host if is_address(host) else f"{host}."
     infos = await asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM)
     return [str(info[4][0]) for info in infos]
-
-
-def _is_address(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 class NetProxy:
