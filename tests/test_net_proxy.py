@@ -13,6 +13,7 @@ import pytest
 
 from sandcell.sandbox.allowlist import Allowlist, refused_address
 from sandcell.sandbox.net_proxy import NetLimits, NetProxy
+from tests.loopback import tcp_server
 
 pytestmark = pytest.mark.timeout(60)
 BODY = b"region,amount\nnorth,10\n"
@@ -35,18 +36,6 @@ class Echo(socketserver.BaseRequestHandler):
     def handle(self):
         while data := self.request.recv(4096):
             self.request.sendall(data)
-
-
-@contextmanager
-def serving(handler):
-    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @contextmanager
@@ -116,7 +105,7 @@ def test_addresses_a_plain_name_may_not_lead_to(address, why):
 
 
 def test_an_allowed_host_is_fetched_and_each_connection_is_recorded(tmp_path):
-    with serving(Files) as port, proxy(tmp_path, f"internal:files.test:{port}",
+    with tcp_server(Files) as port, proxy(tmp_path, f"internal:files.test:{port}",
                                        {"files.test": ["127.0.0.1"]}) as (made, records, _):  # fmt: skip
         answer = through(made, get(port))
     assert answer.startswith(b"HTTP/1.0 200") and answer.endswith(BODY)
@@ -146,7 +135,7 @@ def test_a_host_not_on_the_list_is_refused_in_one_line_that_says_what_may_be_rea
 
 def test_a_plain_name_that_resolves_to_loopback_is_refused_and_reached_only_as_internal(tmp_path):
     names = {"files.test": ["127.0.0.1"]}
-    with serving(Files) as port:
+    with tcp_server(Files) as port:
         with proxy(tmp_path, f"files.test:{port}", names) as (made, records, _):
             refused = through(made, get(port))
         assert refused.startswith(
@@ -160,19 +149,19 @@ def test_a_plain_name_that_resolves_to_loopback_is_refused_and_reached_only_as_i
 def test_one_lookup_per_connection_and_it_goes_to_the_address_that_was_checked(tmp_path):
     # a resolver that answers loopback first, then a private address no server is on
     answers = lambda n: ["127.0.0.1"] if n % 2 else ["10.255.255.1"]  # noqa: E731
-    with serving(Files) as port, proxy(tmp_path, f"internal:files.test:{port}",
+    with tcp_server(Files) as port, proxy(tmp_path, f"internal:files.test:{port}",
                                        {"files.test": answers}) as (made, records, asked):  # fmt: skip
         assert through(made, get(port)).endswith(BODY)
         assert asked == ["files.test"] and records[0].address == "127.0.0.1"
 
 
 def test_connect_tunnels_bytes_both_ways_and_the_byte_cap_cuts_a_download(tmp_path):
-    with serving(Echo) as port, proxy(tmp_path, f"internal:echo.test:{port}",
+    with tcp_server(Echo) as port, proxy(tmp_path, f"internal:echo.test:{port}",
                                       {"echo.test": ["127.0.0.1"]}) as (made, records, _):  # fmt: skip
         answer = through(made, f"CONNECT echo.test:{port} HTTP/1.1\r\n\r\n".encode(), b"ping")
     assert answer == b"HTTP/1.1 200 Connection established\r\n\r\nping"
     assert (records[0].sent, records[0].received) == (4, 4)
-    with serving(Files) as port, proxy(tmp_path, f"internal:files.test:{port}",
+    with tcp_server(Files) as port, proxy(tmp_path, f"internal:files.test:{port}",
                                        {"files.test": ["127.0.0.1"]}, total_bytes=100_000) as (made, records, _):  # fmt: skip
         answer = through(made, get(port, path="/big"))
     assert len(answer) < 100_000 and records[0].received < 100_000
@@ -180,7 +169,7 @@ def test_connect_tunnels_bytes_both_ways_and_the_byte_cap_cuts_a_download(tmp_pa
 
 
 def test_connections_at_once_are_capped_and_close_ends_the_open_ones(tmp_path):
-    with serving(Echo) as port, proxy(tmp_path, f"internal:echo.test:{port}",
+    with tcp_server(Echo) as port, proxy(tmp_path, f"internal:echo.test:{port}",
                                       {"echo.test": ["127.0.0.1"]}, connections=1) as (made, records, _):  # fmt: skip
         held = socket.socket(socket.AF_UNIX)
         held.settimeout(30)
@@ -211,7 +200,7 @@ def test_the_container_s_forwarder_carries_urllib_and_pandas_through_the_proxy(t
         "except urllib.error.HTTPError as e:\n"
         "    print(e.code, e.reason)\n"
     )
-    with serving(Files) as port, proxy(tmp_path, f"internal:files.test:{port}",
+    with tcp_server(Files) as port, proxy(tmp_path, f"internal:files.test:{port}",
                                        {"files.test": ["127.0.0.1"]}) as (made, records, _):  # fmt: skip
         listener = net_forwarder.listening(0)
         threading.Thread(
@@ -270,7 +259,7 @@ def test_a_long_download_is_not_idle_and_a_silent_one_is(tmp_path):
                 time.sleep(0.2)
 
     with (
-        serving(Slow) as port,
+        tcp_server(Slow) as port,
         proxy(tmp_path, f"internal:slow.test:{port}", {"slow.test": ["127.0.0.1"]},
               idle_s=1) as (made, records, _),
         socket.socket(socket.AF_UNIX) as s,
@@ -290,7 +279,7 @@ def test_a_long_download_is_not_idle_and_a_silent_one_is(tmp_path):
                 pass
 
     with (
-        serving(Flood) as port,
+        tcp_server(Flood) as port,
         proxy(tmp_path, f"internal:flood.test:{port}", {"flood.test": ["127.0.0.1"]},
               idle_s=0.5) as (made, records, _),
         socket.socket(socket.AF_UNIX) as s,
@@ -305,7 +294,7 @@ def test_a_long_download_is_not_idle_and_a_silent_one_is(tmp_path):
 
 
 def test_every_allowed_address_of_the_one_lookup_is_tried_in_turn(tmp_path):
-    with serving(Files) as port, proxy(tmp_path, f"internal:files.test:{port}",
+    with tcp_server(Files) as port, proxy(tmp_path, f"internal:files.test:{port}",
                                        {"files.test": ["127.0.0.9", "127.0.0.1"]}) as (made, records, asked):  # fmt: skip
         assert through(made, get(port)).endswith(BODY)
     assert asked == ["files.test"] and records[0].address == "127.0.0.1"

@@ -5,15 +5,13 @@ is cut at its byte cap; the host keeps a record of each connection. Servers list
 loopback only; they are named by IP literal in the internal: form."""
 
 import http.server
-import socketserver
-import threading
-from contextlib import contextmanager
 
 import pytest
 
 from sandcell.sandbox import DockerSandbox, Limits, SandboxError
 from sandcell.sandbox.checkpoint import PauseError
 from sandcell.sandbox.docker_sandbox import NET_STREAMED
+from tests.loopback import tcp_server
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
 CSV = b"region,amount\nnorth,10\nsouth,32\n"
@@ -29,18 +27,6 @@ class Files(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
-
-
-@contextmanager
-def files_server():
-    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Files)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 CELL = """
@@ -64,7 +50,7 @@ except Exception as error:
 
 
 def test_a_cell_reaches_the_allowed_host_only_through_the_proxy_and_is_cut_at_its_cap(runtime):
-    with files_server() as port:
+    with tcp_server(Files) as port:
         limits = Limits(allow_net=(f"internal:127.0.0.1:{port}",), net_mb=1, runtime=runtime)
         with DockerSandbox(limits=limits) as sb:
             ex = sb.run(CELL.format(port=port), timeout=60)
@@ -102,7 +88,7 @@ def test_an_agent_s_trace_holds_each_connection_and_its_prompt_names_the_hosts(t
     from sandcell.agent.records.trace import read_trace
     from tests.scripted_server import ScriptedServer
 
-    with files_server() as port:
+    with tcp_server(Files) as port:
         code = (
             f"import pandas as pd\nprint(pd.read_csv('http://127.0.0.1:{port}/s.csv').amount.sum())"
         )
@@ -125,7 +111,7 @@ def test_the_message_stream_shows_each_connection_as_a_net_event(tmp_path):
     from tests.scripted_server import ScriptedServer
     from tests.serve_helpers import ask, client, config, new_session, serving
 
-    with files_server() as port:
+    with tcp_server(Files) as port:
         code = (
             f"import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{port}/s.csv').read()"
         )
