@@ -227,6 +227,8 @@ def start(
         proxy = f"http://127.0.0.1:{boundary.NET_PORT}"
         for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
             environment[name] = environment[name.lower()] = proxy
+        # the container's own loopback is its own (a server a cell starts), not the host's
+        environment["NO_PROXY"] = environment["no_proxy"] = "localhost,127.0.0.1,::1"
         environment[boundary.NET_ENV] = "1"
     podman = is_podman(client)
     tmpfs = _tmpfs(limits, podman)

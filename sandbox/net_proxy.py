@@ -73,10 +73,18 @@ class ProxyRefusal(Exception):
 
 
 async def system_resolver(host: str, port: int) -> list[str]:
-    """The host's lookup of a checked name, as a full name (a trailing dot): the host's search
-    domains never make it another one."""
-    name = host if is_address(host) else f"{host}."
-    infos = await asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM)
+    """The host's lookup of a checked name: as a full name first (a trailing dot), so that no
+    search domain (Kubernetes' ndots:5) answers for a name DNS has; then as written, which the
+    hosts file answers (glibc's reads no name with a trailing dot). Either way the addresses
+    are judged after."""
+    loop = asyncio.get_running_loop()
+    if not is_address(host):
+        try:
+            infos = await loop.getaddrinfo(f"{host}.", port, type=socket.SOCK_STREAM)
+            return [str(info[4][0]) for info in infos]
+        except socket.gaierror:
+            pass
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return [str(info[4][0]) for info in infos]
 
 

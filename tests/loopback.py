@@ -1,16 +1,48 @@
-"""A TCP server on this host's loopback for one test (the `--allow-net` tests' upstreams)."""
+"""Servers on this host's loopback for one test (the `--allow-net` tests' upstreams), and the
+test host names the test tooling writes in the hosts file (scripts/ensure-test-hosts.sh)."""
 
+import socket
 import socketserver
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from tests.missing import cannot_run
+
+FILES_HOST = "files.sandcell.test"  # 127.0.0.1: reached through the internal: form only
+OTHER_HOST = "other.sandcell.test"  # 127.0.0.1 too, never on an allowlist
+PRIVATE_HOST = "private.sandcell.test"  # 10.255.255.1: a private address nobody serves
+
+
+def need_test_hosts() -> None:
+    """Skip (fail, with CI=true) where the hosts file lacks the test names."""
+    wanted = {FILES_HOST: "127.0.0.1", OTHER_HOST: "127.0.0.1", PRIVATE_HOST: "10.255.255.1"}
+    for name, address in wanted.items():
+        try:
+            found = socket.gethostbyname(name)
+        except OSError:
+            found = None
+        if found != address:
+            cannot_run(
+                f"{name} is not {address} in the hosts file (run scripts/ensure-test-hosts.sh as "
+                "root; `make test` does)",
+                "test host name",
+            )
+
 
 @contextmanager
-def tcp_server(handler: type[socketserver.BaseRequestHandler]) -> Iterator[int]:
-    """`handler` served on 127.0.0.1, a thread per connection; yields the port."""
+def tcp_server(
+    handler: type[socketserver.BaseRequestHandler], tls: ssl.SSLContext | None = None
+) -> Iterator[int]:
+    """`handler` served on 127.0.0.1, a thread per connection (over TLS with `tls`, each
+    handshake in its connection's thread); yields the port."""
     server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
+    if tls is not None:
+        server.socket = tls.wrap_socket(
+            server.socket, server_side=True, do_handshake_on_connect=False
+        )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield server.server_address[1]

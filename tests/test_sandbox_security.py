@@ -35,6 +35,8 @@ def runtime(runtime, transport):
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(60)]
 
 FAST = Limits(timeout_s=4, interrupt_grace_s=2)
+# An allowlist in force (issue 51): the seal's probes and the timeout tests hold with one too
+ALLOW_NET = ("internal:files.sandcell.test", "example.org")
 SECRET_NAME = "SANDCELL_TEST_HOST_SECRET"
 SECRET_VALUE = "host-secret-5f1c9a7e2b"
 
@@ -138,6 +140,15 @@ def attempt(fn):
 """
 
 
+@pytest.fixture(scope="module", params=[(), ALLOW_NET], ids=["sealed", "allow-net"])
+def allow_net(request, transport) -> tuple[str, ...]:
+    """No allowlist (today's sandbox), then ALLOW_NET: the proxy's socket mounted, the proxy
+    variables set, the forwarder running."""
+    if request.param and transport != "ipc":
+        pytest.skip("--allow-net needs the ipc transport for now")
+    return request.param
+
+
 # -- the shared sandbox: probes that cannot harm it -------------------------------------
 @pytest.fixture(scope="module")
 def host_only(tmp_path_factory):
@@ -150,11 +161,12 @@ def host_only(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def shared(host_only, runtime):
+def shared(host_only, runtime, allow_net):
+    limits = Limits(timeout_s=4, interrupt_grace_s=2, allow_net=allow_net)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(SECRET_NAME, SECRET_VALUE)
         mp.setenv("DOCKER_HOST", "unix:///var/run/docker.sock")
-        sb = DockerSandbox(limits=FAST, inputs=[host_only["input"]], runtime=runtime)
+        sb = DockerSandbox(limits=limits, inputs=[host_only["input"]], runtime=runtime)
     with sb:
         yield sb
     assert sha256(host_only["input"]) == host_only["sha"]
@@ -956,9 +968,10 @@ def test_output_sent_around_the_kernel_cap_is_capped_on_the_host(runtime):
 
 
 @pytest.mark.xdist_group("security-b")
-def test_endless_loop_times_out_interrupted_state_kept(runtime):
+def test_endless_loop_times_out_interrupted_state_kept(runtime, allow_net):
     # a generous grace: on a busy machine the interrupt itself may take a second or two
-    with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=8), runtime=runtime) as sb:
+    limits = Limits(timeout_s=3, interrupt_grace_s=8, allow_net=allow_net)
+    with DockerSandbox(limits=limits, runtime=runtime) as sb:
         ok(sb, "x = 41")
         ex = sb.run("while True:\n    pass\n")
         assert ex.timed_out and ex.interrupted and ex.restarted is None, render(ex)
@@ -971,8 +984,9 @@ def test_endless_loop_times_out_interrupted_state_kept(runtime):
 
 
 @pytest.mark.xdist_group("security-c")
-def test_loop_ignoring_sigint_restarts_kernel_keeps_files(runtime):
-    with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=2), runtime=runtime) as sb:
+def test_loop_ignoring_sigint_restarts_kernel_keeps_files(runtime, allow_net):
+    limits = Limits(timeout_s=3, interrupt_grace_s=2, allow_net=allow_net)
+    with DockerSandbox(limits=limits, runtime=runtime) as sb:
         ok(sb, "x = 41\nopen('kept.txt', 'w').write('kept')")
         ex = sb.run(
             "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass\n"
@@ -984,8 +998,9 @@ def test_loop_ignoring_sigint_restarts_kernel_keeps_files(runtime):
 
 
 @pytest.mark.xdist_group("security-a")
-def test_background_process_does_not_outlive_its_timed_out_cell(runtime):
-    with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=2), runtime=runtime) as sb:
+def test_background_process_does_not_outlive_its_timed_out_cell(runtime, allow_net):
+    limits = Limits(timeout_s=3, interrupt_grace_s=2, allow_net=allow_net)
+    with DockerSandbox(limits=limits, runtime=runtime) as sb:
         ex = sb.run('''
 import subprocess, sys, time
 child = """
@@ -1018,13 +1033,14 @@ while True:
             + """
 import json, os
 RELAY = "/opt/venv/bin/python /opt/sandcell/relay.py"  # the supervisor's relay: not the cell's
+NET = "/opt/venv/bin/python /opt/sandcell/net_forwarder.py"  # --allow-net's forwarder: neither
 mine = os.getpid()
 def uid(pid):
     with open(f"/proc/{pid}/status") as f:
         return int(next(line for line in f if line.startswith("Uid:")).split()[1])
 bridge = os.getuid() + 2000  # the stream transport's bridge (and its cat): the host's
 others = [cmd for pid, cmd in live_commands()
-          if pid not in (1, mine) and not cmd.startswith(RELAY) and uid(pid) != bridge]
+          if pid not in (1, mine) and not cmd.startswith((RELAY, NET)) and uid(pid) != bridge]
 print(json.dumps({"others": others}))
 """,
         )
@@ -1033,11 +1049,12 @@ print(json.dumps({"others": others}))
 
 
 @pytest.mark.xdist_group("security-a")
-def test_the_sweep_of_a_timed_out_cell_spares_the_host_s_helpers(runtime):
+def test_the_sweep_of_a_timed_out_cell_spares_the_host_s_helpers(runtime, allow_net):
     """The sweep of a timed-out cell's strays runs after `run` returns: a file read or a check
     the host starts meanwhile (CI saw a read killed) runs in the helpers' group and is left
     alone; the cell's own stray is not."""
-    with DockerSandbox(limits=Limits(timeout_s=3, interrupt_grace_s=2), runtime=runtime) as sb:
+    limits = Limits(timeout_s=3, interrupt_grace_s=2, allow_net=allow_net)
+    with DockerSandbox(limits=limits, runtime=runtime) as sb:
         helper = "import time; time.sleep(50)  # the host's helper"
         sb.container.exec_run(["python3", "-c", helper], user=ctr.HELPER_USER, detach=True)
         ex = sb.run(
