@@ -300,12 +300,17 @@ class RayPool:
                 sandbox.close()
                 raise
 
-    def acquire(self, inputs: Inputs | Sequence[str | Path] = ()) -> NodeSandbox:
-        """A sandbox on the node with the most free slots; SandboxUnavailable when none has one."""
+    def acquire(
+        self, inputs: Inputs | Sequence[str | Path] = (), *, allow_net: Sequence[str] | None = None
+    ) -> NodeSandbox:
+        """A sandbox on the node with the most free slots; SandboxUnavailable when none has one.
+        `allow_net`: its network narrowed to those entries, on its node."""
         inputs = Inputs.from_paths(inputs)
+        narrowed = None if allow_net is None else tuple(allow_net)
 
         def start(sandbox: NodeSandbox) -> None:
-            sandbox._get(sandbox._actor.acquire.remote(sandbox._handle, ship(inputs)))
+            acquired = sandbox._actor.acquire.remote(sandbox._handle, ship(inputs), narrowed)
+            sandbox._get(acquired)
 
         return self._on_a_node(inputs, start)
 

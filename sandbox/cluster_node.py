@@ -92,15 +92,24 @@ class SandboxNode:
                 self._scratch[handle] = Path(tempfile.mkdtemp(dir=self._root))
             return self._scratch[handle]
 
-    def acquire(self, handle: str, shipped: dict[str, Chunks]) -> str:
-        """A sandbox for `handle` with these inputs; this node's id."""
+    def acquire(
+        self, handle: str, shipped: dict[str, Chunks], allow_net: tuple[str, ...] | None = None
+    ) -> str:
+        """A sandbox for `handle` with these inputs (its network narrowed to `allow_net`);
+        this node's id."""
         self._begin(handle)
         inputs = self._inputs(handle, shipped)
         if self.pool is not None:
-            sandbox = self.pool.acquire(inputs)
+            sandbox = self.pool.acquire(inputs, allow_net=allow_net)
         else:
             sandbox = DockerSandbox(limits=self.limits, image=self.image, staging=True)
-            sandbox.add_inputs(inputs)
+            try:
+                if allow_net is not None:
+                    sandbox.narrow_net(allow_net)
+                sandbox.add_inputs(inputs)
+            except BaseException:
+                sandbox.close()
+                raise
         with self._lock:
             self._sandboxes[handle] = sandbox
         return ray.get_runtime_context().get_node_id()

@@ -172,6 +172,14 @@ class DockerSandbox:
         self._net_finalizer = weakref.finalize(self, _close_net, proxy)  # once: close or GC
         return proxy
 
+    def narrow_net(self, entries: Sequence[str]) -> None:
+        """Only those of `entries` its allowlist covers, until the sandbox is renewed (a
+        serve user's allow-net= in --users narrows the server's --allow-net)."""
+        if self._net is None:
+            raise SandboxError("this sandbox was started without --allow-net: nothing to narrow")
+        server = Allowlist.parse(self.limits.allow_net)
+        self._net.allowlist = server.narrowed(Allowlist.parse(entries))
+
     def _wheelhouse(self) -> Offer:
         """The operator's wheelhouse, mounted where it fits the image; never over the stream
         transport (it is a folder of this machine)."""
@@ -605,6 +613,7 @@ class DockerSandbox:
                 self._net.used = 0
                 self._net_pending.clear()  # nor a record of one: the next job may be another
                 self.net_connections.clear()  # user's
+                self._net.allowlist = Allowlist.parse(self.limits.allow_net)  # un-narrowed
                 _listen(self._net)
             # The supervisor kills the last job's processes before it starts the kernel just
             # reached: only now may /data change, so none of them can see the new inputs.

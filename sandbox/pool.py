@@ -114,10 +114,15 @@ class SandboxPool:
             self._wanted.release()
 
     def acquire(
-        self, inputs: Inputs | Sequence[str | Path] = (), timeout: float | None = None
+        self,
+        inputs: Inputs | Sequence[str | Path] = (),
+        timeout: float | None = None,
+        *,
+        allow_net: Sequence[str] | None = None,
     ) -> DockerSandbox:
         """A fresh sandbox with `inputs` under /data; starts one now if none is ready (a
-        renewal under way is waited for; a background start only up to `timeout`)."""
+        renewal under way is waited for; a background start only up to `timeout`).
+        `allow_net`: its network narrowed to those entries (DockerSandbox.narrow_net)."""
         # While background starts fail, waiting for one is pointless: a start here raises
         # the engine's error as it is now (or works, the outage over), never a stale one.
         now = time.monotonic()
@@ -139,12 +144,14 @@ class SandboxPool:
         if sandbox is None:
             sandbox = self._new()
             self.error = None
-        if inputs:
-            try:
+        try:
+            if allow_net is not None:
+                sandbox.narrow_net(allow_net)
+            if inputs:
                 sandbox.add_inputs(inputs)
-            except BaseException:
-                sandbox.close()
-                raise
+        except BaseException:
+            sandbox.close()
+            raise
         return sandbox
 
     def resume(self, folder: Path, inputs: Inputs) -> DockerSandbox:

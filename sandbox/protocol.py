@@ -5,7 +5,7 @@ imports Docker."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -61,7 +61,11 @@ class Pool(Protocol):
     """Where a server's sessions take their sandboxes: `SandboxPool` on this host's engine,
     or `cluster.RayPool` on a Ray cluster's nodes."""
 
-    def acquire(self, inputs: Inputs = ...) -> Sandbox: ...
+    # `allow_net`: only those of these entries its --allow-net covers, until it is renewed (a
+    # serve user's allow-net= in --users)
+    def acquire(
+        self, inputs: Inputs = ..., *, allow_net: Sequence[str] | None = ...
+    ) -> Sandbox: ...
 
     # the sandbox paused into `folder`, restored with `inputs` (PauseError when it cannot be)
     def resume(self, folder: Path, inputs: Inputs) -> Sandbox: ...

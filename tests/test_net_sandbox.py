@@ -170,3 +170,33 @@ def test_the_message_stream_shows_each_connection_as_a_net_event(tmp_path):
     assert [(n["host"], n["port"], n["allowed"]) for n in nets] == [(FILES_HOST, port, True)]
     kinds = [kind for kind, _ in got]
     assert kinds.index("observation") < kinds.index("net") < kinds.index("answer")
+
+
+def test_a_user_s_line_narrows_the_server_s_allowlist_for_their_sessions_only(tmp_path):
+    """serve --allow-net A,B with alice's line narrowed to A: her session (its sandbox from the
+    warm pool, made with A and B) is refused B in one line naming A alone; bob's reaches both."""
+    from tests.scripted_server import ScriptedServer
+    from tests.serve_helpers import BOB, client, config, execute, new_session, serving
+
+    fetch = "import urllib.request\ntry:\n    urllib.request.urlopen('http://{h}:{p}/x.csv')\n    print('fetched')\nexcept Exception as e:\n    print(e)"
+    with tcp_server(Files) as first, tcp_server(Files) as second, ScriptedServer([]) as server:
+        a, b = f"internal:{FILES_HOST}:{first}", f"internal:{FILES_HOST}:{second}"
+        limits = Limits(timeout_s=30, allow_net=(a, b))
+        cfg = config(
+            server, tmp_path / "data", limits=limits, pool=1, user_allow_net={"alice": (a,)}
+        )
+        with serving(cfg) as base:
+            said = {}
+            for name, token in [("alice", None), ("bob", BOB)]:
+                with client(base, token) if token else client(base) as api:
+                    sid = new_session(api)
+                    runs = [
+                        execute(api, sid, fetch.format(h=FILES_HOST, p=port)).json()
+                        for port in (first, second)
+                    ]
+                    said[name] = ["".join(s["text"] for s in run["stream"]) for run in runs]
+    assert said["alice"] == [
+        "fetched\n",
+        f"HTTP Error 403: not allowed: {FILES_HOST}:{second}; this sandbox may reach: {a}\n",
+    ], said
+    assert said["bob"] == ["fetched\n", "fetched\n"], said

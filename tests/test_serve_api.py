@@ -9,13 +9,15 @@ import signal
 import subprocess
 import time
 
+import click
 import docker
 import docker.errors
 import nbformat
 import pandas as pd
 import pytest
 
-from sandcell.agent.hosting.users import UsersError, load_users
+from sandcell.agent.hosting.server_options import users_of
+from sandcell.agent.hosting.users import Users, UsersError, load_users
 from sandcell.agent.serve.files import BadName, clean_name, parts_of
 from sandcell.agent.serve.stream import table_html
 from sandcell.sandbox import Execution, Limits
@@ -108,11 +110,51 @@ def test_a_body_over_the_cap_is_413_as_json(base):
         assert r.status_code == 413 and "--max-upload-mb" in r.json()["error"]
 
 
+def test_a_user_s_line_may_narrow_the_server_s_allow_net_and_never_widen_it(tmp_path):
+    users = tmp_path / "users"
+    users.write_text(
+        "alice:0123456789abcdef0123 allow-net=data.example.org,*.example.org:8443\n"
+        "bob:fedcba9876543210fedc\n"
+        "carol:abcdef0123456789abcd allow-net=internal:files.test:8080 allow-net=Data.Example.org\n"
+    )
+    read = load_users(users)
+    assert read.tokens["bob"] == "fedcba9876543210fedc" and "bob" not in read.allow_net
+    server = ("*.example.org", "*.example.org:8443", "internal:files.test:8080")
+    assert read.narrowed(server) == {
+        "alice": ("data.example.org", "*.example.org:8443"),
+        "carol": ("internal:files.test:8080", "data.example.org"),
+    }
+    with pytest.raises(UsersError, match=r"alice's allow-net= names \*.example.org:8443, beyond"):
+        read.narrowed(("*.example.org",))
+    with pytest.raises(UsersError, match="which is not given; add --allow-net"):
+        read.narrowed(())
+    for line, said in [
+        ("dave:0123456789abcdef0123 allow-net=", "is not an option of a user"),
+        ("dave:0123456789abcdef0123 allownet=x.org", "is not an option of a user"),
+        ("dave:0123 456789abcdef0123", "is not an option of a user"),  # a token has no space
+        ("dave:0123456789abcdef0123 allow-net=bad_host!", "allow-net= of dave"),
+    ]:
+        users.write_text(line + "\n")
+        with pytest.raises(UsersError, match=said):
+            load_users(users)
+    users.write_text("alice:0123456789abcdef0123 allow-net=data.example.org\n")
+    with pytest.raises(
+        click.UsageError, match="--users: allow-net= in a user's line is for sandcell serve"
+    ):
+        users_of(users, ("data.example.org",), narrows=False)
+    with pytest.raises(
+        click.UsageError, match="--users: user alice's allow-net= names data.example.org, beyond"
+    ):
+        users_of(users, ("example.org",))
+
+
 def test_users_file_and_upload_names_and_download_paths(tmp_path):
     users = tmp_path / "users"
     users.write_text("# team\nalice: 0123456789abcdef0123\n\nbob:fedcba9876543210fedc\n")
-    assert load_users(users) == {"alice": "0123456789abcdef0123", "bob": "fedcba9876543210fedc"}
-    for text, said in [("alice\n", "name:token"), ("../x:0123456789abcdef0123\n", "user name"),
+    assert load_users(users) == Users(
+        {"alice": "0123456789abcdef0123", "bob": "fedcba9876543210fedc"}
+    )
+    for text, said in [("alice\n", "name:token"), ("alice:\n", "name:token"), ("../x:0123456789abcdef0123\n", "user name"),
                        ("a:short\n", "shorter than 16"), ("a:0123456789abcdef0123\nb:0123456789abcdef0123\n", "another user's"),
                        ("", "names no users")]:  # fmt: skip
         users.write_text(text)

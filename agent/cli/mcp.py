@@ -96,7 +96,7 @@ def mcp_cmd(
     if not http:
         _serve_stdio(limits, checked, output)
         return
-    users_known = users_of(users)
+    users_known = users_of(users, narrows=False).tokens
     settings = HttpSettings(
         users_known, bool(users), host, port, pool, idle_minutes * 60, max_sessions, allowed_hosts
     )

@@ -152,14 +152,15 @@ def serve_cmd(
     and answer as they come) and a JSON API with a live event stream for programs."""
     from sandcell.agent.serve import ServeConfig, create_app
 
-    known = users_of(users)
+    known = users_of(users, opts["allow_net"])
     model = build_model(opts)
     limits = build_limits(opts)
     ray_address, sandboxes = where_sandboxes_run(ray_address, pool, limits)
     claimed = claim_data(data, on_refusal=sandboxes.close if sandboxes else None)
     config = ServeConfig(
         model=model,
-        users=known,
+        users=known.tokens,
+        user_allow_net=known.allow_net,
         data=data,
         limits=limits,
         rules=build_rules(opts),

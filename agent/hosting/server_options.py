@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from click.decorators import FC  # a function, or a command already made: what click decorates
+
+if TYPE_CHECKING:
+    from sandcell.agent.hosting.users import Users
 
 ALLOWED_HOST_HELP = (
     "A name (Host header) this server answers to besides loopback names and the --host "
@@ -84,11 +88,19 @@ def server_options(
     return apply
 
 
-def users_of(path: Path | None) -> dict[str, str]:
-    """--users FILE read (a usage error names the bad line), or one user with a new token."""
-    from sandcell.agent.hosting.users import UsersError, load_users, one_user
+def users_of(path: Path | None, allow_net: tuple[str, ...] = (), narrows: bool = True) -> Users:
+    """--users FILE read (a usage error names the bad line), or one user with a new token;
+    a user's allow-net= checked against the server's --allow-net (`narrows`: this server
+    applies it; mcp does not)."""
+    from sandcell.agent.hosting.users import Users, UsersError, load_users, one_user
 
     try:
-        return load_users(path) if path else one_user()
+        users = load_users(path) if path else one_user()
+        if users.allow_net and not narrows:
+            raise UsersError(
+                "allow-net= in a user's line is for sandcell serve; sandcell mcp applies "
+                "--allow-net to every session alike"
+            )
+        return Users(users.tokens, users.narrowed(allow_net))
     except (UsersError, UnicodeDecodeError) as error:
         raise click.UsageError(f"--users: {error}") from None

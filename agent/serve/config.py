@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sandcell.agent.seams import Model
@@ -14,6 +14,9 @@ from sandcell.sandbox.limits import Limits
 class ServeConfig:
     model: Model
     users: dict[str, str]  # name -> token
+    # name -> the hosts that user's sessions may reach, where their line in --users narrows
+    # limits.allow_net (checked against it: agent.hosting.users.Users.narrowed)
+    user_allow_net: dict[str, tuple[str, ...]] = field(default_factory=dict)
     data: Path = Path("sandcell-data")
     limits: Limits = field(default_factory=Limits)
     rules: Rules = field(default_factory=Rules)
@@ -33,6 +36,12 @@ class ServeConfig:
     host: str = "127.0.0.1"  # the address listened on: which Host names are answered
     allowed_hosts: tuple[str, ...] = ()  # --allowed-host: more names ('*': any)
     ray_address: str | None = None  # --ray: sandboxes on a Ray cluster's nodes at this address
+
+    def limits_of(self, user: str) -> Limits:
+        """The limits of `user`'s sessions: the server's, with their narrowed --allow-net."""
+        if user in self.user_allow_net:
+            return replace(self.limits, allow_net=self.user_allow_net[user])
+        return self.limits
 
     @property
     def idle_s(self) -> float:

@@ -85,9 +85,10 @@ class ServedSession:
         self._turn = 0  # claims so far: a late cancel knows whether its question is over
         self.asking = False  # a question (not a cell of /execute) has the turn
         self.last_used = time.monotonic()
+        self.limits = config.limits_of(user)  # the server's, or the user's narrower network
         self.sandbox = RenewableSandbox(
-            lambda inputs: pool.acquire(inputs),
-            config.limits,
+            lambda inputs: pool.acquire(inputs, allow_net=config.user_allow_net.get(user)),
+            self.limits,
             inputs,
             prepare=self._restore,
             released=past is not None,  # no container until it is used
@@ -97,7 +98,7 @@ class ServedSession:
         )
         agent = Agent(
             config.model,
-            limits=config.limits,
+            limits=self.limits,
             rules=config.rules,
             protocol=config.protocol,
             vision=config.vision,
