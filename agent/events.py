@@ -269,6 +269,15 @@ class NetConnection(Event):
     allowed: bool = False
     reason: str = ""
 
+    def line(self) -> str:
+        """One line for a person (the chat's screen, a job's audit); untrusted as it is."""
+        where = f"{self.host}:{self.port}"
+        if not self.allowed:
+            return f"connection to {where} refused: {self.reason}"
+        via = f" ({self.address})" if self.address and self.address != self.host else ""
+        said = f"; {self.reason}" if self.reason else ""
+        return f"connection to {where}{via}: {self.sent:,} bytes sent, {self.received:,} received{said}"
+
 
 @dataclass(frozen=True)
 class SandboxPaused(Event):

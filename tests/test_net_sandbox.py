@@ -200,3 +200,50 @@ def test_a_user_s_line_narrows_the_server_s_allowlist_for_their_sessions_only(tm
         f"HTTP Error 403: not allowed: {FILES_HOST}:{second}; this sandbox may reach: {a}\n",
     ], said
     assert said["bob"] == ["fetched\n", "fetched\n"], said
+
+
+def test_a_job_s_audit_and_its_screen_show_each_connection(tmp_path):
+    """`sandcell run --allow-net`: the screen has a line per connection (a refused one in its
+    own words), audit.json counts and lists them, answer.md's Audit section says them."""
+    import json
+    import os
+    import re
+
+    from tests.cli_runner import sandcell_terminal
+
+    with tcp_server(Files) as port:
+        code = (
+            "import pandas as pd, urllib.request\n"
+            f"pd.read_csv('http://{FILES_HOST}:{port}/s.csv').to_csv('output/s.csv', index=False)\n"
+            "try:\n    urllib.request.urlopen('http://data.example.org/x.csv')\n"
+            "except Exception as error:\n    print(error)"
+        )
+        script = [
+            {"tool_calls": [{"name": "python", "arguments": {"code": code}}]},
+            {"content": "Final Answer: copied."},
+        ]
+        (tmp_path / "script.json").write_text(json.dumps(script))
+        out = tmp_path / "out"
+        allow = f"internal:{FILES_HOST}:{port}"
+        child = sandcell_terminal(
+            "run", "--task", "copy it", "--output", str(out), "--replay",
+            str(tmp_path / "script.json"), "--allow-net", allow,
+            env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "250"}, timeout=150,
+        )  # fmt: skip
+        screen = re.sub(r"\x1b\[[0-9;]*m", "", child.read().decode())
+        child.close()
+    assert child.exitstatus == 0, screen
+    assert f"net: connection to {FILES_HOST}:{port} (127.0.0.1): " in screen, screen
+    assert (
+        "net: connection to data.example.org:80 refused: not allowed: data.example.org:80; "
+        f"this sandbox may reach: {allow}\r\n"
+    ) in screen, screen
+    network = json.loads((out / "audit.json").read_text())["network"]
+    assert (network["allowed"], network["refused"]) == (1, 1), network
+    assert network["received"] > len(CSV) and network["sent"] > 0
+    assert [(c["host"], c["allowed"]) for c in network["connections"]] == [
+        (FILES_HOST, True), ("data.example.org", False)
+    ]  # fmt: skip
+    answer = (out / "answer.md").read_text()
+    assert "- Network: 1 connection (" in answer and ", 1 refused\n" in answer, answer
+    assert "  - connection to data.example.org:80 refused: not allowed" in answer, answer

@@ -16,6 +16,7 @@ from sandcell.agent.events import (
     ActionStarted,
     Event,
     Final,
+    NetConnection,
     Notice,
     Observation,
     Output,
@@ -45,6 +46,7 @@ class EventPrinter:
             ActionStarted: self._action,
             Output: self._output,
             Observation: self._observation,
+            NetConnection: self._net,
             Notice: self._warning,
             ProtocolChanged: self._warning,
             VisionOff: self._warning,
@@ -142,6 +144,11 @@ class EventPrinter:
             html = result.data.get("text/html")
             tables.append(table_text(html, width) if isinstance(html, str) else None)
         return tables
+
+    def _net(self, event: NetConnection) -> None:
+        """Where a cell went through the sandbox's proxy (--allow-net), or was refused."""
+        style = "dim" if event.allowed else "red"
+        self.console.print(f"[{style}]net: {self._safe(event.line())}[/{style}]")
 
     def _warning(self, event: Notice | ProtocolChanged | VisionOff) -> None:
         self.console.print(f"[yellow]note to the model: {self._safe(event.text)}[/yellow]")

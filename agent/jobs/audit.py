@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from sandcell.agent.events import NetConnection
 from sandcell.sandbox.inputs import Inputs
 from sandcell.tools.file_metadata import InputsLike, profile_file
 from sandcell.tools.profile import DEFAULT_CAPS, Profile, human_size
@@ -26,6 +27,7 @@ from sandcell.tools.registry import ToolError
 AUDIT = "audit.json"
 VERSION = 1
 MAX_FILES = 50  # tables audited on each side: a job that writes thousands of files is cut
+MAX_CONNECTIONS = 200  # --allow-net connections listed (all are counted)
 # the prompt's caps (16 MiB read whole, 5 s of parsing), plus distinct values held per column
 CAPS = dataclasses.replace(DEFAULT_CAPS, distinct=200_000)
 TABLE_KINDS = {"csv", "tsv", "json", "jsonl", "parquet", "xlsx"}
@@ -119,9 +121,15 @@ def _match(output: dict, inputs: list[dict]) -> tuple[dict, str] | None:
     return None
 
 
-def audit(inputs: InputsLike, files: Iterable[str | Path], folder: Path) -> dict:
+def audit(
+    inputs: InputsLike,
+    files: Iterable[str | Path],
+    folder: Path,
+    network: Iterable[NetConnection] = (),
+) -> dict:
     """The audit of one job: `inputs` as the job was given them (host paths, or Inputs),
-    `files` the host paths of what was copied back into `folder`."""
+    `files` the host paths of what was copied back into `folder`, `network` the connections
+    its cells made through the sandbox's proxy (--allow-net; from its trace)."""
     inputs = Inputs.from_paths(inputs, files_only=False)  # the API's Job takes plain paths too
     notes: list[str] = []
     ins: list[dict[str, Any]] = []
@@ -166,7 +174,21 @@ def audit(inputs: InputsLike, files: Iterable[str | Path], folder: Path) -> dict
         "inputs": ins,
         "outputs": outs,
         "changes": changes,
+        "network": net_audit(list(network)),
         "notes": notes,
+    }
+
+
+def net_audit(connections: list[NetConnection]) -> dict:
+    """The job's connections (--allow-net): counted and summed, the first MAX_CONNECTIONS
+    listed as the trace holds them."""
+    allowed = [c for c in connections if c.allowed]
+    return {
+        "allowed": len(allowed),
+        "refused": len(connections) - len(allowed),
+        "sent": sum(c.sent for c in allowed),
+        "received": sum(c.received for c in allowed),
+        "connections": [c.to_json() for c in connections[:MAX_CONNECTIONS]],
     }
 
 
@@ -175,11 +197,17 @@ def _total(tables: list[dict]) -> int | None:
     return sum(counts) if counts and None not in counts else None
 
 
-def write_audit(inputs: InputsLike, files: Iterable[str | Path], folder: Path) -> dict:
+def write_audit(
+    inputs: InputsLike,
+    files: Iterable[str | Path],
+    folder: Path,
+    network: Iterable[NetConnection] = (),
+) -> dict:
     """audit.json in `folder`, and its section appended to the folder's answer.md."""
-    result = audit(inputs, files, folder)
+    result = audit(inputs, files, folder, network)
     (folder / AUDIT).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-    if result["inputs"] or result["outputs"]:  # a job with no table gets no empty section
+    net = result["network"]
+    if result["inputs"] or result["outputs"] or net["connections"]:  # no table: no empty section
         with open(folder / "answer.md", "a", encoding="utf-8") as f:
             f.write("\n" + markdown(result))
     return result
@@ -235,5 +263,24 @@ def markdown(result: dict) -> str:
             parts.append("nulls " + ", ".join(nulls))
         estimate = "" if c["exact"] else " (estimates: a file over the read cap)"
         lines.append(f"- `{c['input']}` -> `{c['output']}`{estimate}: " + "; ".join(parts))
+    lines += _net_lines(result.get("network"))
     lines += [f"- note: {n}" for n in result["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _net_lines(network: dict | None) -> list[str]:
+    """The job's connections, when it made any: the totals, then each one."""
+    if not network or not network["connections"]:
+        return []
+    made = network["allowed"]
+    lines = [
+        f"- Network: {made:,} connection{'' if made == 1 else 's'} ({network['sent']:,} bytes "
+        f"sent, {network['received']:,} received), {network['refused']:,} refused"
+    ]
+    for record in network["connections"]:
+        event = NetConnection.from_json({**record, "type": NetConnection.tag})
+        lines.append(f"  - {event.line()}" if isinstance(event, NetConnection) else "  - ?")
+    listed, made = len(network["connections"]), network["allowed"] + network["refused"]
+    if made > listed:
+        lines.append(f"  - and {made - listed:,} more")
+    return lines

@@ -4,8 +4,10 @@ there is none, and how its checks went), then audit.json with its section of ans
 from pathlib import Path
 
 from sandcell.agent import stops
+from sandcell.agent.events import NetConnection
 from sandcell.agent.jobs.audit import write_audit
 from sandcell.agent.output_checks import markdown
+from sandcell.agent.records.trace import read_events
 from sandcell.agent.seams import RunResult
 from sandcell.tools.file_metadata import InputsLike
 
@@ -32,4 +34,5 @@ def write_job_files(result: RunResult, inputs: InputsLike, folder: Path) -> None
     """answer.md, then the audit of what the job's cleaning changed (`sandcell run`, and each
     job of a batch)."""
     write_answer(result, folder)
-    write_audit(inputs, result.files, folder)
+    events = read_events(result.trace_path) if result.trace_path else []
+    write_audit(inputs, result.files, folder, [e for e in events if isinstance(e, NetConnection)])
