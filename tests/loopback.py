@@ -1,6 +1,7 @@
 """Servers on this host's loopback for one test (the `--allow-net` tests' upstreams), and the
 test host names the test tooling writes in the hosts file (scripts/ensure-test-hosts.sh)."""
 
+import http.server
 import socket
 import socketserver
 import ssl
@@ -13,6 +14,21 @@ from tests.missing import cannot_run
 FILES_HOST = "files.sandcell.test"  # 127.0.0.1: reached through the internal: form only
 OTHER_HOST = "other.sandcell.test"  # 127.0.0.1 too, never on an allowlist
 PRIVATE_HOST = "private.sandcell.test"  # 10.255.255.1: a private address nobody serves
+CSV = b"region,amount\nnorth,10\nsouth,32\n"
+
+
+class Files(http.server.BaseHTTPRequestHandler):
+    """GET: CSV for a path ending .csv, else 3 MiB (over a small --net-mb)."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        body = CSV if self.path.endswith(".csv") else b"x" * (3 << 20)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
 
 
 def need_test_hosts() -> None:

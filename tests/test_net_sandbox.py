@@ -5,7 +5,6 @@ a raw socket or look a name up itself, and is cut at its byte cap; the host keep
 each connection. Servers listen on loopback only, named in the hosts file by the test tooling
 (scripts/ensure-test-hosts.sh): they are reached through the internal: form."""
 
-import http.server
 import ssl
 from dataclasses import asdict
 
@@ -15,27 +14,22 @@ import trustme
 from sandcell.sandbox import DockerSandbox, Limits, SandboxError
 from sandcell.sandbox.checkpoint import PauseError
 from sandcell.sandbox.docker_sandbox import NET_STREAMED
-from tests.loopback import FILES_HOST, OTHER_HOST, PRIVATE_HOST, need_test_hosts, tcp_server
+from tests.loopback import (
+    CSV,
+    FILES_HOST,
+    OTHER_HOST,
+    PRIVATE_HOST,
+    Files,
+    need_test_hosts,
+    tcp_server,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
-CSV = b"region,amount\nnorth,10\nsouth,32\n"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def test_hosts():
     need_test_hosts()
-
-
-class Files(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        body = CSV if self.path.endswith(".csv") else b"x" * (3 << 20)
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture(scope="module")

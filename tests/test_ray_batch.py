@@ -26,6 +26,7 @@ from tests.deliveries import (
     delivery,
     library_recipe,
 )
+from tests.loopback import FILES_HOST, Files, need_test_hosts, tcp_server
 from tests.missing import IN_CI
 from tests.polling import kill_after_results, wait_for
 from tests.realdata import CSVS
@@ -64,11 +65,17 @@ def sha256(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def script(csv_name: str, sleep_s: float = 0) -> list:
-    """Count the rows of one CSV and hash the bytes the sandbox sees; answer with the count."""
+def script(csv_name: str, sleep_s: float = 0, fetch: str = "") -> list:
+    """Count the rows of one CSV and hash the bytes the sandbox sees; answer with the count.
+    `fetch`: a URL read first (through the --allow-net proxy)."""
     code = (
         f"import hashlib, os, time, pandas as pd\ntime.sleep({sleep_s})\n"
-        f"df = pd.read_csv('/data/{csv_name}')\nos.makedirs('/workspace/output', exist_ok=True)\n"
+        + (
+            f"import urllib.request\nurllib.request.urlopen({fetch!r}, timeout=30).read()\n"
+            if fetch
+            else ""
+        )
+        + f"df = pd.read_csv('/data/{csv_name}')\nos.makedirs('/workspace/output', exist_ok=True)\n"
         "open('/workspace/output/rows.txt', 'w').write(str(len(df)))\n"
         f"digest = hashlib.sha256(open('/data/{csv_name}', 'rb').read()).hexdigest()\n"
         "open('/workspace/output/sha256.txt', 'w').write(digest)\nprint(len(df))"
@@ -82,14 +89,21 @@ def script(csv_name: str, sleep_s: float = 0) -> list:
     ]
 
 
-def make_jobs(tmp_path, count: int, sleep_s: float = 0, endpoint: set[int] = frozenset()):
+def make_jobs(
+    tmp_path,
+    count: int,
+    sleep_s: float = 0,
+    endpoint: set[int] = frozenset(),
+    fetch: dict | None = None,
+):
     """`count` jobs over the real CSVs; those in `endpoint` ask the model endpoint instead of
-    a script of their own. Returns the jobs file and {id: (csv, rows)}."""
+    a script of their own; those in `fetch` ({job: URL}) read that URL first. Returns the jobs
+    file and {id: (csv, rows)}."""
     lines, expected, server_script = [], {}, []
     for i in range(count):
         csv = CSVS[i % len(CSVS)]
         rows = len(pd.read_csv(csv))
-        replies = script(csv.name, sleep_s)
+        replies = script(csv.name, sleep_s, (fetch or {}).get(i, ""))
         replies[1]["content"] = replies[1]["content"].replace("ROWS", str(rows))
         job = {"id": f"job-{i:02d}", "task": f"Rows of {csv.name}?", "inputs": [str(csv)]}
         if i in endpoint:
@@ -142,14 +156,20 @@ def why_no_output(record: dict, folder: Path) -> str:
 
 @pytest.mark.timeout(BATCH_S + 80)  # its waits in turn, and room
 def test_twelve_jobs_on_two_nodes_all_answered_and_the_key_never_written(cluster, tmp_path):
+    """Two of them read a file over --allow-net: each through the proxy of its node, the
+    connection back in its trace and audit."""
+    need_test_hosts()
     before = {p: (sha256(p), p.stat().st_mode) for p in CSVS}
-    jobs_file, expected, replies = make_jobs(tmp_path, 12, endpoint={5})
     out = tmp_path / "out"
-    with ScriptedServer(replies, api_key=KEY) as server:
-        env = {**os.environ, "OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": server.url}
-        run = sandcell(*batch_args(jobs_file, out, cluster), timeout=BATCH_S, env=env)
-        assert run.returncode == 0, run.stderr[-3000:]
-        assert server.served == 2  # job-05 went through the endpoint, with the key
+    with tcp_server(Files) as port:
+        url = f"http://{FILES_HOST}:{port}/x.csv"
+        jobs_file, expected, replies = make_jobs(tmp_path, 12, endpoint={5}, fetch={1: url, 2: url})
+        allow = ("--allow-net", f"internal:{FILES_HOST}:{port}")
+        with ScriptedServer(replies, api_key=KEY) as server:
+            env = {**os.environ, "OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": server.url}
+            run = sandcell(*batch_args(jobs_file, out, cluster, *allow), timeout=BATCH_S, env=env)
+            assert run.returncode == 0, run.stderr[-3000:]
+            assert server.served == 2  # job-05 went through the endpoint, with the key
     lines = records(out)
     assert sorted(r["id"] for r in lines) == sorted(expected)  # one line per job
     for record in lines:
@@ -158,6 +178,10 @@ def test_twelve_jobs_on_two_nodes_all_answered_and_the_key_never_written(cluster
     assert {r["node"] for r in lines} == nodes  # both nodes ran jobs
     assert {p: (sha256(p), p.stat().st_mode) for p in CSVS} == before  # inputs untouched
     assert "12 jobs: 12 answered" in run.stdout
+    for job in ("job-01", "job-02"):
+        (net,) = [e for e in read_trace(out / job / "trace.jsonl") if e["type"] == "net"]
+        assert (net["host"], net["port"], net["allowed"]) == (FILES_HOST, port, True), net
+        assert json.loads((out / job / "audit.json").read_text())["network"]["allowed"] == 1
     replay = sandcell("replay", str(out / "job-00" / "trace.jsonl"))
     assert replay.returncode == 0, replay.stdout + replay.stderr  # the same cells, the same output
     written = [out, cluster.head_node.get_session_dir_path()]

@@ -18,6 +18,7 @@ import pytest
 from sandcell.sandbox import Execution
 from tests.cli_runner import sandcell
 from tests.containers import container_labels, owner_label
+from tests.loopback import FILES_HOST, Files, need_test_hosts, tcp_server
 from tests.mcp_helpers import http_session, start_http, text
 from tests.mcp_helpers import python as python_mcp
 from tests.missing import IN_CI
@@ -66,10 +67,33 @@ def value(response) -> str:
     return ex.text
 
 
+@pytest.fixture
+def two_servers():
+    """Two HTTP servers on loopback, for --allow-net: their ports."""
+    need_test_hosts()
+    with tcp_server(Files) as first, tcp_server(Files) as second:
+        yield first, second
+
+
+FETCH = """import urllib.request
+try:
+    urllib.request.urlopen('http://{host}:{port}/x.csv', timeout=30).read()
+    print('fetched')
+except Exception as error:
+    print(error)"""
+
+
 @pytest.mark.timeout(420)
-def test_sessions_on_both_nodes_stream_interrupt_files_and_a_full_cluster(cluster, tmp_path):
+def test_sessions_on_both_nodes_stream_interrupt_files_and_a_full_cluster(
+    cluster, tmp_path, two_servers
+):
+    """... and --allow-net narrowed by alice's line holds on the nodes' proxies."""
     replies = [python(LINES), "Final Answer: made it."]
-    proc, base = serve_process(tmp_path, replies, "--ray", cluster.address, "--pool", "0")
+    a, b = (f"internal:{FILES_HOST}:{port}" for port in two_servers)
+    proc, base = serve_process(
+        tmp_path, replies, "--ray", cluster.address, "--pool", "0", "--allow-net", f"{a},{b}",
+        users={"alice": f"{ALICE} allow-net={a}"},
+    )  # fmt: skip
     try:
         with client(base) as api, client(base) as other:
             sids = [new_session(api) for _ in range(4)]
@@ -114,6 +138,21 @@ def test_sessions_on_both_nodes_stream_interrupt_files_and_a_full_cluster(cluste
             stopped = Execution.from_dict(ran["r"].json())
             assert stopped.error is not None and stopped.error.name == "KeyboardInterrupt"
             assert value(execute(api, sids[2], "x")) == "2"
+
+            # alice's sandbox reaches the one host of her line, on its node's proxy
+            fetched = [
+                execute(api, sids[3], FETCH.format(host=FILES_HOST, port=port)).json()
+                for port in two_servers
+            ]
+            said = ["".join(s["text"] for s in ran["stream"]) for ran in fetched]
+            assert said == [
+                "fetched\n",
+                f"HTTP Error 403: not allowed: {FILES_HOST}:{two_servers[1]}; this sandbox may "
+                f"reach: {a}\n",
+            ], said
+            assert [(n["host"], n["allowed"]) for f in fetched for n in f["net"]] == [
+                (FILES_HOST, True), (FILES_HOST, False)
+            ]  # fmt: skip
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)
