@@ -1,30 +1,41 @@
 """Inside the container: the loopback port that HTTP_PROXY and HTTPS_PROXY name when the
 sandbox has an allowlist (`--allow-net`). The container has no network interface; each
-connection accepted here is carried, byte for byte, over the Unix socket the host put in
-the container (boundary.NET_SOCKET) to the host's proxy for this sandbox, which decides.
+connection accepted here is carried, byte for byte, to the host's proxy for this sandbox,
+which decides. Two ways, as the kernel's channels go:
+
+- ipc transport: over the Unix socket the host put in the container (boundary.NET_SOCKET);
+- stream transport (no folder shared with the engine): the forwarder listens on NET_SOCKET
+  (a tmpfs of its own) as a dock, where the host keeps a few `docker exec`s of this program
+  waiting (`--pipe`, as the bridge's uid); each connection goes to the next waiting one, whose
+  stdin and stdout are the exec's stream to the host. The host reaches its proxy once the
+  first bytes come (a client speaks first: CONNECT, or its request).
 
 Nothing is decided here: a connection the host refuses gets the host's answer. At most
 MOST connections are carried at once; more are closed at once (the host caps them lower)."""
 
+import os
+import queue
 import socket
 import sys
 import threading
+from collections.abc import Callable
 
 MOST = 16
 CHUNK = 64 << 10
+FIRST = 16 << 10  # a pipe's first bytes, written by Python: well under gVisor's 64 KiB
+WAIT_S = 10.0  # for a waiting pipe of the host's (stream transport): its connect time
 
 
-def carry(client: socket.socket, host_socket: str, slots: threading.Semaphore) -> None:
-    """One connection: to the host's proxy, then both ways until either side ends."""
+def carry(client: socket.socket, reach: Callable[[], socket.socket], slots) -> None:
+    """One connection: to the host (`reach`), then both ways until either side ends."""
     try:
-        with client, socket.socket(socket.AF_UNIX) as host:
-            host.connect(host_socket)
+        with client, reach() as host:
             back = threading.Thread(target=pipe, args=(host, client), daemon=True)
             back.start()
             pipe(client, host)
             back.join()
-    except OSError:
-        pass  # the host's proxy is gone (the sandbox is closing) or the client left
+    except (OSError, queue.Empty):
+        pass  # the host's proxy is gone (the sandbox is closing), none waits, or the client left
     finally:
         slots.release()
 
@@ -44,7 +55,9 @@ def pipe(source: socket.socket, sink: socket.socket) -> None:
                 pass
 
 
-def serve(listener: socket.socket, host_socket: str, stop: threading.Event | None = None) -> None:
+def serve(
+    listener: socket.socket, reach: Callable[[], socket.socket], stop: threading.Event | None = None
+) -> None:
     """Accept on `listener` (bound to loopback) until `stop` is set or it is closed."""
     slots = threading.BoundedSemaphore(MOST)
     while stop is None or not stop.is_set():
@@ -55,7 +68,7 @@ def serve(listener: socket.socket, host_socket: str, stop: threading.Event | Non
         if not slots.acquire(blocking=False):
             client.close()
             continue
-        threading.Thread(target=carry, args=(client, host_socket, slots), daemon=True).start()
+        threading.Thread(target=carry, args=(client, reach, slots), daemon=True).start()
 
 
 def listening(port: int) -> socket.socket:
@@ -66,9 +79,110 @@ def listening(port: int) -> socket.socket:
     return listener
 
 
+def connector(path: str) -> Callable[[], socket.socket]:
+    """ipc: a new connection to the host's socket at `path` each time."""
+
+    def reach() -> socket.socket:
+        host = socket.socket(socket.AF_UNIX)
+        try:
+            host.connect(path)
+        except OSError:
+            host.close()
+            raise
+        return host
+
+    return reach
+
+
+def dock(path: str) -> Callable[[], socket.socket]:
+    """stream: the host's pipes connect to `path` and wait; each connection takes the next
+    one still there (a pipe whose exec ended has hung up: left)."""
+    try:
+        os.unlink(path)  # the last forwarder's (a kernel restart starts a new one)
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    os.chmod(path, 0o660)  # the bridge's uid is in this group; nobody else is
+    listener.listen(MOST)
+    waiting: queue.Queue[socket.socket] = queue.Queue(MOST)
+
+    def accept() -> None:
+        while True:
+            conn, _ = listener.accept()
+            try:
+                waiting.put_nowait(conn)
+            except queue.Full:
+                conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+
+    def reach() -> socket.socket:
+        while True:
+            conn = waiting.get(timeout=WAIT_S)
+            try:
+                if conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    conn.close()  # hung up
+                    continue
+            except BlockingIOError:
+                return conn  # there, and silent: waiting for a client
+            except OSError:
+                conn.close()
+                continue
+            conn.close()  # a pipe says nothing before its client does
+
+    return reach
+
+
+def run_pipe(path: str) -> None:
+    """`--pipe`: one connection's way between the dock and this exec's stdin and stdout. It
+    waits at the dock; a hang-up before any byte (a forwarder restarted) ends it at once, so
+    the host starts another. The first bytes go out from here, the rest through two `cat`s
+    (under gVisor a Python write to an exec's stdout past its first 64 KiB is lost). When the
+    client's side ends the pipe ends (an exec's output has no end of its own to say so: the
+    host hears it as the exec's end); the end of stdin is passed on as the end of what comes."""
+    conn = socket.socket(socket.AF_UNIX)
+    conn.connect(path)
+    first = memoryview(conn.recv(FIRST))
+    if not first:
+        return
+    while first:
+        first = first[os.write(1, first) :]
+    down = spawn_cat(0, conn.fileno())  # the host's bytes, to the client
+    up = spawn_cat(conn.fileno(), 1)  # the client's bytes, to the host
+    os.close(0)
+    os.close(1)
+    running = {up, down}
+    while up in running:
+        ended, _ = os.wait()
+        running.discard(ended)
+        if ended == down:
+            try:
+                conn.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+    if down in running:
+        os.kill(down, 9)
+
+
+def spawn_cat(source: int, sink: int) -> int:
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(source, 0)
+        os.dup2(sink, 1)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        os.execv("/bin/cat", ["cat"])
+    return pid
+
+
 def main() -> None:
-    port, host_socket = int(sys.argv[1]), sys.argv[2]
-    serve(listening(port), host_socket)
+    if sys.argv[1] == "--pipe":
+        run_pipe(sys.argv[2])
+        return
+    port, path = int(sys.argv[1]), sys.argv[2]
+    streamed = os.environ.get("SANDCELL_STREAMED") == "1"  # boundary.STREAMED_ENV
+    reach = dock(path) if streamed else connector(path)
+    serve(listening(port), reach)
 
 
 if __name__ == "__main__":

@@ -280,8 +280,10 @@ TABLE_COLUMNS = 50
 LABEL_CHARS = 200  # a title, label, name or table cell's text
 
 # --allow-net: the container's way out (sandbox/net_proxy.py on the host, net_forwarder.py
-# inside). The host's proxy socket sits in NET_DIR (a read-only mount); the forwarder listens
-# on 127.0.0.1:NET_PORT, which the proxy variables name. NET_ENV says there is one.
+# inside). The forwarder listens on 127.0.0.1:NET_PORT, which the proxy variables name; NET_ENV
+# says there is one. ipc: the host's proxy socket is NET_SOCKET, in NET_DIR (a read-only
+# mount). stream: NET_DIR is a tmpfs, NET_SOCKET the forwarder's dock, where the host's pipes
+# (sandbox/net_link.py: `docker exec` of NET_PROGRAM --pipe, as the bridge's uid) wait.
 NET_DIR = "/run/sandcell-net"
 NET_SOCKET = f"{NET_DIR}/net.sock"
 NET_PORT = 3128

@@ -237,6 +237,8 @@ def start(
         # the relay's sockets: its uid makes them, the bridge (its group) reaches them; the
         # bridge's connection files are in a volume of the caller's (key_volume)
         tmpfs[boundary.CONNECTION_DIR] = f"size=1m,{_owned(podman)},mode=0770,nosuid,nodev,noexec"
+        if limits.allow_net:  # the forwarder's dock, where the host's pipes wait (net_link.py)
+            tmpfs[boundary.NET_DIR] = f"size=64k,{_owned(podman)},mode=0770,nosuid,nodev,noexec"
     options = dict(
         image=image,
         network_mode="none",

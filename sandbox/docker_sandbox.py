@@ -35,6 +35,7 @@ from sandcell.sandbox.errors import SandboxError, SandboxUnavailable
 from sandcell.sandbox.execution import Execution
 from sandcell.sandbox.inputs import Inputs
 from sandcell.sandbox.limits import Limits
+from sandcell.sandbox.net_link import NetLink
 from sandcell.sandbox.net_proxy import ConnectionRecord, NetLimits, NetProxy
 from sandcell.sandbox.stream import StreamLink
 from sandcell.sandbox.wheelhouse import Offer, index_hash, offer, resolve
@@ -153,13 +154,13 @@ class DockerSandbox:
         None without one."""
         self.net_connections: deque[ConnectionRecord] = deque(maxlen=NET_RECORDS)
         self._net_pending: deque[ConnectionRecord] = deque(maxlen=NET_RECORDS)  # for the next cell
+        self._net_links: list[NetLink] = []  # the stream transport's way to it, once started
         if not self.limits.allow_net:
             return None
-        if self.streamed:
-            raise SandboxError(NET_STREAMED)
         allowlist = Allowlist.parse(self.limits.allow_net)
         folder = Path(tempfile.mkdtemp(prefix=NET_PREFIX))
-        folder.chmod(0o755)  # the sandbox's uid may reach the socket, not write the folder
+        if not self.streamed:  # mounted: the sandbox's uid may reach the socket, not write there
+            folder.chmod(0o755)
         limits = NetLimits(total_bytes=self.limits.net_mb << 20)
         kept, pending = self.net_connections, self._net_pending
 
@@ -169,7 +170,8 @@ class DockerSandbox:
 
         proxy = NetProxy(allowlist, folder / "net.sock", limits, ended)
         _listen(proxy)
-        self._net_finalizer = weakref.finalize(self, _close_net, proxy)  # once: close or GC
+        # once: close or GC; the links first (their pipes end), then the proxy
+        self._net_finalizer = weakref.finalize(self, _close_net, proxy, self._net_links)
         return proxy
 
     def narrow_net(self, entries: Sequence[str]) -> None:
@@ -209,6 +211,9 @@ class DockerSandbox:
             gvisor=self.gvisor, checkpoint=saved, streamed=self.streamed,
         )  # fmt: skip
         self._refinalize(self.container)
+        if self._net is not None and self.streamed:  # the pipes to the proxy: from now
+            self._net_links.append(NetLink(self.container, self._net.path))
+            self._net_links[0].open()
         if saved is not None:  # the restored supervisor starts a relay for its kernel
             ctr.send_signal(self.container, boundary.NEW_RELAY.name)
         self._new_kernel(None)
@@ -335,10 +340,10 @@ class DockerSandbox:
 
     def close(self) -> None:
         self._set_client(None)
-        self._finalizer()
         closing = getattr(self, "_net_finalizer", None)  # absent: no proxy, or none made yet
-        if closing is not None:
+        if closing is not None:  # first: no pipe tries the container once it is going
             closing()
+        self._finalizer()
 
     @property
     def closed(self) -> bool:
@@ -801,10 +806,6 @@ STREAMED_PAUSE = (
     "pausing needs the ipc transport (a local engine that sees this machine's folders): "
     "gVisor's checkpoint is made and kept on the engine's machine"
 )
-NET_STREAMED = (
-    "--allow-net needs the ipc transport for now (a local engine that sees this machine's "
-    "folders: the proxy's socket is one); leave --allow-net out, or use a local engine"
-)
 NET_PAUSE = "a sandbox with --allow-net is not paused yet: it is closed, and rebuilt by replay"
 NET_PREFIX = "sandcell-net-"  # the host's folder of a sandbox's proxy socket
 NET_RECORDS = 1000  # the sandbox's last connections kept (net_connections)
@@ -859,8 +860,11 @@ def _listen(proxy: NetProxy) -> None:
     proxy.path.chmod(0o666)  # the sandbox's uid connects: that needs write permission on it
 
 
-def _close_net(proxy: NetProxy) -> None:
-    """The proxy's connections ended and its folder removed (close(), or at collection)."""
+def _close_net(proxy: NetProxy, links: list[NetLink]) -> None:
+    """The stream transport's pipes ended, the proxy's connections too, and its folder
+    removed (close(), or at collection)."""
+    for link in links:
+        link.close()
     proxy.close()
     shutil.rmtree(proxy.path.parent, ignore_errors=True)
 

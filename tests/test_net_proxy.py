@@ -204,7 +204,9 @@ def test_the_container_s_forwarder_carries_urllib_and_pandas_through_the_proxy(t
                                        {"files.test": ["127.0.0.1"]}) as (made, records, _):  # fmt: skip
         listener = net_forwarder.listening(0)
         threading.Thread(
-            target=net_forwarder.serve, args=(listener, str(made.path)), daemon=True
+            target=net_forwarder.serve,
+            args=(listener, net_forwarder.connector(str(made.path))),
+            daemon=True,
         ).start()
         proxy_url = f"http://127.0.0.1:{listener.getsockname()[1]}"
         env = {"HTTP_PROXY": proxy_url, "http_proxy": proxy_url, "NO_PROXY": "", "PATH": "/usr/bin"}

@@ -141,11 +141,9 @@ def attempt(fn):
 
 
 @pytest.fixture(scope="module", params=[(), ALLOW_NET], ids=["sealed", "allow-net"])
-def allow_net(request, transport) -> tuple[str, ...]:
-    """No allowlist (today's sandbox), then ALLOW_NET: the proxy's socket mounted, the proxy
-    variables set, the forwarder running."""
-    if request.param and transport != "ipc":
-        pytest.skip("--allow-net needs the ipc transport for now")
+def allow_net(request) -> tuple[str, ...]:
+    """No allowlist (today's sandbox), then ALLOW_NET: the proxy variables set, the forwarder
+    running, and the proxy's socket mounted (ipc) or the host's pipes at its dock (stream)."""
     return request.param
 
 
