@@ -20,6 +20,7 @@ SECTIONS = (
     "pause",
     "realmodel",
     "checks",
+    "net",
 )
 
 

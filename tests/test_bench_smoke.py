@@ -57,6 +57,7 @@ def test_smoke_bench_writes_every_section(tmp_path):
     want.add("serve_ray")
     want.add("packages")  # skipped in the smoke run (an image rebuild takes minutes)
     want.add("transport")
+    want.add("net")
     assert want <= set(results)
     serve = results["serve"]
     assert serve["api_s"]["n"] == serve["in_process_s"]["n"] >= 8 * 10
