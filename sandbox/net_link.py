@@ -28,7 +28,8 @@ from sandcell.sandbox.stream import keep_alive
 log = logging.getLogger(__name__)
 WAITING = 2  # pipes at the dock; a connection's own starts the next (the forwarder waits 10 s)
 CHUNK = 64 << 10
-RETRY_S = 0.5  # a pipe that ended unused (a forwarder restarted) is started again after this
+RETRY_S = 0.25  # a pipe that ended unused (a forwarder restarted) is started again after 2x this,
+RETRY_MAX_S = 10.0  # doubling while they keep failing (a forwarder model code keeps killing)
 PIPE = ["python3", boundary.NET_PROGRAM, "--pipe", boundary.NET_SOCKET]
 
 
@@ -57,29 +58,42 @@ class NetLink:
         threading.Thread(target=self._wait, daemon=True, name="net-pipe").start()
 
     def _wait(self) -> None:
-        """One pipe at the dock until a connection takes it, then that connection carried;
-        started again while none comes (a forwarder restarted ends the waiting ones)."""
+        """One pipe at the dock until a connection takes it, then that connection carried.
+        A pipe that ends unused (a forwarder restarted), or an engine that does not answer,
+        is tried again, ever more slowly while it keeps failing; a stopped container ends it."""
+        failures = 0
         while not self._closed.is_set():
             started = self._start()
-            if started is None:
+            frames = exec_frames(started[1]) if started is not None else None
+            first = _first_bytes(frames) if frames is not None else None
+            if started is not None and frames is not None and first is not None:
+                self._next()  # its place at the dock
+                try:
+                    self._carry(started[0], first, frames)  # one reader: it holds what it read
+                finally:
+                    self._forget(*started)
+                return
+            if started is not None:
+                self._forget(*started)
+            if not self._running():
                 return  # the container is gone (or going): so is the need
-            raw, stream = started
-            frames = exec_frames(stream)
-            first = _first_bytes(frames)
-            if first is None:
-                self._forget(raw, stream)
-                self._closed.wait(RETRY_S)
-                continue
-            self._next()  # its place at the dock
-            try:
-                self._carry(raw, first, frames)
-            finally:
-                self._forget(raw, stream)
-            return
+            failures += 1
+            self._closed.wait(min(RETRY_S * 2 ** min(failures, 8), RETRY_MAX_S))
+
+    def _running(self) -> bool:
+        """Whether the container may still take a pipe (an engine that does not answer: yes,
+        it may again)."""
+        try:
+            self.container.reload()
+        except docker.errors.NotFound:
+            return False
+        except (docker.errors.APIError, requests.exceptions.RequestException):
+            return True
+        return self.container.status == "running"
 
     def _start(self) -> tuple[socket.socket, Any] | None:
         """A pipe's exec started: its socket, and its output as read through the response's
-        reader (container.upgraded_stream); None when the container cannot take one."""
+        reader (container.upgraded_stream); None when it could not be (or the link closed)."""
         api = self.container.client.api
         try:
             exec_id = api.exec_create(self.container.id, PIPE, stdin=True, user=BRIDGE_USER)["Id"]
