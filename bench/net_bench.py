@@ -1,37 +1,23 @@
 """What `--allow-net` adds to an HTTPS request: a fresh connection (TCP, TLS handshake, one
-small GET) from a cell through the sandbox's proxy, against the same request made directly on
-the host, to the same HTTPS server on this host's loopback (a test CA, trustme). The cell's
+GET of a small CSV) from a cell through the sandbox's proxy, against the same request made
+directly on the host, to the same HTTPS server on this host's loopback (tests/loopback.py's,
+a test CA from trustme). The cell's
 first request (the proxy's first use) and the median of the ones after, each a new
 connection; over the ipc transport and the stream transport (the pipes of sandbox/net_link.py,
 as a remote engine has them). `localhost` is in the sandbox's NO_PROXY: the cell drops it."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import ssl
 import time
 import urllib.request
 
-import trustme
-
 from bench.sandbox_bench import summary
 from sandcell.sandbox import DockerSandbox, Limits
-from tests.loopback import tcp_server
+from tests.loopback import file_servers
 
 HOST = "localhost"  # in every hosts file; reached through internal: (it is loopback)
-
-
-class Small(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        self.send_response(200)
-        self.send_header("Content-Length", "4")
-        self.end_headers()
-        self.wfile.write(b"a,b\n")
-
-    def log_message(self, *args):
-        pass
-
 
 CELL = """
 import json, os, ssl, time, urllib.request
@@ -71,16 +57,12 @@ def through_proxy(url: str, ca: str, port: int, n: int, transport: str) -> list[
 
 def run(smoke: bool) -> dict:
     n = 5 if smoke else 40
-    ca = trustme.CA()
-    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert(HOST).configure_cert(tls)
-    pem = ca.cert_pem.bytes().decode()
     out: dict = {"requests": n}
-    with tcp_server(Small, tls) as port:
-        url = f"https://{HOST}:{port}/x.csv"
+    with file_servers(HOST) as (ports, pem):
+        url = f"https://{HOST}:{ports['tls']}/x.csv"
         out["direct"] = summary(direct(url, pem, n)[1:])
         for transport in ("ipc", "stream"):
-            took = through_proxy(url, pem, port, n, transport)
+            took = through_proxy(url, pem, ports["tls"], n, transport)
             out[transport] = {"first_s": took[0], "after": summary(took[1:])}
     return out
 

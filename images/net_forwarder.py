@@ -7,8 +7,7 @@ which decides. Two ways, as the kernel's channels go:
 - stream transport (no folder shared with the engine): the forwarder listens on NET_SOCKET
   (a tmpfs of its own) as a dock, where the host keeps a few `docker exec`s of this program
   waiting (`--pipe`, as the bridge's uid); each connection goes to the next waiting one, whose
-  stdin and stdout are the exec's stream to the host. The host reaches its proxy once the
-  first bytes come (a client speaks first: CONNECT, or its request).
+  stdin and stdout are the exec's stream to the host, which then reaches its proxy.
 
 Nothing is decided here: a connection the host refuses gets the host's answer. At most
 MOST connections are carried at once; more are closed at once (the host caps them lower)."""
@@ -22,8 +21,8 @@ from collections.abc import Callable
 
 MOST = 16
 CHUNK = 64 << 10
-FIRST = 16 << 10  # a pipe's first bytes, written by Python: well under gVisor's 64 KiB
 WAIT_S = 10.0  # for a waiting pipe of the host's (stream transport): its connect time
+TAKEN = b"\x01"  # the dock to a pipe, before any byte of its client's
 
 
 def carry(client: socket.socket, reach: Callable[[], socket.socket], slots) -> None:
@@ -96,20 +95,25 @@ def connector(path: str) -> Callable[[], socket.socket]:
 
 def dock(path: str) -> Callable[[], socket.socket]:
     """stream: the host's pipes connect to `path` and wait; each connection takes the next
-    one still there (a pipe whose exec ended has hung up: left)."""
+    one still there (a pipe whose exec ended has hung up: left), and says TAKEN to it. The dock
+    is a socket of model code's uid: what comes through it is no more trusted by the host than
+    a client's bytes are."""
     try:
         os.unlink(path)  # the last forwarder's (a kernel restart starts a new one)
     except FileNotFoundError:
         pass
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(path)
-    os.chmod(path, 0o660)  # the bridge's uid is in this group; nobody else is
+    os.chmod(path, 0o660)  # the bridge's uid reaches it through the group
     listener.listen(MOST)
     waiting: queue.Queue[socket.socket] = queue.Queue(MOST)
 
     def accept() -> None:
         while True:
-            conn, _ = listener.accept()
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                os._exit(1)  # a broken dock: the supervisor starts a new forwarder
             try:
                 waiting.put_nowait(conn)
             except queue.Full:
@@ -121,48 +125,63 @@ def dock(path: str) -> Callable[[], socket.socket]:
         while True:
             conn = waiting.get(timeout=WAIT_S)
             try:
-                if conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
-                    conn.close()  # hung up
-                    continue
-            except BlockingIOError:
-                return conn  # there, and silent: waiting for a client
+                conn.sendall(TAKEN)  # the host starts the next pipe and reaches its proxy
+                return conn
             except OSError:
-                conn.close()
-                continue
-            conn.close()  # a pipe says nothing before its client does
+                conn.close()  # hung up: its exec ended
 
     return reach
 
 
 def run_pipe(path: str) -> None:
     """`--pipe`: one connection's way between the dock and this exec's stdin and stdout. It
-    waits at the dock; a hang-up before any byte (a forwarder restarted) ends it at once, so
-    the host starts another. The first bytes go out from here, the rest through two `cat`s
-    (under gVisor a Python write to an exec's stdout past its first 64 KiB is lost). When the
-    client's side ends the pipe ends (an exec's output has no end of its own to say so: the
-    host hears it as the exec's end); the end of stdin is passed on as the end of what comes."""
+    waits at the dock; a hang-up before TAKEN (a forwarder restarted) ends it at once, so the
+    host starts another. The client's bytes go to stdout through a `cat` (under gVisor a
+    Python write to an exec's stdout past its first 64 KiB is lost), the host's from stdin to
+    the client through another. An exec's stdout has no end of its own to tell the host, and
+    its stderr may overtake it: when the client sends no more, stderr says how many bytes
+    stdout carried in all (the host half-closes the proxy's side once it has them); the end of
+    stdin is passed on to the client as the end of what comes."""
     conn = socket.socket(socket.AF_UNIX)
     conn.connect(path)
-    first = memoryview(conn.recv(FIRST))
-    if not first:
+    data = conn.recv(CHUNK)  # TAKEN first
+    if not data:
         return
-    while first:
-        first = first[os.write(1, first) :]
     down = spawn_cat(0, conn.fileno())  # the host's bytes, to the client
-    up = spawn_cat(conn.fileno(), 1)  # the client's bytes, to the host
+    waiter = threading.Thread(target=ended_down, args=(down, conn), daemon=True)
+    waiter.start()
+    read_end, into_cat = os.pipe()
+    up = spawn_cat(read_end, 1)  # the client's bytes, to the host
+    os.close(read_end)
     os.close(0)
     os.close(1)
-    running = {up, down}
-    while up in running:
-        ended, _ = os.wait()
-        running.discard(ended)
-        if ended == down:
-            try:
-                conn.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-    if down in running:
-        os.kill(down, 9)
+    sent = 0
+    try:
+        while data:
+            write_all(into_cat, data)
+            sent += len(data)
+            data = conn.recv(CHUNK)
+    except OSError:
+        pass  # the client left, or the host's side did
+    os.close(into_cat)
+    os.waitpid(up, 0)
+    os.write(2, b"%d\n" % sent)
+    waiter.join()
+
+
+def ended_down(down: int, conn: socket.socket) -> None:
+    """The host's bytes are over: the client hears that nothing more comes."""
+    os.waitpid(down, 0)
+    try:
+        conn.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def spawn_cat(source: int, sink: int) -> int:

@@ -448,6 +448,9 @@ def wipe() -> None:
     for folder in JOB_DIRS:
         empty(folder)
     empty(boundary.CONNECTION_DIR, keep=(boundary.CONNECTION_FILE,))
+    if os.environ.get(boundary.NET_ENV) == os.environ.get(boundary.STREAMED_ENV) == "1":
+        os.chmod(boundary.NET_DIR, 0o770)  # the forwarder's dock: a tmpfs model code may write
+        empty(boundary.NET_DIR)
     remove_ipc()
     for name in os.listxattr(boundary.WORKSPACE):
         os.removexattr(boundary.WORKSPACE, name)

@@ -538,6 +538,34 @@ def exec_in(
 
 
 # `sock`: docker's exec socket, a socket.SocketIO that docker hangs its `_response` on
+KEEPALIVE_IDLE_S = 60  # a remote engine's connection idle between cells: kept alive
+
+
+def exec_stream(container: Container, command: list[str], user: str) -> tuple[socket.socket, Any]:
+    """`command` started in `container` by `docker exec`, stdin open, as `user`, in /: its
+    socket (shut for writing, the command's stdin ends) and its output as read through the
+    response's reader (upgraded_stream; exec_frames parses it). Idle for hours is fine; over
+    TCP kept alive. APIError or RequestException when the engine will not."""
+    api = container.client.api
+    exec_id = api.exec_create(container.id, command, stdin=True, user=user, workdir="/")["Id"]
+    sock = api.exec_start(exec_id, socket=True)
+    raw: socket.socket = getattr(sock, "_sock", sock)
+    raw.settimeout(None)
+    keep_alive(raw)
+    return raw, upgraded_stream(sock)
+
+
+def keep_alive(raw: socket.socket) -> None:
+    """TCP keepalives on a remote engine's connection: a NAT or a load balancer between would
+    drop it, idle between cells, without a word. Nothing for a Unix socket."""
+    if raw.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_KEEPIDLE"):  # Linux; macOS has TCP_KEEPALIVE
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 15)
+
+
 def upgraded_stream(sock: Any) -> io.BufferedReader:
     """The stream after the engine's `101 UPGRADED`, read through the buffered reader that
     parsed its headers: frames that came in the same read as those headers wait in its

@@ -174,13 +174,18 @@ class DockerSandbox:
         self._net_finalizer = weakref.finalize(self, _close_net, proxy, self._net_links)
         return proxy
 
-    def narrow_net(self, entries: Sequence[str]) -> None:
-        """Only those of `entries` its allowlist covers, until the sandbox is renewed (a
-        serve user's allow-net= in --users narrows the server's --allow-net)."""
+    def narrow_net(self, entries: Sequence[str] | None) -> None:
+        """From now on, only those of `entries` its --allow-net covers (a serve user's
+        allow-net= in --users); None: all of them again. A renewal keeps it: a pool sets it
+        on every acquire."""
         if self._net is None:
+            if entries is None:
+                return
             raise SandboxError("this sandbox was started without --allow-net: nothing to narrow")
         server = Allowlist.parse(self.limits.allow_net)
-        self._net.allowlist = server.narrowed(Allowlist.parse(entries))
+        self._net.allowlist = (
+            server if entries is None else server.narrowed(Allowlist.parse(entries))
+        )
 
     def _wheelhouse(self) -> Offer:
         """The operator's wheelhouse, mounted where it fits the image; never over the stream
@@ -408,7 +413,10 @@ class DockerSandbox:
         return ex
 
     def _net_records(self) -> list[dict]:
-        """The connections that ended since the last cell, taken (at most NET_RECORDS)."""
+        """The connections that ended since the last cell, taken (at most NET_RECORDS); one
+        still open gets NET_SETTLE_S to end (a response the cell closed as it returned)."""
+        if self._net is not None:
+            self._net.settle(NET_SETTLE_S)
         taken: list[dict] = []
         while self._net_pending and len(taken) < NET_RECORDS:
             taken.append(asdict(self._net_pending.popleft()))
@@ -618,7 +626,6 @@ class DockerSandbox:
                 self._net.used = 0
                 self._net_pending.clear()  # nor a record of one: the next job may be another
                 self.net_connections.clear()  # user's
-                self._net.allowlist = Allowlist.parse(self.limits.allow_net)  # un-narrowed
                 _listen(self._net)
             # The supervisor kills the last job's processes before it starts the kernel just
             # reached: only now may /data change, so none of them can see the new inputs.
@@ -809,6 +816,7 @@ STREAMED_PAUSE = (
 NET_PAUSE = "a sandbox with --allow-net is not paused yet: it is closed, and rebuilt by replay"
 NET_PREFIX = "sandcell-net-"  # the host's folder of a sandbox's proxy socket
 NET_RECORDS = 1000  # the sandbox's last connections kept (net_connections)
+NET_SETTLE_S = 0.1  # a cell's open connections may take to end (a kept-alive one: each cell)
 
 
 def _link_inputs(staging_dir: Path, inputs: dict[str, Path]) -> None:

@@ -22,6 +22,7 @@ import contextlib
 import ipaddress
 import socket
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,16 +75,17 @@ class ProxyRefusal(Exception):
 
 async def system_resolver(host: str, port: int) -> list[str]:
     """The host's lookup of a checked name: as a full name first (a trailing dot), so that no
-    search domain (Kubernetes' ndots:5) answers for a name DNS has; then as written, which the
-    hosts file answers (glibc's reads no name with a trailing dot). Either way the addresses
-    are judged after."""
+    search domain (Kubernetes' ndots:5) answers for a name DNS has; then, only where that name
+    is unknown, as written, which the hosts file answers (glibc's reads no name with a trailing
+    dot). Either way the addresses are judged after."""
     loop = asyncio.get_running_loop()
     if not is_address(host):
         try:
             infos = await loop.getaddrinfo(f"{host}.", port, type=socket.SOCK_STREAM)
             return [str(info[4][0]) for info in infos]
-        except socket.gaierror:
-            pass
+        except socket.gaierror as error:
+            if error.errno != socket.EAI_NONAME:  # DNS not answering: no search domain either
+                raise
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return [str(info[4][0]) for info in infos]
 
@@ -116,6 +118,13 @@ class NetProxy:
         if self._server is not None:
             server, self._server = self._server, None
             _run(self._stop(server))
+
+    def settle(self, timeout: float) -> None:
+        """Wait, at most `timeout`, for the open connections to end: those a cell closed as it
+        ended are recorded with it (their ends take a moment to come through the forwarder)."""
+        deadline = time.monotonic() + timeout
+        while self._open and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     async def _stop(self, server: asyncio.AbstractServer) -> None:
         self._closed = True

@@ -122,7 +122,8 @@ class SandboxPool:
     ) -> DockerSandbox:
         """A fresh sandbox with `inputs` under /data; starts one now if none is ready (a
         renewal under way is waited for; a background start only up to `timeout`).
-        `allow_net`: its network narrowed to those entries (DockerSandbox.narrow_net)."""
+        `allow_net`: its network narrowed to those entries (DockerSandbox.narrow_net); None:
+        the pool's whole --allow-net."""
         # While background starts fail, waiting for one is pointless: a start here raises
         # the engine's error as it is now (or works, the outage over), never a stale one.
         now = time.monotonic()
@@ -145,8 +146,7 @@ class SandboxPool:
             sandbox = self._new()
             self.error = None
         try:
-            if allow_net is not None:
-                sandbox.narrow_net(allow_net)
+            sandbox.narrow_net(allow_net)  # a renewed one may have been narrowed for another
             if inputs:
                 sandbox.add_inputs(inputs)
         except BaseException:

@@ -33,7 +33,7 @@ import zmq
 from docker.models.containers import Container
 
 from sandcell.sandbox import boundary
-from sandcell.sandbox.container import BRIDGE_USER, exec_frames, upgraded_stream
+from sandcell.sandbox.container import BRIDGE_USER, exec_frames, exec_stream
 from sandcell.sandbox.errors import SandboxError
 from sandcell.sandbox.kernel import MAX_MESSAGE_BYTES
 
@@ -42,7 +42,6 @@ OUTBOX = 256  # host messages waiting for the exec's stdin; past it they are dro
 STDERR_BYTES = 16 << 10  # the bridge's last words kept, to say why it ended
 END = b"end"  # the reader's last message to the pump
 FRONT_HWM = 1  # messages ZMQ queues per socket of the link (each may be 16 MiB)
-KEEPALIVE_IDLE_S = 60  # a remote engine's connection idle between cells: kept alive
 
 
 class Front:
@@ -97,20 +96,13 @@ class StreamLink:
         awaited). True once it said ready within `timeout`; False if it ended first (it
         could not start: a fork bomb still filling the sandbox's process limit)."""
         fronts = self._bind()
-        api = self.container.client.api
         try:
-            exec_id = api.exec_create(
-                self.container.id, ["python3", boundary.BRIDGE_PROGRAM], stdin=True,
-                user=BRIDGE_USER, workdir="/",
-            )["Id"]  # fmt: skip
-            sock = api.exec_start(exec_id, socket=True)
+            self.raw, self.stream = exec_stream(
+                self.container, ["python3", boundary.BRIDGE_PROGRAM], BRIDGE_USER
+            )
         except (docker.errors.APIError, requests.exceptions.RequestException) as error:
             self.ended = f"it did not start ({error})"
             return False
-        self.raw = getattr(sock, "_sock", sock)
-        self.raw.settimeout(None)  # idle for hours between cells is fine
-        keep_alive(self.raw)
-        self.stream = upgraded_stream(sock)
         self._thread(self._read, self.stream)
         self._thread(self._pump, fronts)
         self._thread(self._write)
@@ -295,17 +287,6 @@ class StreamLink:
             self.raw.shutdown(socket.SHUT_WR)
         except OSError:
             pass
-
-
-def keep_alive(raw: socket.socket) -> None:
-    """TCP keepalives on a remote engine's connection: a NAT or a load balancer between would
-    drop it, idle between cells, without a word. Nothing for a Unix socket."""
-    if raw.family not in (socket.AF_INET, socket.AF_INET6):
-        return
-    raw.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    if hasattr(socket, "TCP_KEEPIDLE"):  # Linux; macOS has TCP_KEEPALIVE
-        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
-        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 15)
 
 
 def identity(said: object) -> list[int] | None:

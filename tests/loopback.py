@@ -48,14 +48,15 @@ def need_test_hosts() -> None:
 
 
 @contextmanager
-def file_servers() -> Iterator[tuple[dict[str, int], str]]:
-    """`Files` over HTTP and over HTTPS (a certificate for FILES_HOST and OTHER_HOST from a
-    test CA the cells are given): ({"plain": port, "tls": port}, the CA's PEM)."""
+def file_servers(*names: str) -> Iterator[tuple[dict[str, int], str]]:
+    """`Files` over HTTP and over HTTPS (a certificate for `names`, FILES_HOST and OTHER_HOST
+    without any, from a test CA the cells are given): ({"plain": port, "tls": port}, the CA's
+    PEM)."""
     import trustme
 
     ca = trustme.CA()
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert(FILES_HOST, OTHER_HOST).configure_cert(tls)
+    ca.issue_cert(*(names or (FILES_HOST, OTHER_HOST))).configure_cert(tls)
     with tcp_server(Files) as plain, tcp_server(Files, tls) as secure:
         yield {"plain": plain, "tls": secure}, ca.cert_pem.bytes().decode()
 

@@ -129,14 +129,16 @@ def test_a_user_s_line_may_narrow_the_server_s_allow_net_and_never_widen_it(tmp_
     with pytest.raises(UsersError, match="which is not given; add --allow-net"):
         read.narrowed(())
     for line, said in [
+        ("dave: allow-net=data.example.org", "as name:token"),  # the option is no token
         ("dave:0123456789abcdef0123 allow-net=", "is not an option of a user"),
         ("dave:0123456789abcdef0123 allownet=x.org", "is not an option of a user"),
         ("dave:0123 456789abcdef0123", "is not an option of a user"),  # a token has no space
         ("dave:0123456789abcdef0123 allow-net=bad_host!", "allow-net= of dave"),
     ]:
         users.write_text(line + "\n")
-        with pytest.raises(UsersError, match=said):
+        with pytest.raises(UsersError, match=said) as refused:
             load_users(users)
+        assert "456789abcdef" not in str(refused.value)  # no part of a token is said
     users.write_text("alice:0123456789abcdef0123 allow-net=data.example.org\n")
     with pytest.raises(
         click.UsageError, match="--users: allow-net= in a user's line is for sandcell serve"

@@ -77,14 +77,14 @@ def load_users(path: Path) -> Users:
         name, sep, rest = (part.strip() for part in line.partition(":"))
         token, *options = rest.split() or [""]
         where = f"{path}:{n}"
-        if not sep or not token:
-            raise UsersError(f"{where}: write one user a line as name:token")
+        if not sep or not token or "=" in token:  # an option where the token should be
+            raise UsersError(f"{where}: write one user a line as name:token [allow-net=HOST,...]")
         for option in options:
             key, _, value = option.partition("=")
-            if key != "allow-net" or not value:
+            if key != "allow-net" or not value:  # the words are not echoed: a token's, maybe
                 raise UsersError(
-                    f"{where}: {option!r} is not an option of a user; the one there is "
-                    "allow-net=HOST[,HOST...] (a token holds no whitespace)"
+                    f"{where}: after the token of {name} comes what is not an option of a user; "
+                    "the one there is allow-net=HOST[,HOST...] (a token holds no whitespace)"
                 )
             try:
                 entries = Allowlist.parse([value]).entries
