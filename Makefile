@@ -41,6 +41,7 @@ test: install engine image
 	@scripts/ensure-llama.sh $(PY)  # the realmodel tests' server: built once per machine, cached
 	@scripts/ensure-podman.sh  # Podman's Docker API and the image, for the tests run against it
 	@scripts/ensure-test-hosts.sh  # the --allow-net tests' host names, before any worker starts
+	@scripts/ensure-prometheus.sh  # Debian's prometheus, for the metrics tests to start and scrape with
 	@status=0; \
 	$(PY) scripts/testrun.py run $(REPORT) --rerun -- -n 4 --dist loadgroup -m 'not engine_outage' $(PYTEST_ARGS) || status=1; \
 	echo "# the engine-outage tests stop the Docker engine for a few seconds: alone, after the rest"; \

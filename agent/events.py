@@ -153,6 +153,35 @@ class SandboxReady(Event):
 
 
 @dataclass(frozen=True)
+class SandboxStartFailed(Event):
+    """The session's sandbox did not start (the engine, the image, a runtime): why, as said."""
+
+    tag = "sandbox_failed"
+    started_at: str | None
+    start_s: float | None
+    waited_s: float | None
+    error: str
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelRequest(Event):
+    """One request to the model endpoint, each retry its own: when it was sent (time.time()),
+    how long it took, and its error ("429", "APITimeoutError") or its usage and finish."""
+
+    tag = "model_request"
+    model: str
+    sent: float
+    duration_s: float
+    attempt: int = 0  # 0, then 1 for the first retry, ...
+    error: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    tokens_estimated: bool = False  # the endpoint sent no usage: characters / 4
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
 class Question(Event):
     tag = "question"
     question: int  # its number in the conversation
@@ -311,6 +340,7 @@ class Rebuilt(Event):
     skipped: int  # of those, the ones recorded as stopped: not run again
     reason: str  # "restart": the server restarted since; "node_lost": its Ray node went
     node: str | None = None  # the lost Ray node (reason "node_lost")
+    seconds: float | None = None  # the cells' re-run took (traces before it had none)
 
 
 @dataclass(frozen=True)
@@ -419,3 +449,11 @@ def executed_cell(question: int, code: str, ex: Execution) -> Step:
     action = Action("python", {"code": code}, call_id=None, how="execute")
     record = observation_record(action, ToolOutcome(ex.ok, "", ex))
     return Step(question=question, step=0, source="execute", observations=[record])
+
+
+def sandbox_started(timing: dict) -> SandboxReady | SandboxStartFailed:
+    """The event of a background start's timing (sandbox.background.OnReady's dict): ready,
+    or failed where it holds an error."""
+    if "error" in timing:
+        return SandboxStartFailed(**timing)
+    return SandboxReady(**timing)

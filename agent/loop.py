@@ -17,6 +17,7 @@ from sandcell.agent import context, prompts, stops
 from sandcell.agent.events import (
     ActionStarted,
     Final,
+    ModelRequest,
     NetConnection,
     Notice,
     Observation,
@@ -36,6 +37,7 @@ from sandcell.agent.seams import (
     ImagesUnsupported,
     LimitReached,
     Model,
+    ModelAttempt,
     ModelError,
     Reply,
     RunResult,
@@ -256,6 +258,23 @@ class Loop:
             ran.repeats += [repeat] if repeat else []
         return ran
 
+    def _attempted(self, attempt: ModelAttempt) -> None:
+        """Each request sent to the model, retries too: in the trace, the metrics, the spans."""
+        usage = attempt.usage
+        self.publish(
+            ModelRequest(
+                model=self.model.name,
+                sent=attempt.started,
+                duration_s=round(attempt.duration_s, 4),
+                attempt=attempt.number,
+                error=attempt.error,
+                input_tokens=usage.prompt_tokens if usage else None,
+                output_tokens=usage.completion_tokens if usage else None,
+                tokens_estimated=bool(usage and usage.estimated),
+                finish_reason=attempt.finish_reason,
+            )
+        )
+
     def _answer_open_calls(self) -> None:
         """Tool calls cut short by an interrupt still get an answer: the history stays valid
         for the next question."""
@@ -305,6 +324,7 @@ class Loop:
                 on_token=on_token,
                 deadline=deadline,
                 cancelled=lambda: self.cancelled is not None,  # a Stop ends the request at once
+                on_attempt=self._attempted,
                 **extra,
             )
         except ImagesUnsupported as exc:

@@ -6,6 +6,7 @@ Everything else in `agent` is composed from these; nothing here imports a client
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,28 @@ def estimated_usage(messages: list[dict], completion_chars: int) -> Usage:
     # an image counts as its fixed estimate, not as the characters of its data URL
     prompt = sum(len(text_of(m)) + IMAGE_CHARS * image_count(m) for m in messages)
     return Usage(prompt // 4, completion_chars // 4, estimated=True)
+
+
+@dataclass(frozen=True)
+class ModelAttempt:
+    """One request to the model endpoint, retries each their own: how it went. `error` is the
+    HTTP status ("429") or the exception's type ("APITimeoutError"); None when it answered."""
+
+    started: float  # time.time() as it was sent
+    duration_s: float
+    number: int = 0  # 0, then 1 for the first retry, ...
+    error: str | None = None
+    usage: Usage | None = None  # an answered one's
+    finish_reason: str | None = None
+
+    @classmethod
+    def failed(cls, started: float, begun: float, number: int, exc: BaseException) -> ModelAttempt:
+        status = getattr(exc, "status_code", None)
+        error = str(status) if isinstance(status, int) else type(exc).__name__
+        return cls(started, time.monotonic() - begun, number, error)
+
+
+OnAttempt = Callable[[ModelAttempt], None]
 
 
 @dataclass
@@ -87,6 +110,7 @@ class Model(Protocol):
         on_token: OnToken | None = None,
         deadline: float | None = None,  # time.monotonic() by which the caller gives up
         cancelled: Callable[[], bool] | None = None,  # true once the caller gave up early
+        on_attempt: OnAttempt | None = None,  # each request sent, as it ends (metrics, spans)
     ) -> Reply: ...
 
 

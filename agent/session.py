@@ -31,6 +31,7 @@ from sandcell.agent.events import (
     SessionStarted,
     executed_cell,
     fan_out,
+    sandbox_started,
 )
 from sandcell.agent.loop import Loop
 from sandcell.agent.output_checks import (
@@ -242,8 +243,9 @@ class Session:
         self._publish(event)
 
     def sandbox_ready(self, timing: dict) -> None:
-        """A sandbox started for the session: when, and how long it took (the trace's)."""
-        self.publish(SandboxReady(**timing))
+        """A sandbox started for the session (or failed to: `error`): when, and how long it
+        took (the trace's)."""
+        self.publish(sandbox_started(timing))
 
     def ask(self, question: str) -> RunResult:
         """Answer one question. Ctrl-C (or SIGTERM) ends it with what was done kept: the trace,

@@ -18,7 +18,7 @@ from sandcell.sandbox.inputs import Inputs
 from sandcell.sandbox.limits import Limits
 from sandcell.sandbox.protocol import Sandbox
 
-OnReady = Callable[[dict], None]
+OnReady = Callable[[dict], None]  # timing(); with "error" when the start failed
 
 
 class Forwarder:
@@ -141,6 +141,8 @@ class BackgroundSandbox(Forwarder):
         if first:
             self.waited_s = time.monotonic() - waiting
         if self._error is not None:
+            if first and self._on_ready is not None:  # said once, as a ready one is
+                self._on_ready({**self.timing(), "error": str(self._error)[:500]})
             raise self._error
         if self._sandbox is None:
             raise SandboxError("this sandbox is closed; start a new one")

@@ -309,13 +309,18 @@ def test_streaming_text_and_tool_calls_reach_the_callback_and_are_assembled():
     assert s.requests[1]["stream"] is True and s.requests[1]["tools"] == TOOL
 
 
-def test_429_then_success_honours_retry_after():
+def test_429_then_success_honours_retry_after_and_each_attempt_is_said():
+    attempts = []
     with ScriptedServer([{"error": 429, "retry_after": 0.3}, "ok"]) as s:
         started = time.monotonic()
-        reply = model(s).complete(USER)
+        reply = model(s).complete(USER, on_attempt=attempts.append)
     assert reply.text == "ok" and reply.retries == 1
     assert time.monotonic() - started >= 0.3
     assert len(s.requests) == 2
+    refused, answered = attempts  # the retry's wait is in neither
+    assert (refused.number, refused.error, refused.usage) == (0, "429", None)
+    assert (answered.number, answered.error, answered.finish_reason) == (1, None, "stop")
+    assert answered.usage == reply.usage and answered.started >= refused.started + 0.3
 
 
 @pytest.mark.parametrize("callback", [False, True], ids=["quiet", "on_token"])

@@ -8,6 +8,7 @@ import subprocess
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
 
 from sandcell.agent import ScriptedModel, stops
 from sandcell.agent.cli import main
@@ -99,6 +100,16 @@ def test_batch_of_20_jobs_with_4_workers_and_a_looping_one(tmp_path):
     assert ran["timed_out"] and (ran["interrupted"] or ran["restarted"] == "timeout"), ran
     assert {p: sha(p) for p in CSVS} == before  # inputs byte-identical
     assert owned_by(proc.pid) == []  # no container left behind
+    # the run's metrics, in the textfile collector's format: 20 cells, one timed out
+    metrics = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families((out / "metrics.prom").read_text())
+        for s in family.samples
+    }
+    cells = "sandcell_cell_duration_seconds_count"
+    assert metrics[(cells, (("outcome", "timeout"),))] == 1
+    assert metrics[(cells, (("outcome", "ok"),))] == 19
+    assert metrics[("sandcell_model_request_duration_seconds_count", (("outcome", "ok"),))] == 40
 
 
 @pytest.mark.docker

@@ -20,6 +20,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import McpError
 from mcp.types import CancelledNotification, CancelledNotificationParams, ClientNotification
+from prometheus_client.parser import text_string_to_metric_families
 
 from sandcell.agent.cli import main
 from sandcell.agent.mcp.definitions import definitions
@@ -417,6 +418,7 @@ def test_http_sessions_are_isolated_need_a_token_and_sigterm_removes_every_conta
             assert refused.status_code == 401, headers
             assert refused.headers["www-authenticate"].startswith("Bearer")
         anyio.run(scenario)
+        check_metrics(url.removesuffix("/mcp") + "/metrics")
 
         signalled = []
 
@@ -441,6 +443,29 @@ def test_http_sessions_are_isolated_need_a_token_and_sigterm_removes_every_conta
     assert proc.returncode == 143, err
     assert "terminated (SIGTERM)" in err and "Traceback" not in err
     assert container_labels(label) == []
+
+
+def check_metrics(metrics_url: str) -> None:
+    """/metrics: the API's token (the guard's, not the SDK's); the cells the sessions ran (one
+    a NameError), the refused tokens (three, this one's too), the route as its template."""
+    assert httpx.get(metrics_url).status_code == 401
+    scraped = httpx.get(metrics_url, headers=bearer(ALICE))
+    assert scraped.status_code == 200, scraped.text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(scraped.text)
+        for s in family.samples
+    }
+    cells = "sandcell_cell_duration_seconds_count"
+    assert (samples[(cells, (("outcome", "ok"),))], samples[(cells, (("outcome", "error"),))]) == (
+        6,
+        1,
+    )
+    assert samples[("sandcell_rejections_total", (("reason", "auth"),))] == 3
+    routes = {
+        dict(labels).get("route") for name, labels in samples if name.startswith("sandcell_http")
+    }
+    assert routes == {"/mcp", "/metrics"}, routes
 
 
 @pytest.mark.docker

@@ -131,7 +131,7 @@ def batch_cmd(
         # so does a missing engine, image or runtime (exit 3)
         preflight(runtime=settings.limits.runtime)
         executor = ThreadExecutor(workers, settings, make_model)
-    batch = Batch(jobs, output, executor, progress=not no_progress)
+    batch = Batch(jobs, output, executor, progress=not no_progress, runtime=settings.limits.runtime)
     records = batch.run()
     say_how_it_went(batch, records, output)
     failed = [r for r in records if r["status"] == "failed"]

@@ -30,12 +30,13 @@ from sandcell.agent.cli.options import (
     ray_option,
     where_sandboxes_run,
 )
-from sandcell.agent.hosting.server_options import server_options, users_of
+from sandcell.agent.hosting.server_options import check_metrics_public, server_options, users_of
 from sandcell.agent.seams import Terminated
 
 if TYPE_CHECKING:
     from mcp.server.lowlevel import Server
 
+    from sandcell.agent.metrics import Metrics
     from sandcell.sandbox import DockerSandbox, Inputs, Limits
     from sandcell.sandbox.protocol import Pool
 
@@ -69,6 +70,7 @@ def mcp_cmd(
     max_sessions: int,
     idle_minutes: float,
     allowed_hosts: tuple[str, ...],
+    metrics_public: bool,
     ray_address: str | None,
     overwrite: bool,
     opts: dict[str, Any],
@@ -96,10 +98,12 @@ def mcp_cmd(
     if not http:
         _serve_stdio(limits, checked, output)
         return
+    check_metrics_public(metrics_public, host)
     users_known = users_of(users, narrows=False).tokens
     settings = HttpSettings(
-        users_known, bool(users), host, port, pool, idle_minutes * 60, max_sessions, allowed_hosts
-    )
+        users_known, bool(users), host, port, pool, idle_minutes * 60, max_sessions, allowed_hosts,
+        metrics_public,
+    )  # fmt: skip
     _serve_http(limits, checked, output, settings, cluster)
 
 
@@ -113,6 +117,7 @@ class HttpSettings:
     idle_s: float
     max_sessions: int
     allowed_hosts: tuple[str, ...] = ()  # --allowed-host
+    metrics_public: bool = False  # --metrics-public
 
 
 def _serve_stdio(limits: Limits, inputs: Inputs, output: Path | None) -> None:
@@ -162,7 +167,8 @@ def _exit_now(stop: BaseException) -> NoReturn:
 
 
 HTTP_ONLY = (
-    "host", "port", "users", "pool", "max_sessions", "idle_minutes", "allowed_hosts", "ray_address"
+    "host", "port", "users", "pool", "max_sessions", "idle_minutes", "allowed_hosts",
+    "metrics_public", "ray_address",
 )  # fmt: skip
 
 
@@ -184,20 +190,26 @@ def _serve_http(
 ) -> None:
     """`cluster`: --ray's pool of sandboxes on the cluster's nodes, else one on this host."""
     from sandcell.agent.mcp.server import SessionSandboxes, build_server
+    from sandcell.agent.metrics import Metrics, cluster_gauges
     from sandcell.sandbox import SandboxPool
 
+    metrics = Metrics(limits.runtime)
     warm = cluster or SandboxPool(size=settings.pool, limits=limits)
     cells = SessionSandboxes(
-        lambda: warm.acquire(inputs), limits, inputs, output, per_session_output=True
-    )
+        lambda: warm.acquire(inputs), limits, inputs, output, per_session_output=True,
+        observe=metrics.observe,
+    )  # fmt: skip
+    metrics.gauge("sandcell_sessions", "sessions by sandbox state", cells.states, "state")
+    if cluster is not None:
+        cluster_gauges(metrics, cluster)
     try:
-        _serve_on_socket(build_server(cells, limits), settings)
+        _serve_on_socket(build_server(cells, limits), settings, metrics)
     finally:
         cells.close_all()
         warm.close()
 
 
-def _serve_on_socket(server: Server, settings: HttpSettings) -> None:
+def _serve_on_socket(server: Server, settings: HttpSettings, metrics: Metrics) -> None:
     from sandcell.agent.hosting.guard import Hosts
     from sandcell.agent.hosting.listening import (
         listening_socket,
@@ -208,7 +220,10 @@ def _serve_on_socket(server: Server, settings: HttpSettings) -> None:
 
     host, known = settings.host, settings.users
     hosts = Hosts(host, settings.allowed_hosts)
-    app = http_app(server, known, hosts, settings.idle_s, settings.max_sessions)
+    app = http_app(
+        server, known, hosts, settings.idle_s, settings.max_sessions, metrics,
+        settings.metrics_public,
+    )  # fmt: skip
     sock = listening_socket(host, settings.port)
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"sandcell mcp: streamable HTTP at http://{shown}:{sock.getsockname()[1]}{PATH}")

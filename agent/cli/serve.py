@@ -29,7 +29,11 @@ from sandcell.agent.hosting.listening import (
     run_until_stopped,
     warn_beyond_loopback,
 )
-from sandcell.agent.hosting.server_options import server_options, users_of
+from sandcell.agent.hosting.server_options import (
+    check_metrics_public,
+    server_options,
+    users_of,
+)
 
 if TYPE_CHECKING:
     from sandcell.agent.serve import ServeConfig
@@ -144,6 +148,7 @@ def serve_cmd(
     idle_minutes: float,
     max_upload_mb: float,
     allowed_hosts: tuple[str, ...],
+    metrics_public: bool,
     stop_grace: float,
     ray_address: str | None,
     opts: dict[str, Any],
@@ -152,6 +157,7 @@ def serve_cmd(
     and answer as they come) and a JSON API with a live event stream for programs."""
     from sandcell.agent.serve import ServeConfig, create_app
 
+    check_metrics_public(metrics_public, host)
     known = users_of(users, opts["allow_net"])
     model = build_model(opts)
     limits = build_limits(opts)
@@ -175,6 +181,7 @@ def serve_cmd(
         max_upload_mb=max_upload_mb,
         host=host,
         allowed_hosts=allowed_hosts,
+        metrics_public=metrics_public,
         ray_address=ray_address,
     )
     app = create_app(config, sandboxes)

@@ -23,10 +23,12 @@ from urllib.parse import urlsplit
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sandcell.agent.hosting.http_metrics import rejected
 from sandcell.agent.hosting.users import token_owner
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 OPEN_API = frozenset({"/api/health"})  # answered without a token
+METRICS_PATH = "/metrics"  # Prometheus' scrape: a token too, unless --metrics-public
 ANY = "*"  # --allowed-host '*': every Host (a proxy in front checks names)
 COOKIE = "sandcell_token"  # HttpOnly, SameSite=Strict: set by the page route from ?token=
 
@@ -104,9 +106,11 @@ class Guard:
         hosts: Hosts,
         users: dict[str, str] | None = None,
         origin_on_every_method: bool = False,
+        metrics_public: bool = False,  # /metrics without a token (a loopback server's choice)
     ):
         self.app, self.hosts, self.users = app, hosts, users
         self.origin_on_every_method = origin_on_every_method
+        self.metrics_public = metrics_public
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -117,6 +121,7 @@ class Guard:
             await self.app(scope, receive, send)
             return
         status, message, headers = refused
+        rejected(scope, status)
         await send_error(send, status, message, headers)
 
     def refusal(self, conn: HTTPConnection, method: str) -> tuple[int, str, dict] | None:
@@ -130,7 +135,9 @@ class Guard:
         if origin is not None and checked and (host is None or _netloc(origin) != host.lower()):
             return 403, _foreign(method, origin), {}
         path = conn.url.path
-        if self.users is not None and path.startswith("/api/") and path not in OPEN_API:
+        guarded = path.startswith("/api/") and path not in OPEN_API
+        guarded = guarded or path == METRICS_PATH and not self.metrics_public
+        if self.users is not None and guarded:
             token = bearer_or_cookie(conn)
             if token_owner(self.users, token) is None:
                 return 401, unauthorized(bool(token)), {"WWW-Authenticate": "Bearer"}

@@ -20,6 +20,12 @@ ALLOWED_HOST_HELP = (
 )
 
 
+METRICS_PUBLIC_HELP = (
+    "Answer /metrics (Prometheus) without a token; only with a loopback --host [default: the "
+    "same token as the API]."
+)
+
+
 def allowed_hosts_option(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> tuple[str, ...]:
@@ -78,6 +84,7 @@ def server_options(
             callback=allowed_hosts_option,
             help=said(ALLOWED_HOST_HELP),
         ),
+        click.option("--metrics-public", is_flag=True, help=said(METRICS_PUBLIC_HELP)),
     ]
 
     def apply(command: FC) -> FC:
@@ -86,6 +93,23 @@ def server_options(
         return command
 
     return apply
+
+
+def check_metrics_public(public: bool, host: str) -> None:
+    """--metrics-public on an address others reach would show anyone the server's numbers."""
+    import ipaddress
+
+    if not public or host == "localhost":
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise click.UsageError(
+            f"--metrics-public needs a loopback --host (this one is {host}): elsewhere "
+            "/metrics takes a token, as the API does (Prometheus: authorization.credentials)"
+        )
 
 
 def users_of(path: Path | None, allow_net: tuple[str, ...] = (), narrows: bool = True) -> Users:

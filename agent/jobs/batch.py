@@ -32,8 +32,10 @@ from sandcell.agent.jobs.layout_learning import LayoutLearning
 from sandcell.agent.jobs.recipe_library import FOLDER, Library
 from sandcell.agent.jobs.recipe_maker import RecipeError
 from sandcell.agent.jobs.recipe_runner import AGENT, RECIPE, Tried, try_recipes
+from sandcell.agent.metrics import Metrics
 from sandcell.agent.model.scripted import ScriptedModel, ScriptError
 from sandcell.agent.output_checks import Expect, ExpectError, load_expect
+from sandcell.agent.records.trace import read_events
 from sandcell.agent.seams import Model, RunResult, Terminated
 from sandcell.agent.session import Agent, Session
 from sandcell.agent.stops import Rules
@@ -41,6 +43,7 @@ from sandcell.sandbox import DockerSandbox, InputError, Inputs, Limits, Sandbox,
 
 log = logging.getLogger(__name__)
 RESULTS = batch_report.RESULTS  # "results.jsonl"
+METRICS = "metrics.prom"  # this run's agent.metrics families, as it ends
 STOP_WAIT_S = 60.0  # after Ctrl-C or SIGTERM, how long running jobs get to end
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -545,8 +548,16 @@ class Batch:
     the jobs (in threads here, or on a Ray cluster) and hands each record to `record` as it
     ends."""
 
-    def __init__(self, jobs: list[Job], output: Path, executor: Executor, progress: bool = True):
+    def __init__(
+        self,
+        jobs: list[Job],
+        output: Path,
+        executor: Executor,
+        progress: bool = True,
+        runtime: str | None = None,  # the sandboxes' (metrics.prom's runtime label)
+    ):
         self.jobs, self.output, self.executor, self.progress = jobs, output, executor, progress
+        self.runtime = runtime
         self._lock = threading.Lock()
         self._report_lock = threading.Lock()
         self._reporting = self._report_due = False
@@ -574,6 +585,7 @@ class Batch:
                 records = self.executor.run(todo, self) if todo else []
             finally:
                 self.bar.close()
+                write_metrics(self.output, [job.id for job in todo], self.runtime)
         latest = {**done, **{r["id"]: r for r in records}}
         ordered = [latest[j.id] for j in self.jobs if j.id in latest]
         if len(ordered) < sum(1 for _ in _lines(self.output / RESULTS)):
@@ -645,3 +657,16 @@ class Batch:
             self.bar.set_postfix(self.counts, refresh=False)
             self.bar.update(1)
         self._report()
+
+
+def write_metrics(output: Path, ids: list[str], runtime: str | None) -> None:
+    """OUT/metrics.prom: the families of agent.metrics over this run's jobs (those that ran
+    now, read back from their traces: the same wherever a job ran), in the format of
+    Prometheus' textfile collector."""
+    metrics = Metrics(runtime)
+    for job_id in ids:
+        trace = output / job_id / "trace.jsonl"
+        if trace.exists():
+            for event in read_events(trace):
+                metrics.observe(event)
+    metrics.write(output / METRICS)

@@ -18,15 +18,21 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.fastmcp.server import StreamableHTTPASGIApp
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 
-from sandcell.agent.hosting.guard import Guard, Hosts
+from sandcell.agent.hosting.guard import METRICS_PATH, Guard, Hosts
+from sandcell.agent.hosting.http_metrics import HttpMetrics
 from sandcell.agent.hosting.users import token_owner
+from sandcell.agent.metrics import Metrics
 
 PATH = "/mcp"
+SDK_REFUSALS = {401: "auth", 503: "capacity"}
 
 
 class UsersVerifier:
@@ -44,7 +50,13 @@ class UsersVerifier:
 
 
 def http_app(
-    server: Server, users: dict[str, str], hosts: Hosts, idle_s: float, max_sessions: int
+    server: Server,
+    users: dict[str, str],
+    hosts: Hosts,
+    idle_s: float,
+    max_sessions: int,
+    metrics: Metrics,
+    metrics_public: bool = False,
 ) -> Starlette:
     manager = StreamableHTTPSessionManager(
         app=server,  # agent.mcp.server's: the tools and the lifespan that opens a sandbox
@@ -61,12 +73,26 @@ def http_app(
         async with manager.run():  # on the way out every session ends, and its sandbox
             yield
 
+    async def scrape(request: Request) -> Response:
+        return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+    routes = [Route(PATH, endpoint=endpoint), Route(METRICS_PATH, endpoint=scrape)]
     return Starlette(
-        routes=[Route(PATH, endpoint=endpoint)],
+        routes=routes,
         middleware=[
-            # the MCP spec asks every request's Origin to be checked, not only a POST's; the
-            # token is the SDK's to check (before the body too: RequireAuthMiddleware)
-            Middleware(Guard, hosts=hosts, origin_on_every_method=True),
+            # every request counted; here the SDK refuses a token (401) and a session past
+            # --max-sessions (503) itself: by their status
+            Middleware(HttpMetrics, metrics=metrics, routes=routes, refusals=SDK_REFUSALS),
+            # the MCP spec asks every request's Origin to be checked, not only a POST's; /mcp's
+            # token is the SDK's to check (before the body too: RequireAuthMiddleware), and
+            # /metrics' the guard's
+            Middleware(
+                Guard,
+                hosts=hosts,
+                users=users,
+                origin_on_every_method=True,
+                metrics_public=metrics_public,
+            ),  # fmt: skip
             Middleware(AuthenticationMiddleware, backend=BearerAuthBackend(UsersVerifier(users))),
         ],
         lifespan=lifespan,

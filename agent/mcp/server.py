@@ -28,7 +28,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent, Tool
 
-from sandcell.agent.events import Event, Output
+from sandcell.agent.events import Event, OnEvent, Output, executed_cell, sandbox_started
 from sandcell.agent.mcp.definitions import READ_DEFAULT, definitions
 from sandcell.sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
 from sandcell.sandbox.boundary import INTERNAL
@@ -73,14 +73,18 @@ class SessionSandboxes:
         inputs: Inputs,
         output: Path | None,
         per_session_output: bool,
+        observe: OnEvent | None = None,  # the server's metrics: starts and cells
     ):
         self.start, self.limits, self.inputs = start, limits, inputs
         self.output, self.per_session_output = output, per_session_output
+        self.observe = observe
         self._open: set[BackgroundSandbox] = set()
         self._lock = threading.Lock()
 
     def open(self) -> SessionSandbox:
-        sandbox = BackgroundSandbox(self.start, self.limits, self.inputs)  # begun now, not awaited
+        observe = self.observe
+        ready = (lambda timing: observe(sandbox_started(timing))) if observe else None
+        sandbox = BackgroundSandbox(self.start, self.limits, self.inputs, on_ready=ready)
         with self._lock:
             self._open.add(sandbox)
         registry = Registry([calculator_tool, file_metadata_tool(self.inputs, sandbox)])
@@ -93,6 +97,12 @@ class SessionSandboxes:
         with self._lock:
             self._open.discard(cell.sandbox)
         cell.sandbox.close()
+
+    def states(self) -> dict[str, int]:
+        """Sessions by their sandbox's state, as `serve` counts them: an MCP session's is
+        live until it ends (never paused or released)."""
+        with self._lock:
+            return {"live": len(self._open), "paused": 0, "released": 0}
 
     def close_all(self) -> None:
         with self._lock:
@@ -175,8 +185,8 @@ class ToolHandlers:
     lifespan context is the session's SessionSandbox); what a client is told about each tool
     is in agent.mcp.definitions."""
 
-    def __init__(self, limits: Limits):
-        self.limits = limits
+    def __init__(self, limits: Limits, observe: OnEvent | None = None):
+        self.limits, self.observe = limits, observe
 
     def by_name(self) -> dict[str, Handler]:
         return {
@@ -216,6 +226,8 @@ class ToolHandlers:
 
         execution = await blocking(run, cancelled=cancel)
         assert execution is not None  # None only for a call given up, whose await raised
+        if self.observe is not None:  # a cell as /execute's are recorded: a step without a model
+            self.observe(executed_cell(0, code, execution))
         return observation(execution, self.limits.observation_chars)
 
     async def describe_file(self, path: str, ctx: Context) -> CallToolResult:
@@ -288,7 +300,7 @@ def build_server(cells: SessionSandboxes, limits: Limits) -> Server:
                 await anyio.to_thread.run_sync(cells.close, cell)
 
     server = Server("sandcell", instructions=INSTRUCTIONS, lifespan=lifespan)
-    handlers = ToolHandlers(limits).by_name()
+    handlers = ToolHandlers(limits, cells.observe).by_name()
     listed = definitions(limits)
     if {tool.name for tool in listed} != set(handlers):  # a tool defined but not served
         raise RuntimeError("agent.mcp.definitions and the server's handlers name other tools")

@@ -52,7 +52,9 @@ from sandcell.agent.model.settings import API_KEY_ENV, BASE_URL_ENV, DEFAULT_BAS
 from sandcell.agent.seams import (
     ImagesUnsupported,
     LimitReached,
+    ModelAttempt,
     ModelError,
+    OnAttempt,
     OnToken,
     Reply,
     ToolsUnsupported,
@@ -155,13 +157,15 @@ class OpenAIModel:
         on_token: OnToken | None = None,
         deadline: float | None = None,
         cancelled: Callable[[], bool] | None = None,
+        on_attempt: OnAttempt | None = None,
     ) -> Reply:
         request = self._request(messages, tools, tool_choice, stop)
         images = sum(image_count(m) for m in messages)
         started = time.monotonic()
         for attempt in range(self.max_retries + 1):
             try:
-                reply = self._send(request, on_token, deadline, cancelled)
+                sent = (request, on_token, deadline, cancelled)
+                reply = self._attempt(sent, messages, attempt, on_attempt)
             except _Broken as exc:
                 raise ModelError(str(exc)) from None
             except (*retry.TRANSIENT, _BadBody) as exc:
@@ -189,12 +193,29 @@ class OpenAIModel:
                     f"the model endpoint {self.where} sent an error instead of a reply: "
                     f"{self._said(exc)}"
                 ) from None
-            if reply.usage.total == 0:
-                written = len(reply.text) + sum(len(c.arguments) for c in reply.tool_calls)
-                reply.usage = estimated_usage(messages, written)
             reply.duration_s, reply.retries = time.monotonic() - started, attempt
             return reply
         raise AssertionError("unreachable: the retry loop returns or raises")
+
+    def _attempt(
+        self, sent: tuple, messages: list[dict], number: int, report: OnAttempt | None
+    ) -> Reply:
+        """One request (`sent`: _send's arguments), its usage estimated where the endpoint
+        gave none; `report` hears how it went, answered or not."""
+        at, begun = time.time(), time.monotonic()
+        try:
+            reply = self._send(*sent)
+        except BaseException as exc:  # said, then handled by the caller
+            if report is not None:
+                report(ModelAttempt.failed(at, begun, number, exc))
+            raise
+        if reply.usage.total == 0:
+            written = len(reply.text) + sum(len(c.arguments) for c in reply.tool_calls)
+            reply.usage = estimated_usage(messages, written)
+        if report is not None:
+            took = time.monotonic() - begun
+            report(ModelAttempt(at, took, number, None, reply.usage, reply.finish_reason))
+        return reply
 
     def _request(
         self,

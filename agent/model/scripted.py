@@ -15,7 +15,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sandcell.agent.seams import ModelError, OnToken, Reply, ToolCall, estimated_usage
+from sandcell.agent.seams import (
+    ModelAttempt,
+    ModelError,
+    OnAttempt,
+    OnToken,
+    Reply,
+    ToolCall,
+    estimated_usage,
+)
 from sandcell.sandbox.inputs import InputError
 
 _FORMAT = (
@@ -58,16 +66,20 @@ class ScriptedModel:
         on_token: OnToken | None = None,
         deadline: float | None = None,  # replies are instant here
         cancelled: Callable[[], bool] | None = None,
+        on_attempt: OnAttempt | None = None,
     ) -> Reply:
-        started = time.monotonic()
+        started, sent = time.monotonic(), time.time()
         self.requests.append(
             {"messages": list(messages), "tools": tools, "tool_choice": tool_choice, "stop": stop}
         )
         if not self.replies:
-            raise ModelError(
+            error = ModelError(
                 f"the scripted model {self.name} has no reply left after {len(self.requests) - 1}; "
                 "add replies to the script, or use a real endpoint (OPENAI_BASE_URL)"
             )
+            if on_attempt is not None:
+                on_attempt(ModelAttempt.failed(sent, started, 0, error))
+            raise error
         entry = self.replies.pop(0)
         text = entry["content"]
         n = len(self.requests)
@@ -89,7 +101,10 @@ class ScriptedModel:
                 on_token(text[i : i + 16])
         finish = entry["finish_reason"] or ("tool_calls" if calls else "stop")
         usage = estimated_usage(messages, len(text))
-        return Reply(text, calls, finish, usage, time.monotonic() - started)
+        took = time.monotonic() - started
+        if on_attempt is not None:
+            on_attempt(ModelAttempt(sent, took, 0, None, usage, finish))
+        return Reply(text, calls, finish, usage, took)
 
 
 def load_script(path: Path) -> list[tuple[int | None, object]]:

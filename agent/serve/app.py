@@ -18,6 +18,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from sandcell.agent.hosting.guard import Guard, Hosts
+from sandcell.agent.hosting.http_metrics import HttpMetrics, rejected
+from sandcell.agent.metrics import Metrics
 from sandcell.agent.serve.bodylimit import BodyLimit
 from sandcell.agent.serve.config import ServeConfig
 from sandcell.agent.serve.files import BadName, OverBudget
@@ -34,10 +36,11 @@ def create_app(config: ServeConfig, pool: Pool | None = None) -> FastAPI:
     """`pool`: where sessions take their sandboxes (with --ray, the cluster's, made and
     checked before the server listens); None: this host's engine, made with the sessions."""
     config = replace(config, data=config.data.expanduser().resolve())
+    metrics = Metrics(config.limits.runtime)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.sessions = Sessions(config, pool)
+        app.state.sessions = Sessions(config, pool, metrics)
         try:
             yield
         finally:
@@ -52,14 +55,18 @@ def create_app(config: ServeConfig, pool: Pool | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.config = config
+    app.state.metrics = metrics
     app.state.users = config.users  # name -> token
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")  # the page's JS and CSS
     app.add_middleware(
         BodyLimit, body_bytes=config.max_body_bytes, upload_bytes=config.max_upload_bytes
     )
-    # outermost: Host, Origin and the token are checked before any body is read or capped
-    app.add_middleware(Guard, hosts=Hosts(config.host, config.allowed_hosts), users=config.users)
+    # Host, Origin and the token are checked before any body is read or capped
+    hosts = Hosts(config.host, config.allowed_hosts)
+    app.add_middleware(Guard, hosts=hosts, users=config.users, metrics_public=config.metrics_public)
+    # outermost: every request counted, by its route's template
+    app.add_middleware(HttpMetrics, metrics=metrics, routes=[*router.routes, *app.routes])
     _errors(app)
     return app
 
@@ -74,12 +81,15 @@ def _errors(app: FastAPI) -> None:
     for kind, status in statuses.items():
 
         async def handler(request: Request, exc: Exception, status: int = status) -> JSONResponse:
+            if isinstance(exc, OverBudget):
+                rejected(request.scope, status)  # a quota: counted as refused
             return _json(status, str(exc))
 
         app.add_exception_handler(kind, handler)
 
     @app.exception_handler(Full)
     async def full(request: Request, exc: Full) -> JSONResponse:  # 503, or a user's own 429
+        rejected(request.scope, exc.status)
         return _json(exc.status, str(exc), {"Retry-After": str(exc.retry_after)})
 
     @app.exception_handler(HTTPException)

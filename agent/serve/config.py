@@ -36,6 +36,7 @@ class ServeConfig:
     host: str = "127.0.0.1"  # the address listened on: which Host names are answered
     allowed_hosts: tuple[str, ...] = ()  # --allowed-host: more names ('*': any)
     ray_address: str | None = None  # --ray: sandboxes on a Ray cluster's nodes at this address
+    metrics_public: bool = False  # --metrics-public: /metrics without a token (loopback only)
 
     def limits_of(self, user: str) -> Limits:
         """The limits of `user`'s sessions: the server's, with their narrowed --allow-net."""

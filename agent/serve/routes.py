@@ -11,6 +11,7 @@ import anyio
 import nbformat
 from fastapi import APIRouter, Depends, File, Request, Response, UploadFile
 from fastapi.responses import FileResponse, RedirectResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field, field_validator
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
@@ -134,6 +135,14 @@ def page(request: Request, token: str | None = None) -> Response:
 @router.get("/api/health")
 async def health() -> dict:  # on the loop: answers even when every worker thread waits
     return {"status": "ok"}
+
+
+@router.get("/metrics", include_in_schema=False, response_class=Response)
+def metrics(request: Request) -> Response:
+    """Prometheus' text format (agent/metrics.py): a token, as the API, unless the server on
+    loopback was started with --metrics-public."""
+    text = request.app.state.metrics.text()
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
 @router.post("/api/sessions", status_code=201, response_model=Created)

@@ -61,8 +61,10 @@ class ServedSession:
         config: ServeConfig,
         pool: Pool,
         past: Past | None = None,  # a session from before a server restart, continued
+        observe: OnEvent | None = None,  # the server's metrics: every event of the session
     ):
         self.id, self.user, self.folder, self.config = sid, user, folder, config
+        self.observe = observe
         self.created = past.created if past else _now()
         inputs = past.inputs if past else Inputs()
         # cells that bring a fresh kernel to where the session left off, run as it first starts
@@ -96,7 +98,18 @@ class ServedSession:
             resume=pool.resume,
             paused=paused if past is not None and paused.is_dir() else None,
         )
-        agent = Agent(
+        try:
+            self.session = self._agent().session(inputs, folder, sandbox=self.sandbox)
+            if past:
+                self.session.loop.restore(past.messages, past.questions)
+        except BaseException:
+            self.sandbox.close()  # its start began with it
+            raise
+        self.sandbox.on_ready = self.session.sandbox_ready
+
+    def _agent(self) -> Agent:
+        config = self.config
+        return Agent(
             config.model,
             limits=self.limits,
             rules=config.rules,
@@ -105,14 +118,6 @@ class ServedSession:
             image=config.image,
             on_event=self._emit,
         )
-        try:
-            self.session = agent.session(inputs, folder, sandbox=self.sandbox)
-            if past:
-                self.session.loop.restore(past.messages, past.questions)
-        except BaseException:
-            self.sandbox.close()  # its start began with it
-            raise
-        self.sandbox.on_ready = self.session.sandbox_ready
 
     # -- one message or cell at a time -----------------------------------------------------
     def claim(self) -> None:
@@ -180,6 +185,8 @@ class ServedSession:
         return self._busy.locked()
 
     def _emit(self, event: Event) -> None:
+        if self.observe is not None:
+            self.observe(event)
         sink = self.sink
         if sink is not None:
             sink(event)
@@ -375,11 +382,13 @@ class ServedSession:
         cells make the files again); after an idle release the files are put back."""
         if self._rebuild:
             node, self._rebuilt_for = self._rebuilt_for, None
+            began = time.monotonic()
             skipped = rerun(sandbox, self._rebuild, rebuild=True)
             self.session.publish(
                 Rebuilt(
                     cells=len(self._rebuild), skipped=len(skipped),
                     reason="node_lost" if node else "restart", node=node,
+                    seconds=round(time.monotonic() - began, 3),
                 )
             )  # fmt: skip
             self._rebuild = []

@@ -13,10 +13,12 @@ import shutil
 import threading
 import time
 
+from sandcell.agent.metrics import SESSION_STATES, Metrics, cluster_gauges
 from sandcell.agent.serve import files, resume
 from sandcell.agent.serve.config import ServeConfig
 from sandcell.agent.serve.listing import SessionInfo
 from sandcell.agent.serve.served import Busy, ServedSession
+from sandcell.agent.session import PAUSED_DIR
 from sandcell.sandbox import SandboxPool
 from sandcell.sandbox.container import REMOVAL_WAIT_S, engine, reap_orphans
 from sandcell.sandbox.protocol import Pool
@@ -72,13 +74,19 @@ class UserFull(Full):
 
 
 class Sessions:
-    def __init__(self, config: ServeConfig, pool: Pool | None = None):
+    def __init__(
+        self, config: ServeConfig, pool: Pool | None = None, metrics: Metrics | None = None
+    ):
         self.config = config
         config.data.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.pool = pool or self._pool(config)
         self._stored = {s.id: s for s in resume.stored_sessions(config.data)}
         self._by_id: dict[str, ServedSession] = {}
         self._lock = threading.Lock()
+        self.observe = metrics.observe if metrics is not None else None  # each session's events
+        if metrics is not None:
+            metrics.gauge("sandcell_sessions", "sessions by sandbox state", self.states, "state")
+            cluster_gauges(metrics, self.pool)
         self._uploads: dict[str, threading.Lock] = {}  # a user's uploads, one at a time
         self._closed = threading.Event()
         self._reaper = threading.Thread(target=self._reap, daemon=True, name="idle-sessions")
@@ -106,7 +114,7 @@ class Sessions:
             folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             folder.mkdir(mode=0o700)
             (folder / files.INPUTS_DIR).mkdir()
-            served = ServedSession(sid, user, folder, self.config, self.pool)
+            served = ServedSession(sid, user, folder, self.config, self.pool, observe=self.observe)
             self._by_id[sid] = served
             return served
 
@@ -135,7 +143,9 @@ class Sessions:
             except (OSError, ValueError, KeyError, TypeError) as error:  # InputError: a ValueError
                 log.warning("session %s cannot be continued: %s", sid, error)
                 raise NotFound(f"session {sid} cannot be continued: {error}") from None
-            served = ServedSession(sid, user, stored.folder, self.config, self.pool, past)
+            served = ServedSession(
+                sid, user, stored.folder, self.config, self.pool, past, observe=self.observe
+            )
             self._by_id[sid] = served
             del self._stored[sid]
             return served
@@ -203,6 +213,17 @@ class Sessions:
             self._by_id.pop(sid, None)
         served.stop()
         shutil.rmtree(served.folder, ignore_errors=True)
+
+    def states(self) -> dict[str, int]:
+        """The sessions by their sandbox's state (live, paused, released): those stored by an
+        earlier run of the server and not continued yet are paused or released too."""
+        counts = dict.fromkeys(SESSION_STATES, 0)
+        with self._lock:
+            for served in self._by_id.values():
+                counts[served.sandbox_state()] += 1
+            for stored in self._stored.values():
+                counts["paused" if (stored.folder / PAUSED_DIR).is_dir() else "released"] += 1
+        return counts
 
     def _check_room(self, user: str) -> None:
         """Room for one more session with a sandbox: the user's own cap first (their 429),
