@@ -451,6 +451,12 @@ def executed_cell(question: int, code: str, ex: Execution) -> Step:
     return Step(question=question, step=0, source="execute", observations=[record])
 
 
+def cell_events(question: int, code: str, ex: Execution) -> list[Event]:
+    """A cell run without the model (serve's /execute, an MCP call): its step, then each
+    connection it made through the sandbox's proxy (--allow-net), as the loop publishes them."""
+    return [executed_cell(question, code, ex), *(NetConnection(**c) for c in ex.net)]
+
+
 def sandbox_started(timing: dict) -> SandboxReady | SandboxStartFailed:
     """The event of a background start's timing (sandbox.background.OnReady's dict): ready,
     or failed where it holds an error."""

@@ -8,6 +8,7 @@ those go to the logs and traces, never into a series of their own."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -40,7 +41,7 @@ CELL_OUTCOMES = ("ok", "error", "interrupted", "restarted", "timeout")
 RESTART_REASONS = {"timeout": "timeout", "out of memory": "out_of_memory", "died": "died"}
 REJECTIONS = {401: "auth", 429: "per_user", 503: "capacity", 507: "quota"}
 SESSION_STATES = ("live", "paused", "released")
-RUNTIMES = ("default", "runc", "runsc")
+RUNTIMES = ("default", "runc", "runsc", "other")
 NET_OUTCOMES = ("allowed", "refused")
 SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 REJECTION_KEY = "sandcell.rejection"  # an ASGI scope's: why a request was refused
@@ -51,7 +52,7 @@ class Metrics:
     """One server's (or one batch's) families, in a registry of their own."""
 
     def __init__(self, runtime: str | None = None):
-        self.runtime = runtime if runtime in RUNTIMES else "default"
+        self.runtime = "default" if runtime is None else runtime if runtime in RUNTIMES else "other"
         self.registry = r = CollectorRegistry()
         Gauge("sandcell_build_info", "sandcell's version", ["version"], registry=r).labels(
             version("sandcell")
@@ -60,6 +61,7 @@ class Metrics:
             "sandcell_http_request_duration_seconds",
             "HTTP requests by method, route template and status code",
             ["method", "route", "code"],
+            buckets=SECONDS,  # a message's stream and a long cell last minutes
             registry=r,
         )
         self.rejections = _counter(
@@ -199,17 +201,24 @@ class _Read(Collector):
 
 def cluster_gauges(metrics: Metrics, pool: object) -> None:
     """serve --ray: the cluster's nodes offering slots, and its slots free and used (no node
-    is a label: a count is what a dashboard wants, the node ids are in the logs)."""
-    slots = getattr(pool, "slots", None)
-    if slots is None:
+    is a label: a count is what a dashboard wants, the node ids are in the logs). One look at
+    the cluster per scrape, for both."""
+    slots, held = getattr(pool, "slots", None), getattr(pool, "held", None)
+    if slots is None or held is None:
         return
+    seen: list = [0.0, {}, 0]  # when, the nodes' declared slots, the slots held
+
+    def look() -> tuple[dict[str, int], int]:
+        if time.monotonic() - seen[0] > 1.0:
+            seen[:] = [time.monotonic(), slots(), sum(held().values())]
+        return seen[1], seen[2]
 
     def nodes() -> dict[str, int]:
-        return {"": len(slots())}
+        return {"": len(look()[0])}
 
     def by_state() -> dict[str, int]:
-        declared, used = sum(slots().values()), sum(pool.held().values())  # type: ignore[attr-defined]
-        return {"free": max(declared - used, 0), "used": used}
+        declared, used = look()
+        return {"free": max(sum(declared.values()) - used, 0), "used": used}
 
     metrics.gauge("sandcell_nodes", "Ray nodes offering sandcell slots", nodes)
     metrics.gauge("sandcell_slots", "the cluster's sandcell slots by state", by_state, "state")

@@ -59,7 +59,8 @@ class ModelAttempt:
     @classmethod
     def failed(cls, started: float, begun: float, number: int, exc: BaseException) -> ModelAttempt:
         status = getattr(exc, "status_code", None)
-        error = str(status) if isinstance(status, int) else type(exc).__name__
+        name = type(exc).__name__
+        error = str(status) if isinstance(status, int) else name.lstrip("_") or "error"
         return cls(started, time.monotonic() - begun, number, error)
 
 

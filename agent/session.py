@@ -29,7 +29,7 @@ from sandcell.agent.events import (
     SandboxPaused,
     SandboxReady,
     SessionStarted,
-    executed_cell,
+    cell_events,
     fan_out,
     sandbox_started,
 )
@@ -435,7 +435,8 @@ class Session:
     def executed(self, code: str, execution: Execution) -> None:
         """A cell run without the model (serve's /execute): recorded as a step, so the
         notebook and replay hold it."""
-        self.publish(executed_cell(self.loop.questions, code, execution))
+        for event in cell_events(self.loop.questions, code, execution):
+            self.publish(event)
 
     @property
     def messages(self) -> list[dict]:

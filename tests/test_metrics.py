@@ -65,7 +65,7 @@ def test_every_series_of_a_fixed_label_set_is_there_before_any_event():
         for name, labels in fresh
         if name == "sandcell_sandbox_start_duration_seconds_count"
     }
-    assert (("outcome", "error"), ("runtime", "runsc")) in starts and len(starts) == 6
+    assert (("outcome", "error"), ("runtime", "runsc")) in starts and len(starts) == 8
     assert all(v == 0 for (name, _), v in fresh.items() if name.endswith(("_count", "_total")))
 
 
@@ -133,3 +133,71 @@ def test_requests_rejections_and_gauges_read_when_scraped(tmp_path):
     metrics.write(tmp_path / "metrics.prom")
     written = (tmp_path / "metrics.prom").read_text()
     assert 'sandcell_rejections_total{reason="capacity"} 1.0' in written
+
+
+def test_the_middleware_counts_by_template_and_the_guard_s_refusals_are_auth():
+    """Without a server process: a Starlette app with the guard and the middleware as serve
+    stacks them; a refused scrape is /metrics' (matched before routing), an unknown path and
+    an unknown method are "other"; --metrics-public opens /metrics alone."""
+    import click
+    import pytest
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from sandcell.agent.hosting.guard import Guard, Hosts
+    from sandcell.agent.hosting.http_metrics import HttpMetrics
+    from sandcell.agent.hosting.server_options import check_metrics_public
+
+    def app(public: bool) -> tuple[Starlette, Metrics]:
+        metrics = Metrics()
+        routes = [
+            Route("/metrics", lambda r: PlainTextResponse(metrics.text())),
+            Route("/api/sessions/{id}", lambda r: PlainTextResponse("x")),
+        ]
+        return Starlette(
+            routes=routes,
+            middleware=[
+                Middleware(HttpMetrics, metrics=metrics, routes=routes),
+                Middleware(
+                    Guard,
+                    hosts=Hosts("127.0.0.1", ()),
+                    users={"a": "t" * 20},
+                    metrics_public=public,
+                ),
+            ],
+        ), metrics
+
+    guarded, metrics = app(public=False)
+    with TestClient(guarded, base_url="http://127.0.0.1") as client:
+        assert client.get("/metrics").status_code == 401
+        assert (
+            client.get(
+                "/api/sessions/5f1c9a7e", headers={"Authorization": "Bearer " + "t" * 20}
+            ).status_code
+            == 200
+        )
+        assert client.get("/nowhere/5f1c9a7e").status_code == 404
+        assert client.request("BREW", "/metrics").status_code == 401
+    count = "sandcell_http_request_duration_seconds_count"
+    assert value(metrics, count, method="GET", route="/metrics", code="401") == 1
+    assert value(metrics, count, method="GET", route="/api/sessions/{id}", code="200") == 1
+    assert value(metrics, count, method="GET", route="other", code="404") == 1
+    assert value(metrics, count, method="other", route="/metrics", code="401") == 1
+    assert value(metrics, "sandcell_rejections_total", reason="auth") == 2
+    assert not any("5f1c9a7e" in str(labels) for _, labels in samples(metrics))
+    public, _ = app(public=True)
+    with TestClient(public, base_url="http://127.0.0.1") as client:
+        assert client.get("/metrics").status_code == 200
+        assert client.get("/api/sessions/1").status_code == 401  # the API still takes a token
+    check_metrics_public(True, "127.0.0.1", ())
+    check_metrics_public(True, "::1", ())
+    for host, allowed in [
+        ("0.0.0.0", ()),
+        ("10.1.2.3", ()),
+        ("127.0.0.1", ("sandcell.example.org",)),
+    ]:
+        with pytest.raises(click.UsageError):
+            check_metrics_public(True, host, allowed)

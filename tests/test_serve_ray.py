@@ -106,6 +106,13 @@ def test_sessions_on_both_nodes_stream_interrupt_files_and_a_full_cluster(
             full = api.post("/api/sessions")
             assert full.status_code == 503 and "slot of the Ray cluster" in full.json()["error"]
             assert int(full.headers["retry-after"]) >= 1
+            # /metrics counts nodes and slots (no node is a label), and the refusal
+            scraped = api.get("/metrics").text
+            for line in (
+                "sandcell_nodes 2.0", 'sandcell_slots{state="used"} 4.0',
+                'sandcell_slots{state="free"} 0.0', 'sandcell_rejections_total{reason="capacity"} 1.0',
+            ):  # fmt: skip
+                assert line in scraped.splitlines(), scraped
             # the uploaded file went to its node
             read = execute(api, sids[0], "import pandas as pd; len(pd.read_csv('/data/sales.csv'))")
             assert value(read) == "12"

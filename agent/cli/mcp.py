@@ -98,7 +98,7 @@ def mcp_cmd(
     if not http:
         _serve_stdio(limits, checked, output)
         return
-    check_metrics_public(metrics_public, host)
+    check_metrics_public(metrics_public, host, allowed_hosts)
     users_known = users_of(users, narrows=False).tokens
     settings = HttpSettings(
         users_known, bool(users), host, port, pool, idle_minutes * 60, max_sessions, allowed_hosts,

@@ -157,7 +157,7 @@ def serve_cmd(
     and answer as they come) and a JSON API with a live event stream for programs."""
     from sandcell.agent.serve import ServeConfig, create_app
 
-    check_metrics_public(metrics_public, host)
+    check_metrics_public(metrics_public, host, allowed_hosts)
     known = users_of(users, opts["allow_net"])
     model = build_model(opts)
     limits = build_limits(opts)

@@ -63,7 +63,7 @@ def _template(scope: Scope, routes: Sequence[BaseRoute]) -> str:
     401) is matched against `routes` here; a path none matches is "other"."""
     path = getattr(scope.get("route"), "path", None)
     for route in routes if path is None else ():
-        if route.matches(scope)[0] == Match.FULL:
+        if route.matches(scope)[0] != Match.NONE:  # PARTIAL: its path, another method
             path = getattr(route, "path", None)
             break
     return path or "other"

@@ -95,10 +95,16 @@ def server_options(
     return apply
 
 
-def check_metrics_public(public: bool, host: str) -> None:
-    """--metrics-public on an address others reach would show anyone the server's numbers."""
+def check_metrics_public(public: bool, host: str, allowed_hosts: tuple[str, ...]) -> None:
+    """--metrics-public on an address others reach (or behind a proxy: --allowed-host) would
+    show anyone the server's numbers."""
     import ipaddress
 
+    if public and allowed_hosts:
+        raise click.UsageError(
+            "--metrics-public is for a server only this machine reaches; with --allowed-host "
+            "(a proxy in front) /metrics takes a token, as the API does"
+        )
     if not public or host == "localhost":
         return
     try:

@@ -664,9 +664,11 @@ def write_metrics(output: Path, ids: list[str], runtime: str | None) -> None:
     now, read back from their traces: the same wherever a job ran), in the format of
     Prometheus' textfile collector."""
     metrics = Metrics(runtime)
-    for job_id in ids:
-        trace = output / job_id / "trace.jsonl"
-        if trace.exists():
-            for event in read_events(trace):
+    try:
+        for job_id in ids:
+            trace = output / job_id / "trace.jsonl"
+            for event in read_events(trace) if trace.exists() else []:
                 metrics.observe(event)
-    metrics.write(output / METRICS)
+        metrics.write(output / METRICS)
+    except Exception as error:  # never in the way of the batch's own end (a stop, its report)
+        log.warning("%s was not written: %s", output / METRICS, error)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
 from mcp.server.auth.provider import AccessToken
 from mcp.server.fastmcp.server import StreamableHTTPASGIApp
@@ -73,8 +74,9 @@ def http_app(
         async with manager.run():  # on the way out every session ends, and its sandbox
             yield
 
-    async def scrape(request: Request) -> Response:
-        return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
+    async def scrape(request: Request) -> Response:  # off the loop: a gauge may ask Ray
+        text = await anyio.to_thread.run_sync(metrics.text)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     routes = [Route(PATH, endpoint=endpoint), Route(METRICS_PATH, endpoint=scrape)]
     return Starlette(

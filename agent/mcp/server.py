@@ -28,7 +28,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent, Tool
 
-from sandcell.agent.events import Event, OnEvent, Output, executed_cell, sandbox_started
+from sandcell.agent.events import Event, OnEvent, Output, cell_events, sandbox_started
 from sandcell.agent.mcp.definitions import READ_DEFAULT, definitions
 from sandcell.sandbox import BackgroundSandbox, Inputs, Limits, Sandbox
 from sandcell.sandbox.boundary import INTERNAL
@@ -226,8 +226,9 @@ class ToolHandlers:
 
         execution = await blocking(run, cancelled=cancel)
         assert execution is not None  # None only for a call given up, whose await raised
-        if self.observe is not None:  # a cell as /execute's are recorded: a step without a model
-            self.observe(executed_cell(0, code, execution))
+        if self.observe is not None:  # as /execute's cells are recorded: a step, no model
+            for event in cell_events(0, code, execution):
+                self.observe(event)
         return observation(execution, self.limits.observation_chars)
 
     async def describe_file(self, path: str, ctx: Context) -> CallToolResult:

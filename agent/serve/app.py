@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 
 from sandcell.agent.hosting.guard import Guard, Hosts
 from sandcell.agent.hosting.http_metrics import HttpMetrics, rejected
-from sandcell.agent.metrics import Metrics
+from sandcell.agent.metrics import SESSION_STATES, Metrics, cluster_gauges
 from sandcell.agent.serve.bodylimit import BodyLimit
 from sandcell.agent.serve.config import ServeConfig
 from sandcell.agent.serve.files import BadName, OverBudget
@@ -56,6 +56,7 @@ def create_app(config: ServeConfig, pool: Pool | None = None) -> FastAPI:
     )
     app.state.config = config
     app.state.metrics = metrics
+    _gauges(app, metrics, pool)
     app.state.users = config.users  # name -> token
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")  # the page's JS and CSS
@@ -69,6 +70,19 @@ def create_app(config: ServeConfig, pool: Pool | None = None) -> FastAPI:
     app.add_middleware(HttpMetrics, metrics=metrics, routes=[*router.routes, *app.routes])
     _errors(app)
     return app
+
+
+def _gauges(app: FastAPI, metrics: Metrics, pool: Pool | None) -> None:
+    """Sessions by state, read from the session table at each scrape (none before the
+    lifespan made it); with --ray the cluster's nodes and slots. Once per app."""
+
+    def states() -> dict[str, int]:
+        sessions = getattr(app.state, "sessions", None)
+        return sessions.states() if sessions is not None else dict.fromkeys(SESSION_STATES, 0)
+
+    metrics.gauge("sandcell_sessions", "sessions by sandbox state", states, "state")
+    if pool is not None:
+        cluster_gauges(metrics, pool)
 
 
 def _json(status: int, message: str, headers: dict | None = None) -> JSONResponse:
@@ -94,6 +108,8 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 401:  # a token the page or a route refused
+            rejected(request.scope, 401)
         return _json(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)

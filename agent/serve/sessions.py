@@ -13,7 +13,7 @@ import shutil
 import threading
 import time
 
-from sandcell.agent.metrics import SESSION_STATES, Metrics, cluster_gauges
+from sandcell.agent.metrics import SESSION_STATES, Metrics
 from sandcell.agent.serve import files, resume
 from sandcell.agent.serve.config import ServeConfig
 from sandcell.agent.serve.listing import SessionInfo
@@ -84,9 +84,6 @@ class Sessions:
         self._by_id: dict[str, ServedSession] = {}
         self._lock = threading.Lock()
         self.observe = metrics.observe if metrics is not None else None  # each session's events
-        if metrics is not None:
-            metrics.gauge("sandcell_sessions", "sessions by sandbox state", self.states, "state")
-            cluster_gauges(metrics, self.pool)
         self._uploads: dict[str, threading.Lock] = {}  # a user's uploads, one at a time
         self._closed = threading.Event()
         self._reaper = threading.Thread(target=self._reap, daemon=True, name="idle-sessions")
@@ -218,11 +215,10 @@ class Sessions:
         """The sessions by their sandbox's state (live, paused, released): those stored by an
         earlier run of the server and not continued yet are paused or released too."""
         counts = dict.fromkeys(SESSION_STATES, 0)
-        with self._lock:
-            for served in self._by_id.values():
-                counts[served.sandbox_state()] += 1
-            for stored in self._stored.values():
-                counts["paused" if (stored.folder / PAUSED_DIR).is_dir() else "released"] += 1
+        for served in list(self._by_id.values()):  # no lock: a scrape never waits for a create
+            counts[served.sandbox_state()] += 1
+        for stored in list(self._stored.values()):
+            counts["paused" if (stored.folder / PAUSED_DIR).is_dir() else "released"] += 1
         return counts
 
     def _check_room(self, user: str) -> None:
