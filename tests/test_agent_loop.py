@@ -353,7 +353,7 @@ def test_trace_of_a_run_killed_mid_way_holds_every_finished_step(tmp_path):
         if proc.poll() is None:
             proc.kill()
         _reap()
-    events = read_trace(trace)
+    events = [e for e in read_trace(trace) if e["type"] != "model_request"]  # one per request
     steps = [e for e in events if e["type"] == "step"]
     # the sandbox event: the first python action waited for the container started beside it
     assert [e["type"] for e in events] == ["session", "question", "sandbox", "step", "step"]
@@ -384,8 +384,11 @@ def test_sandbox_starts_in_the_background_and_the_first_action_waits_for_it(tmp_
     assert result.answer == "42"
     events = read_trace(result.trace_path)
     kinds = [e["type"] for e in events]
-    assert kinds[:4] == ["session", "question", "sandbox", "step"]
-    question, sandbox = events[1], events[2]
+    # the model's request ends (its record), then the action waits for the sandbox
+    assert kinds[:5] == ["session", "question", "model_request", "sandbox", "step"]
+    request = events[2]  # answered: no error; its usage (estimated: a scripted server)
+    assert request["duration_s"] >= 1.5 and "error" not in request and request["input_tokens"] > 0
+    question, sandbox = events[1], events[3]
     assert sandbox["started_at"] <= question["time"]  # begun before the model was asked
     # the model took 1.5 s; the container started meanwhile, so the action waited less
     assert sandbox["waited_s"] < sandbox["start_s"]
