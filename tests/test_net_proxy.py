@@ -2,7 +2,6 @@
 allowlist's entries, the addresses a sandbox may never reach by a plain name, and the proxy on
 a Unix socket in front of real servers on loopback, with its resolver replaced in-process."""
 
-import http.server
 import ipaddress
 import socket
 import socketserver
@@ -13,23 +12,10 @@ import pytest
 
 from sandcell.sandbox.allowlist import Allowlist, refused_address
 from sandcell.sandbox.net_proxy import NetLimits, NetProxy
-from tests.loopback import tcp_server
+from tests.loopback import CSV as BODY
+from tests.loopback import Files, tcp_server
 
 pytestmark = pytest.mark.timeout(60)
-BODY = b"region,amount\nnorth,10\n"
-BIG = 1 << 20
-
-
-class Files(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        body = BODY if self.path == "/data.csv" else b"x" * BIG
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
 
 
 class Echo(socketserver.BaseRequestHandler):
@@ -215,7 +201,7 @@ def test_the_container_s_forwarder_carries_urllib_and_pandas_through_the_proxy(t
         listener.close()
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == [
-        "10",
+        "42",
         f"403 not allowed: other.test:{port}; this sandbox may reach: internal:files.test:{port}",
     ]
     assert [(r.host, r.allowed) for r in records] == [("files.test", True), ("other.test", False)]
