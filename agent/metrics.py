@@ -43,6 +43,7 @@ REJECTIONS = {401: "auth", 429: "per_user", 503: "capacity", 507: "quota"}
 SESSION_STATES = ("live", "paused", "released")
 RUNTIMES = ("default", "runc", "runsc", "other")
 NET_OUTCOMES = ("allowed", "refused")
+MODEL_OUTCOMES = ("ok", "error", "cancelled")
 SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 REJECTION_KEY = "sandcell.rejection"  # an ASGI scope's: why a request was refused
 Read = Callable[[], dict[str, int]]
@@ -81,9 +82,9 @@ class Metrics:
         self.model = _histogram(
             r,
             "sandcell_model_request_duration_seconds",
-            "model requests (each retry one) by outcome (ok, error)",
+            "model requests (each retry one) by outcome (ok, error, cancelled: a Stop)",
             "outcome",
-            ("ok", "error"),
+            MODEL_OUTCOMES,
         )
         self.tokens = _counter(
             r, "sandcell_model_tokens", "model tokens", "direction", ("input", "output")
@@ -117,9 +118,9 @@ class Metrics:
                         reason = RESTART_REASONS.get(ex.restarted, "died")
                         self.restarts.labels(reason).inc()
             case ModelRequest():
-                self.model.labels("ok" if event.error is None else "error").observe(
-                    event.duration_s
-                )
+                outcome = "ok" if event.error is None else event.error
+                outcome = outcome if outcome in MODEL_OUTCOMES else "error"
+                self.model.labels(outcome).observe(event.duration_s)
                 self.tokens.labels("input").inc(event.input_tokens or 0)
                 self.tokens.labels("output").inc(event.output_tokens or 0)
             case SandboxReady(start_s=float() as seconds, used=None):

@@ -57,7 +57,12 @@ class ModelAttempt:
     finish_reason: str | None = None
 
     @classmethod
-    def failed(cls, started: float, begun: float, number: int, exc: BaseException) -> ModelAttempt:
+    def failed(
+        cls, started: float, begun: float, number: int, exc: BaseException | str
+    ) -> ModelAttempt:
+        """`exc`: what went wrong, or CANCELLED (the caller gave the request up)."""
+        if isinstance(exc, str):
+            return cls(started, time.monotonic() - begun, number, exc)
         status = getattr(exc, "status_code", None)
         name = type(exc).__name__
         error = str(status) if isinstance(status, int) else name.lstrip("_") or "error"
@@ -65,6 +70,7 @@ class ModelAttempt:
 
 
 OnAttempt = Callable[[ModelAttempt], None]
+CANCELLED = "cancelled"  # a ModelAttempt's error when the caller gave it up (a Stop)
 
 
 @dataclass

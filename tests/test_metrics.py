@@ -87,6 +87,7 @@ def test_events_are_counted_as_they_come():
         executed_cell(1, "oom", Execution("x", restarted="out of memory", duration_s=1.0)),
         ModelRequest(model="m", sent=0, duration_s=0.5, input_tokens=100, output_tokens=20),
         ModelRequest(model="m", sent=0, duration_s=0.1, attempt=0, error="429"),
+        ModelRequest(model="m", sent=0, duration_s=0.2, attempt=1, error="cancelled"),  # a Stop
         SandboxReady(started_at=None, start_s=0.8, waited_s=0.0),
         SandboxReady(started_at=None, start_s=0.8, waited_s=0.0, used=False),  # its close: not again
         SandboxStartFailed(started_at=None, start_s=0.2, waited_s=0.2, error="no image"),
@@ -102,7 +103,8 @@ def test_events_are_counted_as_they_come():
     assert [value(metrics, count, outcome=o) for o in ("ok", "timeout", "restarted")] == [1, 1, 1]
     assert value(metrics, "sandcell_kernel_restarts_total", reason="timeout") == 1
     assert value(metrics, "sandcell_kernel_restarts_total", reason="out_of_memory") == 1
-    assert value(metrics, "sandcell_model_request_duration_seconds_count", outcome="error") == 1
+    requests = "sandcell_model_request_duration_seconds_count"
+    assert [value(metrics, requests, outcome=o) for o in ("ok", "error", "cancelled")] == [1, 1, 1]
     assert value(metrics, "sandcell_model_tokens_total", direction="input") == 100
     assert value(metrics, "sandcell_model_tokens_total", direction="output") == 20
     starts = "sandcell_sandbox_start_duration_seconds_count"

@@ -139,3 +139,7 @@ def test_a_cancel_ends_a_request_the_server_only_pings_at_once(tmp_path):
         assert server.left() == 1
     assert results and results[0].stop_reason == "interrupted", results
     assert took < 15, took  # at once, not at the 60 s wall
+    from sandcell.agent.records.trace import read_trace  # the request given up: a cancel
+
+    (request,) = [e for e in read_trace(tmp_path / "trace.jsonl") if e["type"] == "model_request"]
+    assert request["error"] == "cancelled", request

@@ -50,6 +50,7 @@ from sandcell.agent.model.endpoint_errors import closed, invalid, no_response, r
 from sandcell.agent.model.redact import scrub
 from sandcell.agent.model.settings import API_KEY_ENV, BASE_URL_ENV, DEFAULT_BASE_URL, ModelSettings
 from sandcell.agent.seams import (
+    CANCELLED,
     ImagesUnsupported,
     LimitReached,
     ModelAttempt,
@@ -207,7 +208,9 @@ class OpenAIModel:
             reply = self._send(*sent)
         except BaseException as exc:  # said, then handled by the caller
             if report is not None:
-                report(ModelAttempt.failed(at, begun, number, exc))
+                cancelled = sent[3]  # the caller gave up (a Stop): not the endpoint's error
+                gone = cancelled is not None and cancelled()
+                report(ModelAttempt.failed(at, begun, number, CANCELLED if gone else exc))
             raise
         if reply.usage.total == 0:
             written = len(reply.text) + sum(len(c.arguments) for c in reply.tool_calls)
