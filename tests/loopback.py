@@ -15,6 +15,13 @@ FILES_HOST = "files.sandcell.test"  # 127.0.0.1: reached through the internal: f
 OTHER_HOST = "other.sandcell.test"  # 127.0.0.1 too, never on an allowlist
 PRIVATE_HOST = "private.sandcell.test"  # 10.255.255.1: a private address nobody serves
 CSV = b"region,amount\nnorth,10\nsouth,32\n"
+# a cell that fetches http://{host}:{port}/x.csv: "fetched", or the error it met, in one line
+FETCH = """import urllib.request
+try:
+    urllib.request.urlopen('http://{host}:{port}/x.csv', timeout=30).read()
+    print('fetched')
+except Exception as error:
+    print(error)"""
 
 
 class Files(http.server.BaseHTTPRequestHandler):

@@ -7,7 +7,7 @@ reached through the internal: form."""
 import pytest
 
 from sandcell.sandbox import Limits
-from tests.loopback import CSV, FILES_HOST, Files, need_test_hosts, tcp_server
+from tests.loopback import CSV, FETCH, FILES_HOST, Files, need_test_hosts, tcp_server
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
 
@@ -65,7 +65,6 @@ def test_a_user_s_line_narrows_the_server_s_allowlist_for_their_sessions_only(tm
     from tests.scripted_server import ScriptedServer
     from tests.serve_helpers import BOB, client, config, execute, new_session, serving
 
-    fetch = "import urllib.request\ntry:\n    urllib.request.urlopen('http://{h}:{p}/x.csv')\n    print('fetched')\nexcept Exception as e:\n    print(e)"
     with tcp_server(Files) as first, tcp_server(Files) as second, ScriptedServer([]) as server:
         a, b = f"internal:{FILES_HOST}:{first}", f"internal:{FILES_HOST}:{second}"
         limits = Limits(timeout_s=30, allow_net=(a, b))
@@ -78,7 +77,7 @@ def test_a_user_s_line_narrows_the_server_s_allowlist_for_their_sessions_only(tm
                 with client(base, token) if token else client(base) as api:
                     sid = new_session(api)
                     runs = [
-                        execute(api, sid, fetch.format(h=FILES_HOST, p=port)).json()
+                        execute(api, sid, FETCH.format(host=FILES_HOST, port=port)).json()
                         for port in (first, second)
                     ]
                     said[name] = ["".join(s["text"] for s in run["stream"]) for run in runs]

@@ -18,7 +18,7 @@ import pytest
 from sandcell.sandbox import Execution
 from tests.cli_runner import sandcell
 from tests.containers import container_labels, owner_label
-from tests.loopback import FILES_HOST, Files, need_test_hosts, tcp_server
+from tests.loopback import FETCH, FILES_HOST, Files, need_test_hosts, tcp_server
 from tests.mcp_helpers import http_session, start_http, text
 from tests.mcp_helpers import python as python_mcp
 from tests.missing import IN_CI
@@ -73,14 +73,6 @@ def two_servers():
     need_test_hosts()
     with tcp_server(Files) as first, tcp_server(Files) as second:
         yield first, second
-
-
-FETCH = """import urllib.request
-try:
-    urllib.request.urlopen('http://{host}:{port}/x.csv', timeout=30).read()
-    print('fetched')
-except Exception as error:
-    print(error)"""
 
 
 @pytest.mark.timeout(420)
