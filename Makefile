@@ -18,7 +18,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt $(if $(wildcard build/__editable__.*),,FORCE)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt \
-		--config-settings editable_mode=strict -e '.[test,bench,ray]'
+		--config-settings editable_mode=strict -e '.[test,bench,ray,otel]'
 	rm -f $(VENV)/.installed*
 	touch $(STAMP)
 

@@ -401,6 +401,7 @@ class ActionStarted(Event):
     tag, traced = "action", False
     tool: str
     args: dict | str  # native tool calls carry their arguments as JSON text
+    call_id: str | None = None  # a native tool call's id
 
 
 @dataclass(frozen=True)

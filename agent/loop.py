@@ -234,7 +234,7 @@ class Loop:
         gets its answer, so the history stays valid)."""
         ran = Ran()
         for action in actions:
-            self.publish(ActionStarted(tool=action.tool, args=action.args))
+            self.publish(ActionStarted(tool=action.tool, args=action.args, call_id=action.call_id))
             try:
                 repeat = watch.action(action.key())
             except LimitReached as exc:

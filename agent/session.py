@@ -48,6 +48,7 @@ from sandcell.agent.records.notebook import export_notebook
 from sandcell.agent.records.trace import TraceWriter
 from sandcell.agent.seams import Model, RunResult
 from sandcell.agent.stops import Rules
+from sandcell.agent.telemetry import spans_for
 from sandcell.sandbox import (
     BackgroundSandbox,
     DockerSandbox,
@@ -154,7 +155,9 @@ class Session:
         self.trace_path = self.folder / "trace.jsonl"
         self.notebook_path = self.folder / "notebook.ipynb"
         self.trace = TraceWriter(self.trace_path)
-        self._publish = fan_out(self.trace, agent.on_event)  # the trace first, then the UI
+        # the trace first, then the spans (OTEL_*: else None), then the UI
+        spans = spans_for(self.folder.name)
+        self._publish = fan_out(self.trace, spans, agent.on_event)
         self.publish(self._started(sandbox))
         self.sandbox = self._sandbox(sandbox)
         try:

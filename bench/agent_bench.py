@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import re
 import shutil
 import statistics
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from bench.tasks import TASKS, Task, sandcell_script, sent_chars, smolagents_script
 from sandcell import Agent, OpenAIModel, Rules, ScriptedModel
-from sandcell.agent.events import Event
+from sandcell.agent.events import Event, OnEvent, fan_out
 from sandcell.agent.loop import Loop
 from sandcell.agent.records.trace import TraceWriter
 from sandcell.agent.vision import IMAGE_TOKENS
@@ -62,9 +63,10 @@ class TimedTrace(TraceWriter):
         self.spans.append(time.perf_counter() - started)
 
 
-def step_overhead(steps: int, protocol: str) -> dict:
+def step_overhead(steps: int, protocol: str, spans: OnEvent | None = None) -> dict:
     """Median time of one loop step around an instant tool (calculator) and an instant model:
-    context fit, parse, schema check, tool call, observation, stop rules, trace (fsync)."""
+    context fit, parse, schema check, tool call, observation, stop rules, trace (fsync);
+    `spans`: OpenTelemetry's span writer beside the trace (agent/telemetry.py)."""
     replies: list = [
         {"content": f"Step {i}: add the next number.",
          "tool_calls": [{"name": "calculator", "arguments": {"expression": f"{i} + 1"}}]}
@@ -76,7 +78,8 @@ def step_overhead(steps: int, protocol: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="sandcell-bench-") as folder:
         trace = TimedTrace(Path(folder) / "trace.jsonl")
         try:
-            loop = Loop(model, Registry([calculator_tool]), trace, protocol=protocol, rules=rules)
+            publish = fan_out(trace, spans)
+            loop = Loop(model, Registry([calculator_tool]), publish, protocol=protocol, rules=rules)
             result = loop.ask("Add the numbers one by one.")
         finally:
             trace.close()
@@ -190,11 +193,36 @@ def _without_urls(body: dict) -> dict:
     return json.loads(re.sub(r'"data:image/[^"]*"', '""', text))
 
 
+def traced_steps(steps: int, rounds: int) -> dict:
+    """The tools protocol's loop step with traces exported (OTLP/HTTP, batched, to a receiver
+    on loopback) against off, alternated in `rounds`: the medians' ratio."""
+    from sandcell.agent.telemetry import Spans, flush, the_tracer
+    from tests.otlp_receiver import receiving
+
+    with receiving() as receiver:
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
+        try:
+            tracer = the_tracer()
+            off, on = [], []
+            for _ in range(rounds):
+                off.append(step_overhead(steps, "tools")["median_s"])
+                on.append(
+                    step_overhead(steps, "tools", Spans(tracer, "bench").on_event)["median_s"]
+                )
+            flush()
+            exported = len(receiver.named("chat"))
+        finally:
+            del os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    off_s, on_s = statistics.median(off), statistics.median(on)
+    return {"off_s": off_s, "on_s": on_s, "ratio": on_s / off_s, "chat_spans": exported}
+
+
 def run(smoke: bool) -> dict:
     steps = 30 if smoke else 300
     tasks = TASKS[:3] if smoke else TASKS
     return {
         "step_overhead": {p: step_overhead(steps, p) for p in ("tools", "react")},
+        "traced": traced_steps(steps, 1 if smoke else 3),
         "characters": characters(tasks),
         "vision": vision_cost(),
     }
@@ -216,10 +244,22 @@ def rows(section: dict, row) -> list[str]:
             f"{c['smolagents']} CodeAgent ({len(c['tasks'])} tasks, ratio of totals)",
             f"{c['ratio_auto']:.2f}× ({mean['sandcell_auto']:,.0f} vs "
             f"{mean['smolagents']:,.0f} a task)", "≤ 0.35×", c["ratio_auto"] <= 0.35),
+        *_traced_rows(section.get("traced"), row),
         *_vision_rows(section.get("vision"), row),
         row("characters sent per task, sandcell `react` vs smolagents CodeAgent",
             f"{c['ratio_react']:.2f}× ({mean['sandcell_react']:,.0f} vs "
             f"{mean['smolagents']:,.0f} a task)", "≤ 0.35×", c["ratio_react"] <= 0.35),
+    ]  # fmt: skip
+
+
+def _traced_rows(t: dict | None, row) -> list[str]:
+    if not t:  # results from before traces
+        return []
+    return [
+        row("one loop step with OpenTelemetry traces exported (OTLP/HTTP to a receiver on "
+            f"loopback; {t['chat_spans']} chat spans) vs off, tools protocol",
+            f"{t['ratio']:.2f}× ({t['on_s'] * 1000:.2f} ms vs {t['off_s'] * 1000:.2f} ms)",
+            "≤ 1.10×", t["ratio"] <= 1.10),
     ]  # fmt: skip
 
 
