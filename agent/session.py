@@ -126,13 +126,16 @@ class Agent:
         output_dir: str | Path | None = None,
         sandbox: Sandbox | Callable[[], Sandbox] | None = None,
         expect: Mapping[str, str | Path | Schema] | None = None,
+        trace_parent: str | None = None,
     ) -> Session:
         """A conversation in one sandbox: by default a new DockerSandbox, started in the
         background. Pass a Sandbox to use it, or a function that makes one (e.g. a pool's
         acquire) to have it called in the background; the session closes its sandbox.
-        `expect`: declared output checks, as for run() (schema paths relative to here)."""
+        `expect`: declared output checks, as for run() (schema paths relative to here).
+        `trace_parent`: the W3C traceparent its questions' spans go under (OTEL_* on)."""
         checks = load_expect(expect, Path.cwd()) if expect else {}  # a bad schema: now
-        return Session(self, Inputs.from_paths(inputs), output_dir, sandbox, checks)
+        inputs_ = Inputs.from_paths(inputs)
+        return Session(self, inputs_, output_dir, sandbox, checks, trace_parent)
 
 
 class Session:
@@ -143,6 +146,7 @@ class Session:
         output_dir: str | Path | None,
         sandbox: Sandbox | Callable[[], Sandbox] | None,
         expect: Expect | None = None,
+        trace_parent: str | None = None,
     ):
         self.agent, self.inputs, self.expect = agent, inputs, expect or {}
         # set by a batch whose job a recipe solved: where the sandbox goes instead of close()
@@ -156,7 +160,7 @@ class Session:
         self.notebook_path = self.folder / "notebook.ipynb"
         self.trace = TraceWriter(self.trace_path)
         # the trace first, then the spans (OTEL_*: else None), then the UI
-        spans = spans_for(self.folder.name)
+        spans = spans_for(self.folder.name, trace_parent)
         self._publish = fan_out(self.trace, spans, agent.on_event)
         self.publish(self._started(sandbox))
         self.sandbox = self._sandbox(sandbox)

@@ -1,26 +1,45 @@
 """OpenTelemetry traces of questions, in the GenAI semantic conventions' shape: a subscriber of
 the typed event stream (as the trace file, the console and the metrics are), on only when the
-standard variables ask for it (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_TRACES_EXPORTER`); off, the
-SDK is never imported. One trace per question:
+standard variables ask for it (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_TRACES_EXPORTER`); off,
+nothing here runs and the SDK is never imported. One trace per question:
 
     invoke_agent sandcell           gen_ai.conversation.id: the session's folder name
       chat {model}                  one per model request, retries their own
       execute_tool {name}           one per tool call, with the cell's outcome
       sandbox start|pause|resume    as they happen
 
+A batch job's question is a child of the driver's `sandcell batch job` span, wherever it ran:
+only its W3C `traceparent` travels with the job (`begin_job`).
+
 Prompts, code and outputs go into spans only with
 `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`; otherwise only names, counts,
-durations and outcomes do."""
+durations and outcomes do.
+
+Where the work is done: the SDK takes ~40 µs of Python to make a span and as much to export
+it, as long as a whole loop step around an instant tool. So the loop's thread only stamps each
+event with the time and queues it; a thread makes finished span records (ids made here, so a
+job's traceparent is known before any of its spans is exported) and pipes them in batches to
+an exporting process of the SDK (agent/span_export.py, one per process that traces), which
+runs with this process's OTEL_* variables and ends, exporting what it holds, when its pipe
+does."""
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
+import importlib.util
 import json
 import logging
 import os
+import pickle
+import queue
+import random
+import subprocess
+import sys
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import IO, Any, NamedTuple
 
 from sandcell.agent.events import (
     ActionStarted,
@@ -41,9 +60,10 @@ log = logging.getLogger(__name__)
 AGENT = "sandcell"
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 CONTENT_CHARS = 8000  # a captured prompt, argument or result, cut to this
-_provider_lock = threading.Lock()
-_tracer: Any = None  # the process's, made once
-_provider: Any = None  # ... and its provider (flush)
+SEND_S = 0.2  # events are made into spans and piped this often
+DRAIN_S = 5.0  # at most this long for the queued spans to reach the exporter (flush, exit)
+CLOSE_WAIT_S = 2.0  # ... and for it to export them and end, at exit
+ERROR = "error"  # a SpanRecord's status when it failed without a description
 
 
 def enabled(env: dict[str, str] | os._Environ = os.environ) -> bool:
@@ -57,102 +77,267 @@ def enabled(env: dict[str, str] | os._Environ = os.environ) -> bool:
     return bool(exporter) or any(env.get(name) for name in endpoints)
 
 
-def spans_for(conversation: str) -> OnEvent | None:
-    """A session's span writer, or None when traces are off (or the SDK is not installed:
-    said once, and the session runs on without)."""
-    if not enabled():
+class SpanRecord(NamedTuple):
+    """A finished span, as the exporting process makes it into the SDK's."""
+
+    trace_id: int
+    span_id: int
+    parent_id: int | None
+    remote_parent: bool  # the parent span was made in another process (a batch's driver)
+    name: str
+    client: bool  # a call out of the process (a model request): SpanKind CLIENT
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    error: str | None  # the status's description when it failed (ERROR: none given)
+
+
+@dataclass
+class Begun:
+    """A span begun and not yet ended."""
+
+    trace_id: int
+    span_id: int
+    parent_id: int | None
+    remote_parent: bool
+    name: str
+    start_ns: int
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def traceparent(self) -> str:
+        return f"00-{self.trace_id:032x}-{self.span_id:016x}-01"
+
+    def ended(self, end_ns: int, error: str | None = None, client: bool = False) -> SpanRecord:
+        return SpanRecord(
+            self.trace_id, self.span_id, self.parent_id, self.remote_parent, self.name,
+            client, self.start_ns, end_ns, self.attributes, error,
+        )  # fmt: skip
+
+
+def begin(
+    name: str,
+    start_ns: int,
+    parent: Begun | None = None,
+    remote: tuple[int, int] | None = None,
+    attributes: dict[str, Any] | None = None,
+) -> Begun:
+    """A span under `parent` (made here) or `remote` (trace and span id made elsewhere), else
+    the root of a new trace."""
+    span_id = random.getrandbits(64) or 1
+    if parent is not None:
+        trace_id, parent_id, is_remote = parent.trace_id, parent.span_id, False
+    elif remote is not None:
+        (trace_id, parent_id), is_remote = remote, True
+    else:
+        trace_id, parent_id, is_remote = random.getrandbits(128) or 1, None, False
+    return Begun(trace_id, span_id, parent_id, is_remote, name, start_ns, attributes or {})
+
+
+def parse_traceparent(text: str | None) -> tuple[int, int] | None:
+    """(trace id, span id) of a W3C traceparent, None for none or a malformed one."""
+    parts = (text or "").split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
         return None
-    tracer = the_tracer()
-    return None if tracer is None else Spans(tracer, conversation).on_event
+    try:
+        trace_id, span_id = int(parts[1], 16), int(parts[2], 16)
+    except ValueError:
+        return None
+    return (trace_id, span_id) if trace_id and span_id else None
 
 
-def the_tracer() -> Any:
-    """The process's tracer (made once, from OTEL_*), or None without the SDK."""
-    global _tracer
-    with _provider_lock:
-        if _tracer is None:
+class Exporter:
+    """This process's way to its exporting process: events queued by the loops' threads, made
+    into span records by one thread, piped in batches."""
+
+    def __init__(self) -> None:
+        self.pending: queue.SimpleQueue = queue.SimpleQueue()
+        command = [sys.executable, "-m", "sandcell.agent.span_export"]
+        # its own session: a Ctrl-C meant for this process does not cut its last export short;
+        # it ends when its stdin does, whenever this process ends
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+        )
+        self.broken = False
+        threading.Thread(target=self._send, name="sandcell-spans", daemon=True).start()
+
+    def queue(self, spans: Spans, ns: int, event: Event) -> None:
+        self.pending.put((spans, ns, event))
+
+    def records(self, made: list[SpanRecord]) -> None:
+        """Span records made elsewhere (a batch job's), piped in order with the rest."""
+        self.pending.put((None, 0, made))
+
+    def flush(self, export: bool = True) -> None:
+        """Wait until what was queued so far reached the exporting process and, `export`,
+        was exported."""
+        done = threading.Event()
+        self.pending.put((None, export, done))
+        done.wait(DRAIN_S * (2 if export else 1))
+
+    def close(self) -> None:
+        """At exit: the queued spans piped, the pipe closed; the process exports and ends (a
+        collector that is slow or down holds it up to its export timeout, not this one)."""
+        self.flush(export=False)
+        try:
+            self._stdin().close()
+            self.process.wait(CLOSE_WAIT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+    def _stdin(self) -> IO[bytes]:
+        assert self.process.stdin is not None
+        return self.process.stdin
+
+    def _send(self) -> None:
+        while True:
+            first = self.pending.get()
+            # then what comes within SEND_S: a wake and a write per batch, not per event
+            # (each costs the loop's thread more than its event's span)
+            time.sleep(SEND_S)
+            self._send_batch(first)
+
+    def _send_batch(self, item: tuple) -> None:
+        records: list[SpanRecord] = []
+        while True:
+            spans, ns, event = item
+            if isinstance(event, threading.Event):  # a flush: the records so far, then say so
+                self._write(records, flush=bool(ns))
+                records = []
+                event.set()
+            else:
+                records += event if spans is None else spans.made(ns, event)
             try:
-                _tracer = _make_tracer()
-            except ImportError as error:
-                log.warning(
-                    "OTEL_* asks for traces, but %s; install sandcell[otel] for them", error
-                )
-                _tracer = False
-        return _tracer or None
+                item = self.pending.get_nowait()
+            except queue.Empty:
+                break
+        self._write(records)
+
+    def _write(self, records: list[SpanRecord], flush: bool = False) -> None:
+        if self.broken or not (records or flush):
+            return
+        try:
+            pickle.dump((records, flush), self._stdin(), protocol=pickle.HIGHEST_PROTOCOL)
+            self._stdin().flush()
+            if flush:
+                assert self.process.stdout is not None
+                self.process.stdout.read(1)  # exported
+        except (OSError, ValueError) as error:  # the process ended: said once, spans dropped
+            self.broken = True
+            log.warning("traces are not exported any more: their process ended (%s)", error)
 
 
-def _make_tracer() -> Any:
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+_exporter_lock = threading.Lock()
+_exporter: Exporter | None = None  # the process's, made once
+_cannot = False  # ... or said once that it cannot be
 
-    exporter: Any
-    if os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "console":
-        exporter = ConsoleSpanExporter()
-    else:  # otlp: over HTTP (protobuf), where OTEL_EXPORTER_OTLP_* point, with their headers
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        exporter = OTLPSpanExporter()
-    service = os.environ.get("OTEL_SERVICE_NAME") or AGENT
-    global _provider
-    _provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    _provider.add_span_processor(BatchSpanProcessor(exporter))  # flushed at exit by the SDK
-    return _provider.get_tracer("sandcell")
+def the_exporter() -> Exporter | None:
+    """The process's exporter (started once), or None without the SDK (said once)."""
+    global _exporter, _cannot
+    with _exporter_lock:
+        if _exporter is None and not _cannot:
+            needed = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
+            if all(importlib.util.find_spec(name) for name in needed):
+                _exporter = Exporter()
+                atexit.register(_exporter.close)
+            else:
+                log.warning("OTEL_* asks for traces; install sandcell[otel] for them")
+                _cannot = True
+        return _exporter
 
 
 def flush() -> None:
-    """The spans made so far, exported now (a bench's round; the SDK flushes at exit)."""
-    if _provider is not None:
-        _provider.force_flush()
+    """The spans of the events published so far, exported now (the exporter's process also
+    exports as it goes and as it ends)."""
+    if _exporter is not None:
+        _exporter.flush()
 
 
-def _ns(seconds: float) -> int:
-    return int(seconds * 1e9)
+def spans_for(conversation: str, parent: str | None = None) -> OnEvent | None:
+    """A session's span writer, or None when traces are off. `parent`: the traceparent its
+    questions belong under (a batch job's)."""
+    if not enabled():
+        return None
+    exporter = the_exporter()
+    return None if exporter is None else Spans(exporter, conversation, parent).on_event
+
+
+def begin_job(job_id: str) -> Begun | None:
+    """A batch job's span on the driver (None when traces are off), begun as the job is sent
+    to run wherever it runs; its traceparent is all that travels with it."""
+    if not enabled() or the_exporter() is None:
+        return None
+    attributes = {"sandcell.job.id": job_id, "gen_ai.conversation.id": job_id}
+    return begin(f"{AGENT} batch job", time.time_ns(), attributes=attributes)
+
+
+def traceparent(span: Begun | None) -> str | None:
+    return None if span is None else span.traceparent
+
+
+def end_job(span: Begun | None, record: dict[str, Any]) -> None:
+    """The job's span ended as its results line is written (`record`)."""
+    exporter = the_exporter()
+    if span is None or exporter is None:
+        return
+    span.attributes["sandcell.job.status"] = str(record.get("status"))
+    failed = record.get("status") == "failed"
+    exporter.records(
+        [span.ended(time.time_ns(), str(record.get("error") or ERROR) if failed else None)]
+    )
 
 
 class Spans:
-    """The spans of one session, from its events (one question at a time, as the loop runs)."""
+    """The spans of one session, from its events (one question at a time, as the loop runs).
+    `on_event` runs in the loop's thread; the rest in the exporter's."""
 
-    def __init__(self, tracer: Any, conversation: str):
-        from opentelemetry import trace
-
-        self.tracer, self.trace, self.conversation = tracer, trace, conversation
+    def __init__(self, exporter: Exporter, conversation: str, parent: str | None = None):
+        self.exporter, self.conversation = exporter, conversation
+        self.parent = parse_traceparent(parent)
         self.capture = os.environ.get(CAPTURE_ENV, "").lower() == "true"
         self.model = ""
-        self.agent: Any = None  # the question's invoke_agent span, while it runs
-        self.tools: list[Any] = []  # execute_tool spans begun, not yet observed
+        self.agent: Begun | None = None  # the question's invoke_agent span, while it runs
+        self.tools: list[Begun] = []  # execute_tool spans begun, not yet observed
 
     def on_event(self, event: Event) -> None:
+        self.exporter.queue(self, time.time_ns(), event)
+
+    def made(self, ns: int, event: Event) -> list[SpanRecord]:
+        """The spans `event`, published at `ns`, ends."""
         try:
-            self._on(event)
+            return self._on(ns, event)
         except Exception:  # a span is never worth a question
             log.debug("a span was not made for %s", type(event).__name__, exc_info=True)
+            return []
 
-    def _on(self, event: Event) -> None:
+    def _on(self, ns: int, event: Event) -> list[SpanRecord]:
         match event:
             case SessionStarted():
                 self.model = event.model
             case Question():
-                self._question(event)
+                self._question(ns, event)
             case ModelRequest():
-                self._chat(event)
+                return [self._chat(event)]
             case ActionStarted():
-                self._tool_begun(event)
+                self._tool_begun(ns, event)
             case Observation():
-                self._tool_ended(event)
+                return self._tool_ended(ns, event)
             case Final():
-                self._answered(event)
+                return self._answered(ns, event)
             case SandboxReady(used=None) | SandboxStartFailed():
-                self._sandbox("start", event.start_s, _iso(event.started_at), _error(event))
+                began = _iso(event.started_at)
+                return [self._sandbox(ns, "start", event.start_s, began, _error(event))]
             case SandboxPaused():
-                self._sandbox("pause", event.seconds, None, None)
+                return [self._sandbox(ns, "pause", event.seconds, None, None)]
             case SandboxResumed():
-                self._sandbox("resume", event.seconds, None, event.error)
+                return [self._sandbox(ns, "resume", event.seconds, None, event.error)]
+        return []
 
-    def _context(self) -> Any:
-        return self.trace.set_span_in_context(self.agent) if self.agent is not None else None
+    def _child(self, name: str, start_ns: int, attributes: dict[str, Any]) -> Begun:
+        return begin(name, start_ns, self.agent, attributes=attributes)
 
-    def _question(self, event: Question) -> None:
+    def _question(self, ns: int, event: Question) -> None:
         attributes = {
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.agent.name": AGENT,
@@ -162,9 +347,9 @@ class Spans:
         if self.capture:
             message = [{"role": "user", "parts": [{"type": "text", "content": event.task}]}]
             attributes["gen_ai.input.messages"] = _cut(json.dumps(message))
-        self.agent = self.tracer.start_span(f"invoke_agent {AGENT}", attributes=attributes)
+        self.agent = begin(f"invoke_agent {AGENT}", ns, None, self.parent, attributes)
 
-    def _chat(self, event: ModelRequest) -> None:
+    def _chat(self, event: ModelRequest) -> SpanRecord:
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.request.model": event.model,
@@ -177,71 +362,57 @@ class Spans:
             attributes["gen_ai.response.finish_reasons"] = [event.finish_reason]
         if event.error:
             attributes["error.type"] = event.error
-        span = self.tracer.start_span(
-            f"chat {event.model}",
-            context=self._context(),
-            kind=self.trace.SpanKind.CLIENT,
-            attributes=attributes,
-            start_time=_ns(event.sent),
-        )
-        if event.error:
-            span.set_status(self.trace.Status(self.trace.StatusCode.ERROR, event.error))
-        span.end(end_time=_ns(event.sent + event.duration_s))
+        sent = int(event.sent * 1e9)
+        span = self._child(f"chat {event.model}", sent, attributes)
+        return span.ended(sent + int(event.duration_s * 1e9), event.error, client=True)
 
-    def _tool_begun(self, event: ActionStarted) -> None:
+    def _tool_begun(self, ns: int, event: ActionStarted) -> None:
         attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": event.tool}
         if event.call_id:
             attributes["gen_ai.tool.call.id"] = event.call_id
         if self.capture:
             arguments = event.args if isinstance(event.args, str) else json.dumps(event.args)
             attributes["gen_ai.tool.call.arguments"] = _cut(arguments)
-        name = f"execute_tool {event.tool}"
-        self.tools.append(
-            self.tracer.start_span(name, context=self._context(), attributes=attributes)
-        )
+        self.tools.append(self._child(f"execute_tool {event.tool}", ns, attributes))
 
-    def _tool_ended(self, event: Observation) -> None:
+    def _tool_ended(self, ns: int, event: Observation) -> list[SpanRecord]:
         if not self.tools:
-            return
+            return []
         span = self.tools.pop(0)
         if event.execution is not None:
             from sandcell.agent.metrics import cell_outcome
 
-            span.set_attribute("sandcell.cell.outcome", cell_outcome(event.execution))
+            span.attributes["sandcell.cell.outcome"] = cell_outcome(event.execution)
         if not event.ok:
-            span.set_attribute("error.type", "tool_error")
-            span.set_status(self.trace.Status(self.trace.StatusCode.ERROR))
+            span.attributes["error.type"] = "tool_error"
         if self.capture:
-            span.set_attribute("gen_ai.tool.call.result", _cut(event.text))
-        span.end()
+            span.attributes["gen_ai.tool.call.result"] = _cut(event.text)
+        return [span.ended(ns, None if event.ok else ERROR)]
 
-    def _answered(self, event: Final) -> None:
-        for span in self.tools:  # begun and never observed (a stop between them)
-            span.end()
+    def _answered(self, ns: int, event: Final) -> list[SpanRecord]:
+        made = [span.ended(ns) for span in self.tools]  # begun, never observed (a stop)
         self.tools = []
         if self.agent is None:
-            return
+            return made
+        error = None
         if event.answer is None:
-            self.agent.set_attribute("error.type", event.stop_reason)
-            self.agent.set_status(self.trace.Status(self.trace.StatusCode.ERROR, event.detail))
+            self.agent.attributes["error.type"] = event.stop_reason
+            error = event.detail or ERROR
         elif self.capture:
             message = [{"role": "assistant", "parts": [{"type": "text", "content": event.answer}]}]
-            self.agent.set_attribute("gen_ai.output.messages", _cut(json.dumps(message)))
-        self.agent.end()
+            self.agent.attributes["gen_ai.output.messages"] = _cut(json.dumps(message))
+        made.append(self.agent.ended(ns, error))
         self.agent = None
+        return made
 
     def _sandbox(
-        self, what: str, seconds: float | None, began: float | None, error: str | None
-    ) -> None:
-        end = time.time()
-        start = began if began is not None else end - (seconds or 0.0)
-        span = self.tracer.start_span(
-            f"sandbox {what}", context=self._context(), start_time=_ns(start)
-        )
-        if error:
-            span.set_attribute("error.type", "sandbox_error")
-            span.set_status(self.trace.Status(self.trace.StatusCode.ERROR, error[:200]))
-        span.end(end_time=_ns(start + seconds if seconds is not None else end))
+        self, ns: int, what: str, seconds: float | None, began: float | None, error: str | None
+    ) -> SpanRecord:
+        start = began if began is not None else ns / 1e9 - (seconds or 0.0)
+        end = int((start + seconds) * 1e9) if seconds is not None else ns
+        attributes = {"error.type": "sandbox_error"} if error else {}
+        span = self._child(f"sandbox {what}", int(start * 1e9), attributes)
+        return span.ended(end, error[:200] if error else None)
 
 
 def _error(event: SandboxReady | SandboxStartFailed) -> str | None:

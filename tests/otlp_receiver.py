@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import gzip
 import http.server
+import json
+import subprocess
+import sys
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -83,3 +87,32 @@ def receiving() -> Iterator[Receiver]:
     finally:
         receiver.shutdown()
         receiver.server_close()
+
+
+@contextmanager
+def receiving_apart() -> Iterator[tuple[str, dict[str, int]]]:
+    """A receiver in a process of its own, as a collector is (a bench: its decoding is not
+    this process's cost): its endpoint, and once the block ends, the spans it got by name."""
+    command = [sys.executable, "-m", "tests.otlp_receiver"]
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert process.stdin is not None and process.stdout is not None
+    counts: dict[str, int] = {}
+    try:
+        yield process.stdout.readline().strip(), counts
+    finally:
+        process.stdin.close()
+        counts.update(json.loads(process.stdout.readline() or "{}"))
+        process.wait(10)
+
+
+def main() -> None:
+    """Say the endpoint; when stdin ends, the spans received by name (JSON), and end."""
+    with receiving() as receiver:
+        print(receiver.endpoint, flush=True)
+        sys.stdin.read()
+        with receiver.lock:
+            print(json.dumps(Counter(s["name"] for s in receiver.spans)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -28,6 +28,7 @@ from tests.deliveries import (
 )
 from tests.loopback import FILES_HOST, Files, need_test_hosts, tcp_server
 from tests.missing import IN_CI
+from tests.otlp_receiver import receiving
 from tests.polling import kill_after_results, wait_for
 from tests.realdata import CSVS
 from tests.scripted_server import ScriptedServer
@@ -59,6 +60,18 @@ KEY = "sk-ray-test-6f1c0e9b2d"  # must reach the node, and appear nowhere in log
 def cluster():
     with ray_cluster(NODE, [NODE]) as cluster:
         yield cluster
+
+
+@pytest.fixture
+def traced_cluster(monkeypatch):
+    """A cluster whose nodes and driver export traces to a receiver here: each from its own
+    OTEL_* variables (as every node of a real cluster has its own), none sent with a job."""
+    with receiving() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
+        with ray_cluster(NODE, [NODE]) as cluster:
+            cluster.receiver = receiver
+            yield cluster
 
 
 def sha256(path) -> str:
@@ -155,9 +168,11 @@ def why_no_output(record: dict, folder: Path) -> str:
 
 
 @pytest.mark.timeout(BATCH_S + 80)  # its waits in turn, and room
-def test_twelve_jobs_on_two_nodes_all_answered_and_the_key_never_written(cluster, tmp_path):
+def test_twelve_jobs_on_two_nodes_all_answered_and_the_key_never_written(traced_cluster, tmp_path):
     """Two of them read a file over --allow-net: each through the proxy of its node, the
-    connection back in its trace and audit."""
+    connection back in its trace and audit. Each job is one trace: the driver's job span, the
+    node's question under it (only the traceparent travelled)."""
+    cluster = traced_cluster
     need_test_hosts()
     before = {p: (sha256(p), p.stat().st_mode) for p in CSVS}
     out = tmp_path / "out"
@@ -187,12 +202,28 @@ def test_twelve_jobs_on_two_nodes_all_answered_and_the_key_never_written(cluster
     written = [out, cluster.head_node.get_session_dir_path()]
     leaks = subprocess.run(["grep", "-rl", KEY, *map(str, written)], capture_output=True, text=True)
     assert leaks.stdout == "" and KEY not in run.stdout + run.stderr
+    check_job_traces(cluster.receiver, sorted(expected))
+
+
+def check_job_traces(receiver, ids: list[str]) -> None:
+    wait_for(lambda: len(receiver.named("invoke_agent")) >= len(ids), 30, "the nodes' spans")
+    wait_for(lambda: len(receiver.named("sandcell batch job")) == len(ids), 30, "the job spans")
+    spans = list(receiver.spans)
+    roots = {s["attributes"]["sandcell.job.id"]: s for s in receiver.named("sandcell batch job")}
+    assert sorted(roots) == ids
+    for job_id, root in roots.items():
+        assert root["parent"] == "" and root["attributes"]["sandcell.job.status"] == "answered"
+        (agent,) = [s for s in spans if s["parent"] == root["span_id"]]
+        assert (agent["name"], agent["trace_id"]) == ("invoke_agent sandcell", root["trace_id"])
+        assert agent["attributes"]["gen_ai.conversation.id"] == job_id
+        under = {s["name"] for s in spans if s["parent"] == agent["span_id"]}
+        assert "execute_tool python" in under and any(n.startswith("chat ") for n in under)
 
 
 def jobs_with_a_sandbox() -> list[Path]:
     """The nodes' scratch traces (run_here's folders) that say the job's sandbox is ready."""
     ready = []
-    for trace in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*/out/trace.jsonl"):
+    for trace in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*/out/*/trace.jsonl"):
         try:
             lines = trace.read_text().splitlines()
         except OSError:  # its job ended and the folder went between the glob and the read

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from tqdm import tqdm
 
-from sandcell.agent import stops
+from sandcell.agent import stops, telemetry
 from sandcell.agent.jobs import batch_report
 from sandcell.agent.jobs.fingerprint import Layout
 from sandcell.agent.jobs.job_files import write_job_files
@@ -223,12 +223,14 @@ def run_job(
     running: Running,
     learning: Learning | None = None,
     layout: Layout | None = None,
+    trace_parent: str | None = None,
 ) -> dict[str, Any] | None:
     """Run one job into `folder` (made afresh) and return its line of results.jsonl, or
     PARKED when the job waits for another's agent run to learn its layout (nothing is
     recorded, its sandbox is given back, `learning` requeues it). The one job body: the local
     batch calls it in a thread, a Ray node in its actor. The sandbox comes from `pool`; None
-    starts one. `layout`: the inputs' layout when the caller read it already (a Ray driver)."""
+    starts one. `layout`: the inputs' layout when the caller read it already (a Ray driver);
+    `trace_parent`: the driver's span of the job (agent.telemetry.begin_job)."""
     paths = [item.path for item in Inputs.from_paths(job.inputs)]  # Inputs, or a list of paths
     if layout is None and settings.recipes is not None:
         layout = Layout.of(paths)
@@ -253,10 +255,8 @@ def run_job(
             vision=settings.vision,
         )
         # taken beside the job's first model request; the session closes it
-        with (
-            agent.session(job.inputs, folder, acquire, expect=job.expect) as session,
-            running.tracked(session),
-        ):
+        session = agent.session(job.inputs, folder, acquire, job.expect, trace_parent)
+        with session, running.tracked(session):
             solved = _solve(job, session, attempt)
         if solved is PARKED:
             return PARKED
@@ -525,17 +525,19 @@ class ThreadExecutor:
         batch.started(waited=job.id in self._parked)
         self._parked.discard(job.id)
         record = None
+        span = telemetry.begin_job(job.id)
         try:
             record = run_job(
                 job, folder, self.settings, model=self.model, pool=pool, running=running,
-                learning=learning,
+                learning=learning, trace_parent=telemetry.traceparent(span),
             )  # fmt: skip
-            if record is PARKED:
+            if record is PARKED:  # its span is dropped: the job's trace is its run's
                 self._parked.add(job.id)  # before it can be requeued
                 batch.parked()
                 assert learning is not None  # only a batch that learns parks a job
                 learning.settled(job)
                 return None
+            telemetry.end_job(span, record)
             batch.record(record)
             return record
         finally:  # whatever happened: a learning run that ended lets the waiting jobs go

@@ -43,7 +43,7 @@ import ray
 from ray.actor import ActorProxy
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from sandcell.agent import stops
+from sandcell.agent import stops, telemetry
 from sandcell.agent.events import Event, SessionStarted
 from sandcell.agent.jobs.batch import (
     STOP_WAIT_S,
@@ -104,6 +104,7 @@ class RemoteJob:
     replay_name: str | None = None
     expect: dict | None = None  # the job's declared checks (agent.output_checks.Expect)
     carried: Carried | None = None  # in a batch that learns recipes: its layout and recipes
+    trace_parent: str | None = None  # the driver's span of the job (OTEL_* on there)
 
 
 def runner_name(node_id: str) -> str:
@@ -235,11 +236,12 @@ def run_here(
                 return ScriptedModel(job.replies, name=job.replay_name)
             return model() if model else endpoint_model(settings, key_box)
 
-        folder = work / "out"
+        folder = work / "out" / job.id  # its name: the session's (a trace's conversation id)
         here = Job(job.id, job.task, inputs, expect=job.expect or {})
         ran = run_job(
             here, folder, job_settings, model=make_model, pool=pool, running=running,
             learning=learning, layout=job.carried.layout if job.carried else None,
+            trace_parent=job.trace_parent,
         )  # fmt: skip
         if ran is None:  # parked: its layout is being learned (or was, since it chose)
             return None, {}
@@ -338,6 +340,7 @@ class RayExecutor:
             settings = replace(settings, job=replace(settings.job, recipes=None))
         self.settings, self.api_key, self.max_input_mb = settings, api_key, max_input_mb
         self._parked: set[str] = set()  # ids of the jobs waiting for a layout's learning run
+        self._spans: dict[str, telemetry.Begun | None] = {}  # the jobs sent: their spans
         self.address = address or os.environ.get("RAY_ADDRESS") or "auto"
         self.runners: dict[str, ActorProxy[NodeRunner]] = {}
         self._runner_class = ray.remote(NodeRunner)
@@ -467,7 +470,9 @@ class RayExecutor:
                         self._park(job, batch)
                         continue
                     blobs = inputs.send(job) if inputs is not None else {}
-                    sent = self._remote(job, carried)
+                    if job.id not in self._spans:  # one span a job, over its parkings
+                        self._spans[job.id] = telemetry.begin_job(job.id)
+                    sent = self._remote(job, carried, telemetry.traceparent(self._spans[job.id]))
                     pending[self._task.remote(sent, blobs, self.settings, self._key_box, desk)] = (
                         job
                     )
@@ -539,7 +544,9 @@ class RayExecutor:
             "where every node reads them at the same path and pass --shared-paths"
         )
 
-    def _remote(self, job: Job, carried: Carried | None = None) -> RemoteJob:
+    def _remote(
+        self, job: Job, carried: Carried | None = None, trace_parent: str | None = None
+    ) -> RemoteJob:
         replies = None
         if job.replay is not None:
             replies = [entry for _, entry in load_script(job.replay)]
@@ -551,6 +558,7 @@ class RayExecutor:
             f"replay:{job.replay.name}" if job.replay else None,
             job.expect,
             carried,
+            trace_parent,
         )
 
     def _collect(
@@ -596,11 +604,13 @@ class RayExecutor:
             except Exception as error:  # one job's failure is recorded, as run_job does locally
                 learning.lost(job)
                 record = failed(job, f"{type(error).__name__}: {error}")
-        batch.record(record)
-        return record
+        return self._record(job, record, batch)
 
     def _failed(self, job: Job, error: str, batch: Batch) -> dict[str, Any]:
-        record = failed(job, error)
+        return self._record(job, failed(job, error), batch)
+
+    def _record(self, job: Job, record: dict[str, Any], batch: Batch) -> dict[str, Any]:
+        telemetry.end_job(self._spans.pop(job.id, None), record)
         batch.record(record)
         return record
 
