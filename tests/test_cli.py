@@ -3,6 +3,7 @@ error -> exit status map (agent/cli/exits.py). Nothing here starts a container; 
 that need one run the real command in a subprocess (test_cli_exec.py, test_jobs.py)."""
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -479,3 +480,24 @@ def test_serve_claims_its_data_folder_alone_and_says_why_it_cannot(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(click.UsageError, match="Not a directory; give a folder this user can"):
         claim_data(tmp_path / "file" / "d")
+
+
+def test_a_library_warning_is_one_sandcell_line_its_traceback_in_a_file(capsys, tmp_path):
+    """Every sandcell.* logger's warning (a retried request, a tool that failed) reaches the
+    terminal as one `sandcell:` line, its traceback kept in a file it names."""
+    kept, exits.Debug.details_dir = exits.Debug.details_dir, tmp_path
+    restore = exits.setup_logging(debug=False)
+    try:
+        try:
+            raise ValueError("the cause")
+        except ValueError:
+            logging.getLogger("sandcell.agent.loop").warning("it failed", exc_info=True)
+        logging.getLogger("sandcell.sandbox.pool").info("not shown")
+    finally:
+        restore()
+        exits.Debug.details_dir = kept
+    assert logging.getLogger("sandcell").propagate  # as it was
+    said = capsys.readouterr().err
+    assert re.fullmatch(r"sandcell: it failed; details in \S+\n", said), said
+    (details,) = tmp_path.glob("sandcell-error-*.txt")
+    assert "ValueError: the cause" in details.read_text() and str(details) in said

@@ -48,7 +48,7 @@ def test_an_unreachable_endpoint_with_credentials_in_its_url_says_so_without_the
     model = OpenAIModel("m", base_url=url, api_key="k", retry_base_s=0.01)
     assert "hunter22" not in repr(model) and "sk-SECRET99" not in repr(model)
     agent = Agent(model, rules=Rules(), sandbox_start="on_demand", protocol="react")
-    with caplog.at_level(logging.INFO, logger="agent"):
+    with caplog.at_level(logging.INFO, logger="sandcell"):
         result = agent.run("x", [], tmp_path)
     assert result.stop_reason == "model_error"
     assert "cannot reach the model endpoint http://***@127.0.0.1" in result.detail

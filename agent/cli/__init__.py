@@ -65,5 +65,5 @@ def main(debug: bool) -> None:
     from sandcell.agent.cli import exits
 
     exits.Debug.enabled, exits.Debug.details_dir = debug, None
-    exits.setup_logging(debug)
+    click.get_current_context().call_on_close(exits.setup_logging(debug))
     exits.handle_signals()

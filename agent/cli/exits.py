@@ -24,7 +24,7 @@ import signal
 import sys
 import tempfile
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -58,14 +58,22 @@ class OneLine(logging.Formatter):
         return f"sandcell: {said}"
 
 
-def setup_logging(debug: bool) -> None:
+def setup_logging(debug: bool) -> Callable[[], None]:
+    """sandcell's own loggers (sandcell.*; the root is left alone) to stderr, as OneLine says;
+    returns what puts them back as they were (a command run in-process, by tests)."""
+    logger = logging.getLogger("sandcell")
+    before = logger.handlers[:], logger.propagate, logger.level
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter() if debug else OneLine())
-    for name in ("agent", "tools", "sandbox"):  # sandcell's own loggers; the root is left alone
-        logger = logging.getLogger(name)
-        logger.handlers[:] = [handler]
-        logger.propagate = False
-        logger.setLevel(logging.DEBUG if debug else logging.WARNING)
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG if debug else logging.WARNING)
+
+    def restore() -> None:
+        logger.handlers[:], logger.propagate = before[0], before[1]
+        logger.setLevel(before[2])
+
+    return restore
 
 
 def handle_signals() -> None:

@@ -146,7 +146,7 @@ def _quiet_sdk_logs() -> None:
     stream in its SSE writer); the client sees every failure that matters in its responses,
     so the terminal shows the SDK's records only with --debug, one line each as sandcell's."""
     sdk = logging.getLogger("mcp")
-    sdk.handlers[:] = logging.getLogger("agent").handlers
+    sdk.handlers[:] = logging.getLogger("sandcell").handlers
     sdk.propagate = False
     sdk.setLevel(logging.DEBUG if exits.Debug.enabled else logging.CRITICAL)
 
