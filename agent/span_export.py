@@ -1,9 +1,11 @@
-"""The exporting process of sandcell's traces (`python -m sandcell.agent.span_export`, started
-by agent/telemetry.py, one per process that traces): it reads batches of span records on its
-stdin, makes each the SDK's span and hands it to the SDK's batch processor and exporter, as
-this process's own OTEL_* variables configure them (OTLP over HTTP, or the console). A batch
-that asks to be flushed is exported before one byte answers it on stdout. When stdin ends it
-exports what it holds and ends.
+"""The exporting process of sandcell's traces (`python span_export.py SERVICE`, started by
+agent/telemetry.py, one per process that traces; run as a script, it imports the SDK and no
+sandcell code): it reads batches of span records (telemetry.SpanRecord's fields, as tuples)
+on its stdin, makes each the SDK's span and hands it to the SDK's batch processor and
+exporter, as this process's own OTEL_* variables configure them (OTLP over HTTP, or the
+console, which writes to stderr). A batch that asks to be flushed is exported before one byte
+answers it on the stdout it was given. When stdin ends (or breaks: its writer was killed) it
+exports what it holds, for a few seconds at most, and ends.
 
 The SDK's warnings (a collector down, a batch refused) reach stderr as one `sandcell: traces:`
 line, no traceback, at most one a minute: a trace is never worth a flood on the terminal."""
@@ -22,9 +24,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from sandcell.agent.telemetry import AGENT, ERROR, SpanRecord
-
 WARN_EVERY_S = 60.0
+LAST_EXPORT_MS = 3000  # at the end, a collector that is slow or down gets this long
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 OK = Status(StatusCode.UNSET)
 
@@ -64,49 +65,50 @@ def _exporter() -> SpanExporter:
     return OTLPSpanExporter()
 
 
-def _span(record: SpanRecord, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
+def _span(record: tuple, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
+    trace_id, span_id, parent_id, remote_parent, name, client, start, end, attributes, error = (
+        record
+    )
     parent = None
-    if record.parent_id is not None:
-        parent = SpanContext(record.trace_id, record.parent_id, record.remote_parent, SAMPLED)
-    status = OK if record.error is None else Status(StatusCode.ERROR, _said(record.error))
+    if parent_id is not None:
+        parent = SpanContext(trace_id, parent_id, remote_parent, SAMPLED)
+    status = OK if error is None else Status(StatusCode.ERROR, error or None)
     return ReadableSpan(
-        record.name,
-        context=SpanContext(record.trace_id, record.span_id, False, SAMPLED),
+        name,
+        context=SpanContext(trace_id, span_id, False, SAMPLED),
         parent=parent,
         resource=resource,
-        attributes=record.attributes,
-        kind=SpanKind.CLIENT if record.client else SpanKind.INTERNAL,
+        attributes=attributes,
+        kind=SpanKind.CLIENT if client else SpanKind.INTERNAL,
         status=status,
-        start_time=record.start_ns,
-        end_time=record.end_ns,
+        start_time=start,
+        end_time=end,
         instrumentation_scope=scope,
     )
 
 
-def _said(error: str) -> str | None:
-    return None if error == ERROR else error
-
-
-def main() -> None:
+def main(service: str) -> None:
+    answers = os.fdopen(os.dup(1), "wb")  # the flush answers; whatever else writes to
+    os.dup2(2, 1)  # stdout (the console exporter) goes to stderr
     _say_warnings()
-    service = os.environ.get("OTEL_SERVICE_NAME") or AGENT
-    resource = Resource.create({"service.name": service})
-    scope = InstrumentationScope(AGENT)
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or service})
     processor = BatchSpanProcessor(_exporter())
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    scope = InstrumentationScope(service)
+    stdin = sys.stdin.buffer
     while True:
         try:
             records, flush = pickle.load(stdin)  # from the process that started this one
-        except EOFError:
+        except Exception:  # EOFError: its end; another: cut short, its writer killed mid-batch
             break
         for record in records:
             processor.on_end(_span(record, resource, scope))
         if flush:
             processor.force_flush()
-            stdout.write(b".")
-            stdout.flush()
-    processor.shutdown()
+            answers.write(b".")
+            answers.flush()
+    processor.force_flush(LAST_EXPORT_MS)
+    os._exit(0)  # not waiting any longer for an export under way (the SDK's exit would)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else "sandcell")

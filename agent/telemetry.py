@@ -34,12 +34,14 @@ import os
 import pickle
 import queue
 import random
+import re
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from sandcell.agent.events import (
     ActionStarted,
@@ -62,8 +64,10 @@ CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 CONTENT_CHARS = 8000  # a captured prompt, argument or result, cut to this
 SEND_S = 0.2  # events are made into spans and piped this often
 DRAIN_S = 5.0  # at most this long for the queued spans to reach the exporter (flush, exit)
+MAX_PENDING = 100_000  # events waiting to be made into spans, at most (the host's memory)
 CLOSE_WAIT_S = 2.0  # ... and for it to export them and end, at exit
-ERROR = "error"  # a SpanRecord's status when it failed without a description
+TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
+ERROR = ""  # a SpanRecord's error when it failed without a description
 
 
 def enabled(env: dict[str, str] | os._Environ = os.environ) -> bool:
@@ -90,6 +94,7 @@ class SpanRecord(NamedTuple):
     end_ns: int
     attributes: dict[str, Any]
     error: str | None  # the status's description when it failed (ERROR: none given)
+    # piped as a plain tuple in this order: span_export.py reads it so, importing no sandcell
 
 
 @dataclass
@@ -136,14 +141,21 @@ def begin(
 
 def parse_traceparent(text: str | None) -> tuple[int, int] | None:
     """(trace id, span id) of a W3C traceparent, None for none or a malformed one."""
-    parts = (text or "").split("-")
-    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+    match = TRACEPARENT.fullmatch(text or "")
+    if match is None:
         return None
-    try:
-        trace_id, span_id = int(parts[1], 16), int(parts[2], 16)
-    except ValueError:
-        return None
+    trace_id, span_id = int(match[1], 16), int(match[2], 16)
     return (trace_id, span_id) if trace_id and span_id else None
+
+
+@dataclass
+class Mark:
+    """In the exporter's queue: everything before it piped (and exported: `export`), then
+    `done` set; `close`: the pipe closed after it, and nothing more is sent."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    export: bool = False
+    close: bool = False
 
 
 class Exporter:
@@ -152,42 +164,43 @@ class Exporter:
 
     def __init__(self) -> None:
         self.pending: queue.SimpleQueue = queue.SimpleQueue()
-        command = [sys.executable, "-m", "sandcell.agent.span_export"]
+        # run as a script, not a module of the package: it imports the SDK and nothing else
+        script = str(Path(__file__).with_name("span_export.py"))
         # its own session: a Ctrl-C meant for this process does not cut its last export short;
         # it ends when its stdin does, whenever this process ends
         self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+            [sys.executable, script, AGENT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
         )
         self.broken = False
         threading.Thread(target=self._send, name="sandcell-spans", daemon=True).start()
 
     def queue(self, spans: Spans, ns: int, event: Event) -> None:
-        self.pending.put((spans, ns, event))
+        if self.pending.qsize() < MAX_PENDING:  # else its pipe is stuck: the span is lost
+            self.pending.put((spans, ns, event))
 
     def records(self, made: list[SpanRecord]) -> None:
         """Span records made elsewhere (a batch job's), piped in order with the rest."""
         self.pending.put((None, 0, made))
 
-    def flush(self, export: bool = True) -> None:
-        """Wait until what was queued so far reached the exporting process and, `export`,
-        was exported."""
-        done = threading.Event()
-        self.pending.put((None, export, done))
-        done.wait(DRAIN_S * (2 if export else 1))
+    def flush(self) -> None:
+        """Wait until what was queued so far was exported."""
+        mark = Mark(export=True)
+        self.pending.put((None, 0, mark))
+        mark.done.wait(2 * DRAIN_S)
 
     def close(self) -> None:
-        """At exit: the queued spans piped, the pipe closed; the process exports and ends (a
-        collector that is slow or down holds it up to its export timeout, not this one)."""
-        self.flush(export=False)
-        try:
-            self._stdin().close()
-            self.process.wait(CLOSE_WAIT_S)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-
-    def _stdin(self) -> IO[bytes]:
-        assert self.process.stdin is not None
-        return self.process.stdin
+        """The queued spans piped, the pipe closed: the process exports them and ends (a
+        collector that is slow or down holds it a few seconds, not this process)."""
+        mark = Mark(close=True)
+        self.pending.put((None, 0, mark))
+        if mark.done.wait(DRAIN_S):
+            try:
+                self.process.wait(CLOSE_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
 
     def _send(self) -> None:
         while True:
@@ -195,16 +208,22 @@ class Exporter:
             # then what comes within SEND_S: a wake and a write per batch, not per event
             # (each costs the loop's thread more than its event's span)
             time.sleep(SEND_S)
-            self._send_batch(first)
+            if self._send_batch(first):
+                return
 
-    def _send_batch(self, item: tuple) -> None:
+    def _send_batch(self, item: tuple) -> bool:
+        """Everything queued, piped; True once the pipe is closed."""
         records: list[SpanRecord] = []
         while True:
             spans, ns, event = item
-            if isinstance(event, threading.Event):  # a flush: the records so far, then say so
-                self._write(records, flush=bool(ns))
+            if isinstance(event, Mark):
+                self._write(records, flush=event.export)
                 records = []
-                event.set()
+                if event.close:
+                    self._close_pipe()
+                event.done.set()
+                if event.close:
+                    return True
             else:
                 records += event if spans is None else spans.made(ns, event)
             try:
@@ -212,19 +231,28 @@ class Exporter:
             except queue.Empty:
                 break
         self._write(records)
+        return False
 
     def _write(self, records: list[SpanRecord], flush: bool = False) -> None:
         if self.broken or not (records or flush):
             return
+        assert self.process.stdin is not None and self.process.stdout is not None
         try:
-            pickle.dump((records, flush), self._stdin(), protocol=pickle.HIGHEST_PROTOCOL)
-            self._stdin().flush()
-            if flush:
-                assert self.process.stdout is not None
-                self.process.stdout.read(1)  # exported
+            sent = ([tuple(record) for record in records], flush)  # plain: no class to import
+            pickle.dump(sent, self.process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            self.process.stdin.flush()
+            if flush and self.process.stdout.read(1) != b".":
+                raise OSError("it did not say the spans were exported")
         except (OSError, ValueError) as error:  # the process ended: said once, spans dropped
             self.broken = True
             log.warning("traces are not exported any more: their process ended (%s)", error)
+
+    def _close_pipe(self) -> None:
+        try:
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+        except OSError:
+            pass
 
 
 _exporter_lock = threading.Lock()
@@ -239,12 +267,38 @@ def the_exporter() -> Exporter | None:
         if _exporter is None and not _cannot:
             needed = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
             if all(importlib.util.find_spec(name) for name in needed):
+                _say_unsupported()
                 _exporter = Exporter()
-                atexit.register(_exporter.close)
+                atexit.register(close)
             else:
                 log.warning("OTEL_* asks for traces; install sandcell[otel] for them")
                 _cannot = True
         return _exporter
+
+
+def _say_unsupported() -> None:
+    """What sandcell's exporting process does not do, said once: it exports OTLP over HTTP
+    (protobuf) or to the console."""
+    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", ""
+    )
+    if protocol and protocol != "http/protobuf":
+        log.warning(
+            "traces go as OTLP http/protobuf; OTEL_EXPORTER_OTLP_PROTOCOL=%s is not used", protocol
+        )
+    exporter = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
+    if exporter not in ("otlp", "console", ""):
+        log.warning("traces go to otlp or console; OTEL_TRACES_EXPORTER=%s: otlp is used", exporter)
+
+
+def close() -> None:
+    """This process's exporter closed (at exit; a Ray node's runner as it closes): what it
+    has is exported, and the next trace starts another."""
+    global _exporter
+    with _exporter_lock:
+        exporter, _exporter = _exporter, None
+    if exporter is not None:
+        exporter.close()
 
 
 def flush() -> None:
@@ -276,16 +330,20 @@ def traceparent(span: Begun | None) -> str | None:
     return None if span is None else span.traceparent
 
 
-def end_job(span: Begun | None, record: dict[str, Any]) -> None:
-    """The job's span ended as its results line is written (`record`)."""
-    exporter = the_exporter()
+def end_job(span: Begun | None, status: str, error: str | None = None) -> None:
+    """The job's span ended as its results line is written (`status` its status; `error`:
+    it failed, or was stopped)."""
+    exporter = the_exporter() if span is not None else None
     if span is None or exporter is None:
         return
-    span.attributes["sandcell.job.status"] = str(record.get("status"))
-    failed = record.get("status") == "failed"
-    exporter.records(
-        [span.ended(time.time_ns(), str(record.get("error") or ERROR) if failed else None)]
-    )
+    span.attributes["sandcell.job.status"] = status
+    exporter.records([span.ended(time.time_ns(), error)])
+
+
+def end_record(span: Begun | None, record: dict[str, Any]) -> None:
+    """end_job for a job's line of results.jsonl."""
+    status = str(record.get("status"))
+    end_job(span, status, str(record.get("error") or ERROR) if status == "failed" else None)
 
 
 class Spans:
@@ -335,7 +393,9 @@ class Spans:
         return []
 
     def _child(self, name: str, start_ns: int, attributes: dict[str, Any]) -> Begun:
-        return begin(name, start_ns, self.agent, attributes=attributes)
+        """A span of the question running, else of the session's parent (a batch job's: a
+        job a recipe solved asks no question), else of a trace of its own."""
+        return begin(name, start_ns, self.agent, self.parent, attributes)
 
     def _question(self, ns: int, event: Question) -> None:
         attributes = {
@@ -390,14 +450,17 @@ class Spans:
         return [span.ended(ns, None if event.ok else ERROR)]
 
     def _answered(self, ns: int, event: Final) -> list[SpanRecord]:
-        made = [span.ended(ns) for span in self.tools]  # begun, never observed (a stop)
+        made = []
+        for span in self.tools:  # begun, never observed: the question stopped under it
+            span.attributes["error.type"] = event.stop_reason
+            made.append(span.ended(ns, ERROR))
         self.tools = []
         if self.agent is None:
             return made
         error = None
-        if event.answer is None:
+        if event.answer is None:  # its detail may quote code or output: only with capture
             self.agent.attributes["error.type"] = event.stop_reason
-            error = event.detail or ERROR
+            error = _cut(event.detail) if self.capture else ERROR
         elif self.capture:
             message = [{"role": "assistant", "parts": [{"type": "text", "content": event.answer}]}]
             self.agent.attributes["gen_ai.output.messages"] = _cut(json.dumps(message))

@@ -257,8 +257,9 @@ def _traced_rows(t: dict | None, row) -> list[str]:
     if not t:  # results from before traces
         return []
     return [
-        row("one loop step with OpenTelemetry traces exported (OTLP/HTTP to a receiver on "
-            f"loopback; {t['chat_spans']} chat spans) vs off, tools protocol",
+        row("one loop step with OpenTelemetry traces exported (OTLP/HTTP to a receiver in a "
+            f"process of its own, as a collector is; {t['chat_spans']} chat spans) vs off, "
+            "tools protocol, median of alternated rounds",
             f"{t['ratio']:.2f}× ({t['on_s'] * 1000:.2f} ms vs {t['off_s'] * 1000:.2f} ms)",
             "≤ 1.10×", t["ratio"] <= 1.10),
     ]  # fmt: skip

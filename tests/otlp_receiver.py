@@ -59,6 +59,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 "start": span.start_time_unix_nano,
                 "end": span.end_time_unix_nano,
                 "status": span.status.code,
+                "status_message": span.status.message,
                 "attributes": {a.key: _value(a.value) for a in span.attributes},
             }
             for resource in request.resource_spans

@@ -63,9 +63,10 @@ def question(spans, number: int, *, timed_out: bool = False) -> None:
     execution = Execution(code="print('the cell')", timed_out=timed_out)
     spans(Observation(tool="python", ok=not timed_out, text="the output", execution=execution))
     answer = None if timed_out else "the answer"
+    detail = "" if answer else "the same action again: print('the cell')"  # as a stop says it
     spans(Final(
         question=number, tokens=150, duration_s=1.0, answer=answer,
-        stop_reason="answered" if answer else "max_steps", detail="", error=None, steps=1,
+        stop_reason="answered" if answer else "repeated", detail=detail, error=None, steps=1,
     ))  # fmt: skip
 
 
@@ -87,9 +88,13 @@ def test_spans_of_questions_and_a_job_reach_a_collector_through_the_exporting_pr
         question(spans, 1)
         spans(SandboxPaused(reason="idle", seconds=0.5, size=10))  # between questions
         question(spans, 2, timed_out=True)
-        telemetry.end_job(job, {"status": "answered"})
+        telemetry.end_record(job, {"status": "answered"})
+        alone = telemetry.spans_for("served-session")  # no parent: a trace of its own
+        assert alone is not None
+        alone(SandboxPaused(reason="idle", seconds=0.25, size=10))
         telemetry.flush()
         got = list(receiver.spans)
+        telemetry.close()  # the next test's spans go to its own receiver
     (root,) = [s for s in got if s["name"] == "sandcell batch job"]
     assert root["parent"] == "" and root["attributes"]["sandcell.job.id"] == "job-07"
     agents = sorted(
@@ -100,7 +105,7 @@ def test_spans_of_questions_and_a_job_reach_a_collector_through_the_exporting_pr
     ] * 2
     assert [a["attributes"]["gen_ai.conversation.id"] for a in agents] == ["job-07"] * 2
     assert [a["status"] for a in agents] == [0, 2]  # unset, then error (stopped, no answer)
-    assert agents[1]["attributes"]["error.type"] == "max_steps"
+    assert agents[1]["attributes"]["error.type"] == "repeated"
     for agent in agents:
         under = [s for s in got if s["parent"] == agent["span_id"]]
         assert sorted(s["name"] for s in under) == [
@@ -120,10 +125,42 @@ def test_spans_of_questions_and_a_job_reach_a_collector_through_the_exporting_pr
         if s["name"] == "execute_tool python"
     ]  # fmt: skip
     assert outcomes == ["ok", "timeout"]
-    (pause,) = [s for s in got if s["name"] == "sandbox pause"]  # no question: a trace of its own
-    assert pause["parent"] == "" and pause["trace_id"] != root["trace_id"]
-    said = json.dumps([s["attributes"] for s in got])
+    pauses = sorted(
+        (s for s in got if s["name"] == "sandbox pause"), key=lambda s: s["end"] - s["start"]
+    )
+    # between questions: the job's (a job a recipe solved asks none), or a trace of its own
+    assert [(p["trace_id"], p["parent"]) for p in pauses] == [
+        (pauses[0]["trace_id"], ""), (root["trace_id"], root["span_id"]),
+    ]  # fmt: skip
+    assert pauses[0]["trace_id"] != root["trace_id"]
+    said = json.dumps([[s["attributes"], s["status_message"]] for s in got])
     assert "secret task words" not in said and "the cell" not in said and "the output" not in said
+
+
+def test_traces_off_start_nothing(monkeypatch):
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_EXPORTER"):
+        monkeypatch.delenv(name, raising=False)
+    assert telemetry.begin_job("j") is None and telemetry.spans_for("s") is None
+    telemetry.end_record(None, {"status": "answered"})
+    assert telemetry._exporter is None  # no exporting process
+
+
+def test_the_console_exporter_writes_to_stderr_and_a_flush_still_returns():
+    code = (
+        "from tests.test_telemetry import question, started\n"
+        "from sandcell.agent import telemetry\n"
+        "spans = telemetry.spans_for('s')\n"
+        "spans(started())\n"
+        "for n in range(40): question(spans, n)\n"
+        "telemetry.flush()\n"
+        "print('flushed')\n"
+    )
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "console"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout == "flushed\n", done.stderr[-2000:]
+    assert done.stderr.count('"name": "invoke_agent sandcell"') == 40
 
 
 def test_a_collector_that_is_down_is_one_line_not_a_traceback(tmp_path):

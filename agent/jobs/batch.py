@@ -456,6 +456,7 @@ class ThreadExecutor:
     def __init__(self, workers: int, settings: JobSettings, model: Callable[[Job], Model]):
         self.workers, self.settings, self.model = workers, settings, model
         self._parked: set[str] = set()  # ids of the jobs waiting for a learning run
+        self._spans: dict[str, telemetry.Begun | None] = {}  # jobs begun: their spans
 
     def __enter__(self) -> "ThreadExecutor":
         return self
@@ -525,19 +526,21 @@ class ThreadExecutor:
         batch.started(waited=job.id in self._parked)
         self._parked.discard(job.id)
         record = None
-        span = telemetry.begin_job(job.id)
+        if job.id not in self._spans:  # one span a job, over its parkings
+            self._spans[job.id] = telemetry.begin_job(job.id)
+        span = self._spans[job.id]
         try:
             record = run_job(
                 job, folder, self.settings, model=self.model, pool=pool, running=running,
                 learning=learning, trace_parent=telemetry.traceparent(span),
             )  # fmt: skip
-            if record is PARKED:  # its span is dropped: the job's trace is its run's
+            if record is PARKED:
                 self._parked.add(job.id)  # before it can be requeued
                 batch.parked()
                 assert learning is not None  # only a batch that learns parks a job
                 learning.settled(job)
                 return None
-            telemetry.end_job(span, record)
+            telemetry.end_record(self._spans.pop(job.id), record)
             batch.record(record)
             return record
         finally:  # whatever happened: a learning run that ended lets the waiting jobs go

@@ -147,6 +147,7 @@ class NodeRunner:
     def close(self) -> None:
         self.pool.close()
         remove_dead_scratch()  # and what a batch killed just before this one left
+        telemetry.close()  # the driver kills this actor next (no exit handlers run)
 
 
 def dead_scratch() -> list[Path]:
@@ -610,7 +611,7 @@ class RayExecutor:
         return self._record(job, failed(job, error), batch)
 
     def _record(self, job: Job, record: dict[str, Any], batch: Batch) -> dict[str, Any]:
-        telemetry.end_job(self._spans.pop(job.id, None), record)
+        telemetry.end_record(self._spans.pop(job.id, None), record)
         batch.record(record)
         return record
 
@@ -640,6 +641,9 @@ class RayExecutor:
                 records.append(self._write(job, result[0], result[1], batch, learning))
         for ref in pending:
             ray.cancel(ref)
+        for span in self._spans.values():  # not started, parked or cancelled: a rerun runs it
+            telemetry.end_job(span, reason, reason)
+        self._spans.clear()
         return records
 
     def _close_runners(self) -> None:
