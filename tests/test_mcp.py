@@ -250,27 +250,32 @@ def test_stdio_files_inputs_are_read_only_and_exports_reach_the_output_folder(tm
 
 @pytest.mark.docker
 @pytest.mark.timeout(120)
+async def cancelled_slow_cell(session) -> list:
+    """A 30 s cell whose call the client cancels after 2 s: what the call got."""
+    request_id = session._request_id  # the SDK numbers requests; the next one's id
+    slow = "import time\nfor _ in range(300):\n    time.sleep(0.1)\nfinished = True"
+    outcome = []
+
+    async def call():
+        try:
+            outcome.append(await python(session, slow))
+        except McpError as error:
+            outcome.append(error.error.message)
+
+    async with anyio.create_task_group() as calls:
+        calls.start_soon(call)
+        await anyio.sleep(2)
+        cancel = CancelledNotification(
+            params=CancelledNotificationParams(requestId=request_id, reason="test")
+        )
+        await session.send_notification(ClientNotification(cancel))
+    return outcome
+
+
 def test_stdio_a_cancelled_call_interrupts_its_cell():
     async def scenario(session):
         await python(session, "kept = 1")
-        request_id = session._request_id  # the SDK numbers requests; the next one's id
-        slow = "import time\nfor _ in range(300):\n    time.sleep(0.1)\nfinished = True"
-        outcome = []
-
-        async def call():
-            try:
-                outcome.append(await python(session, slow))
-            except McpError as error:
-                outcome.append(error.error.message)
-
-        async with anyio.create_task_group() as calls:
-            calls.start_soon(call)
-            await anyio.sleep(2)
-            cancel = CancelledNotification(
-                params=CancelledNotificationParams(requestId=request_id, reason="test")
-            )
-            await session.send_notification(ClientNotification(cancel))
-        assert outcome == ["Request cancelled"]
+        assert await cancelled_slow_cell(session) == ["Request cancelled"]
         started = time.monotonic()
         after = await python(session, "('finished' in globals(), kept)")
         assert text(after) == "(False, 1)"  # interrupted, not finished; state kept
@@ -411,6 +416,8 @@ def test_http_sessions_are_isolated_need_a_token_and_sigterm_removes_every_conta
             (exported,) = (await alice.call_tool("export_outputs", {})).structuredContent["files"]
             assert exported.startswith(f"{out}/") and exported.endswith("/a.txt")  # DIR/<id>/
             assert Path(exported).read_text() == "alice"
+            assert await cancelled_slow_cell(alice) == ["Request cancelled"]  # interrupted
+            assert text(await python(alice, "'finished' in globals()")) == "False"
 
     try:
         for headers in ({}, bearer("not-a-token-of-this-server")):
@@ -445,9 +452,13 @@ def test_http_sessions_are_isolated_need_a_token_and_sigterm_removes_every_conta
     assert container_labels(label) == []
 
 
+OUTCOMES = ("ok", "error", "interrupted", "timeout", "restarted")
+
+
 def check_metrics(metrics_url: str) -> None:
     """/metrics: the API's token (the guard's, not the SDK's); the cells the sessions ran (one
-    a NameError), the refused tokens (three, this one's too), the route as its template."""
+    a NameError, one its client cancelled), the refused tokens (three, this one's too), the
+    route as its template."""
     assert httpx.get(metrics_url).status_code == 401
     scraped = httpx.get(metrics_url, headers=bearer(ALICE))
     assert scraped.status_code == 200, scraped.text
@@ -457,10 +468,8 @@ def check_metrics(metrics_url: str) -> None:
         for s in family.samples
     }
     cells = "sandcell_cell_duration_seconds_count"
-    assert (samples[(cells, (("outcome", "ok"),))], samples[(cells, (("outcome", "error"),))]) == (
-        6,
-        1,
-    )
+    counted = {outcome: samples[(cells, (("outcome", outcome),))] for outcome in OUTCOMES}
+    assert counted == {"ok": 7, "error": 1, "interrupted": 1, "timeout": 0, "restarted": 0}
     assert samples[("sandcell_rejections_total", (("reason", "auth"),))] == 3
     routes = {
         dict(labels).get("route") for name, labels in samples if name.startswith("sandcell_http")

@@ -208,7 +208,7 @@ class ToolHandlers:
     async def run_python(
         self, code: str, ctx: Context, timeout_s: float | None = None
     ) -> CallToolResult:
-        cell = session_of(ctx)
+        cell, observe = session_of(ctx), self.observe
         running, given_up = threading.Event(), threading.Event()
         progress = progress_of(ctx)
 
@@ -217,7 +217,11 @@ class ToolHandlers:
                 if given_up.is_set():  # cancelled while it waited for another call's cell
                     return None
                 running.set()
-                return cell.sandbox.run(code, timeout_s, on_output=progress)
+                execution = cell.sandbox.run(code, timeout_s, on_output=progress)
+                if observe is not None:  # as /execute's cells: a step, no model (a cell
+                    for event in cell_events(0, code, execution):  # its client gave up too)
+                        observe(event)
+            return execution
 
         def cancel() -> None:
             given_up.set()
@@ -226,9 +230,6 @@ class ToolHandlers:
 
         execution = await blocking(run, cancelled=cancel)
         assert execution is not None  # None only for a call given up, whose await raised
-        if self.observe is not None:  # as /execute's cells are recorded: a step, no model
-            for event in cell_events(0, code, execution):
-                self.observe(event)
         return observation(execution, self.limits.observation_chars)
 
     async def describe_file(self, path: str, ctx: Context) -> CallToolResult:
