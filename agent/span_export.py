@@ -16,6 +16,7 @@ import logging
 import os
 import pickle
 import sys
+import threading
 import time
 
 from opentelemetry.sdk.resources import Resource
@@ -25,7 +26,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 WARN_EVERY_S = 60.0
-LAST_EXPORT_MS = 3000  # at the end, a collector that is slow or down gets this long
+LAST_EXPORT_S = 3.0  # at the end, a collector that is slow or down gets this long
+FLUSH_S = 10.0  # ... and a flush asked for (the SDK's own flush does not time out)
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 OK = Status(StatusCode.UNSET)
 
@@ -103,11 +105,20 @@ def main(service: str) -> None:
         for record in records:
             processor.on_end(_span(record, resource, scope))
         if flush:
-            processor.force_flush()
-            answers.write(b".")
-            answers.flush()
-    processor.force_flush(LAST_EXPORT_MS)
+            _flush_within(processor, FLUSH_S)
+            try:
+                answers.write(b".")
+                answers.flush()
+            except OSError:  # the asker is gone: this process ends with its stdin
+                pass
+    _flush_within(processor, LAST_EXPORT_S)
     os._exit(0)  # not waiting any longer for an export under way (the SDK's exit would)
+
+
+def _flush_within(processor: BatchSpanProcessor, seconds: float) -> None:
+    flushing = threading.Thread(target=processor.force_flush, daemon=True)
+    flushing.start()
+    flushing.join(seconds)
 
 
 if __name__ == "__main__":

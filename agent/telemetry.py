@@ -243,7 +243,7 @@ class Exporter:
             self.process.stdin.flush()
             if flush and self.process.stdout.read(1) != b".":
                 raise OSError("it did not say the spans were exported")
-        except (OSError, ValueError) as error:  # the process ended: said once, spans dropped
+        except Exception as error:  # the process ended (or worse): said once, spans dropped
             self.broken = True
             log.warning("traces are not exported any more: their process ended (%s)", error)
 
@@ -268,8 +268,13 @@ def the_exporter() -> Exporter | None:
             needed = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
             if all(importlib.util.find_spec(name) for name in needed):
                 _say_unsupported()
-                _exporter = Exporter()
-                atexit.register(close)
+                try:
+                    _exporter = Exporter()
+                except OSError as error:  # no process to be had: the questions go on
+                    log.warning("traces are not exported: %s", error)
+                    _cannot = True
+                else:
+                    atexit.register(close)
             else:
                 log.warning("OTEL_* asks for traces; install sandcell[otel] for them")
                 _cannot = True
@@ -304,8 +309,9 @@ def close() -> None:
 def flush() -> None:
     """The spans of the events published so far, exported now (the exporter's process also
     exports as it goes and as it ends)."""
-    if _exporter is not None:
-        _exporter.flush()
+    exporter = _exporter  # once: a close() may take it meanwhile
+    if exporter is not None:
+        exporter.flush()
 
 
 def spans_for(conversation: str, parent: str | None = None) -> OnEvent | None:

@@ -248,8 +248,6 @@ def test_stdio_files_inputs_are_read_only_and_exports_reach_the_output_folder(tm
     assert hashlib.sha256(data.read_bytes()).hexdigest() == digest  # inputs never modified
 
 
-@pytest.mark.docker
-@pytest.mark.timeout(120)
 async def cancelled_slow_cell(session) -> list:
     """A 30 s cell whose call the client cancels after 2 s: what the call got."""
     request_id = session._request_id  # the SDK numbers requests; the next one's id
@@ -272,6 +270,8 @@ async def cancelled_slow_cell(session) -> list:
     return outcome
 
 
+@pytest.mark.docker
+@pytest.mark.timeout(120)
 def test_stdio_a_cancelled_call_interrupts_its_cell():
     async def scenario(session):
         await python(session, "kept = 1")

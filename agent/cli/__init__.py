@@ -65,5 +65,7 @@ def main(debug: bool) -> None:
     from sandcell.agent.cli import exits
 
     exits.Debug.enabled, exits.Debug.details_dir = debug, None
-    click.get_current_context().call_on_close(exits.setup_logging(debug))
+    context = click.get_current_context()
+    context.call_on_close(exits.setup_logging(debug))
+    context.call_on_close(exits.close_telemetry)  # first (last in): while logging is sandcell's
     exits.handle_signals()

@@ -61,13 +61,28 @@ class OneLine(logging.Formatter):
 def setup_logging(debug: bool) -> Callable[[], None]:
     """sandcell's own loggers (sandcell.*; the root is left alone) to stderr, as OneLine says;
     returns what puts them back as they were (a command run in-process, by tests)."""
-    logger = logging.getLogger("sandcell")
-    before = logger.handlers[:], logger.propagate, logger.level
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter() if debug else OneLine())
-    logger.handlers[:] = [handler]
+    level = logging.DEBUG if debug else logging.WARNING
+    return take_over(logging.getLogger("sandcell"), [handler], level)
+
+
+def close_telemetry() -> None:
+    """The command's traces piped to their exporting process as it ends (when it made any)."""
+    telemetry = sys.modules.get("sandcell.agent.telemetry")
+    if telemetry is not None:
+        telemetry.close()
+
+
+def take_over(
+    logger: logging.Logger, handlers: list[logging.Handler], level: int
+) -> Callable[[], None]:
+    """`logger`'s records to `handlers` alone, from `level`; returns what puts it back as it
+    was (a command run in-process, by tests)."""
+    before = logger.handlers[:], logger.propagate, logger.level
+    logger.handlers[:] = handlers
     logger.propagate = False
-    logger.setLevel(logging.DEBUG if debug else logging.WARNING)
+    logger.setLevel(level)
 
     def restore() -> None:
         logger.handlers[:], logger.propagate = before[0], before[1]

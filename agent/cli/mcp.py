@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -80,7 +81,7 @@ def mcp_cmd(
     process); --http serves streamable HTTP at /mcp with bearer tokens, a sandbox per session."""
     from sandcell.sandbox import Inputs
 
-    _quiet_sdk_logs()
+    click.get_current_context().call_on_close(_quiet_sdk_logs())
     limits, checked = build_limits(opts), Inputs.from_paths(list(inputs))
     if output is not None:
         # stdio exports into the folder itself: its files are not replaced unless asked;
@@ -141,14 +142,12 @@ def _serve_stdio(limits: Limits, inputs: Inputs, output: Path | None) -> None:
         cells.close_all()
 
 
-def _quiet_sdk_logs() -> None:
+def _quiet_sdk_logs() -> Callable[[], None]:
     """The SDK logs races of its own at a session's end as errors with tracebacks (a closed
     stream in its SSE writer); the client sees every failure that matters in its responses,
     so the terminal shows the SDK's records only with --debug, one line each as sandcell's."""
-    sdk = logging.getLogger("mcp")
-    sdk.handlers[:] = logging.getLogger("sandcell").handlers
-    sdk.propagate = False
-    sdk.setLevel(logging.DEBUG if exits.Debug.enabled else logging.CRITICAL)
+    level = logging.DEBUG if exits.Debug.enabled else logging.CRITICAL
+    return exits.take_over(logging.getLogger("mcp"), logging.getLogger("sandcell").handlers, level)
 
 
 def _interrupt(signum: int, frame: object) -> None:

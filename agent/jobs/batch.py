@@ -485,10 +485,11 @@ class ThreadExecutor:
                 return records
             except KeyboardInterrupt as stop:
                 queue.stop()
-                running.stop(
-                    stops.TERMINATED if isinstance(stop, Terminated) else stops.INTERRUPTED
-                )
+                reason = stops.TERMINATED if isinstance(stop, Terminated) else stops.INTERRUPTED
+                running.stop(reason)
                 threads.shutdown(wait=True, cancel_futures=True)
+                for span in self._spans.values():  # parked or cut short: a rerun runs them
+                    telemetry.end_job(span, reason, reason)
                 raise
 
     def _work(
