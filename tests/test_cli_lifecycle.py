@@ -14,6 +14,7 @@ import pytest
 from sandcell.agent.records.trace import read_trace
 from tests.cli_runner import sandcell, sandcell_process, sandcell_terminal
 from tests.containers import container_labels, owner_label
+from tests.otlp_receiver import receiving
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
@@ -168,22 +169,31 @@ def make_jobs(tmp_path: Path, count: int, first_code: str) -> Path:
 @pytest.mark.timeout(400)
 @pytest.mark.xdist_group("batch-term")
 def test_batch_sigterm_stops_running_jobs_and_a_rerun_redoes_only_them(tmp_path):
+    """With traces on: the stopped jobs' spans are exported as the batch ends."""
     jobs = make_jobs(tmp_path, 4, SLOW)
     out = tmp_path / "out"
     args = ["batch", str(jobs), "--output", str(out), "--workers", "2", "--no-progress"]
-    proc = sandcell_process(*args)
-    try:
-        wait_for(lambda: sum(steps_in(out / f"j{i}" / "trace.jsonl") == 0 and (out / f"j{i}" / "trace.jsonl").exists() for i in range(4)) >= 2, 120)  # fmt: skip
-        wait_for(lambda: len(container_labels(owner_label(proc.pid), running_only=True)) >= 2, 120)
-        time.sleep(3)  # two jobs are inside their sleeping cells
-        _, err = stop_midway(proc, signal.SIGTERM)
-    finally:
-        proc.kill()
+    with receiving() as receiver:
+        traced = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
+        proc = sandcell_process(*args, env=traced)
+        try:
+            wait_for(lambda: sum(steps_in(out / f"j{i}" / "trace.jsonl") == 0 and (out / f"j{i}" / "trace.jsonl").exists() for i in range(4)) >= 2, 120)  # fmt: skip
+            wait_for(lambda: len(container_labels(owner_label(proc.pid), running_only=True)) >= 2, 120)  # fmt: skip
+            time.sleep(3)  # two jobs are inside their sleeping cells
+            _, err = stop_midway(proc, signal.SIGTERM)
+        finally:
+            proc.kill()
+        wait_for(lambda: len(receiver.named("sandcell batch job")) == 2, 20, "the job spans")
+        stopped = receiver.named("sandcell batch job")
     assert proc.returncode == 143, err
     assert "Traceback" not in err
     assert container_labels(owner_label(proc.pid)) == []
     records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert len(records) == 2 and {r["status"] for r in records} == {"interrupted"}
+    assert sorted(s["attributes"]["sandcell.job.id"] for s in stopped) == sorted(
+        r["id"] for r in records
+    )
+    assert {s["attributes"]["sandcell.job.status"] for s in stopped} == {"interrupted"}
     # the rerun: the two interrupted jobs and the two never started, with quick scripts now
     for i in range(4):
         write_script(tmp_path / f"job-{i}.json", [python("print(1)"), f"Final Answer: {i}"])
