@@ -108,7 +108,7 @@ fi
 
 if ! pgrep -x dockerd >/dev/null 2>&1; then
     echo "sandcell: starting dockerd (log: /var/log/sandcell-dockerd.log)..." >&2
-    nohup dockerd >/var/log/sandcell-dockerd.log 2>&1 &
+    (cd / && nohup dockerd >/var/log/sandcell-dockerd.log 2>&1 &)  # from /: it outlives the folder
 elif [ "$updated" = yes ] || { docker info >/dev/null 2>&1 && ! known; }; then
     echo "sandcell: reloading dockerd's configuration (SIGHUP, no restart)..." >&2
     kill -HUP "$(pgrep -x dockerd)"
