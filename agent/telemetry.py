@@ -352,6 +352,29 @@ def end_record(span: Begun | None, record: dict[str, Any]) -> None:
     end_job(span, status, str(record.get("error") or ERROR) if status == "failed" else None)
 
 
+class JobSpans:
+    """A batch driver's job spans (threads or Ray): one a job over its parkings, begun as it
+    is first sent, ended as its results line is written, or as the batch stops."""
+
+    def __init__(self) -> None:
+        self._spans: dict[str, Begun | None] = {}  # the jobs sent, not yet recorded
+
+    def traceparent(self, job_id: str) -> str | None:
+        """What travels with the job (None when traces are off)."""
+        if job_id not in self._spans:
+            self._spans[job_id] = begin_job(job_id)
+        return traceparent(self._spans[job_id])
+
+    def recorded(self, job_id: str, record: dict[str, Any]) -> None:
+        end_record(self._spans.pop(job_id, None), record)
+
+    def stopped(self, reason: str) -> None:
+        """The jobs sent and not recorded (parked, cut short): a rerun runs them."""
+        for span in self._spans.values():
+            end_job(span, reason, reason)
+        self._spans.clear()
+
+
 class Spans:
     """The spans of one session, from its events (one question at a time, as the loop runs).
     `on_event` runs in the loop's thread; the rest in the exporter's."""

@@ -456,7 +456,7 @@ class ThreadExecutor:
     def __init__(self, workers: int, settings: JobSettings, model: Callable[[Job], Model]):
         self.workers, self.settings, self.model = workers, settings, model
         self._parked: set[str] = set()  # ids of the jobs waiting for a learning run
-        self._spans: dict[str, telemetry.Begun | None] = {}  # jobs begun: their spans
+        self._spans = telemetry.JobSpans()
 
     def __enter__(self) -> "ThreadExecutor":
         return self
@@ -488,8 +488,7 @@ class ThreadExecutor:
                 reason = stops.TERMINATED if isinstance(stop, Terminated) else stops.INTERRUPTED
                 running.stop(reason)
                 threads.shutdown(wait=True, cancel_futures=True)
-                for span in self._spans.values():  # parked or cut short: a rerun runs them
-                    telemetry.end_job(span, reason, reason)
+                self._spans.stopped(reason)
                 raise
 
     def _work(
@@ -527,13 +526,10 @@ class ThreadExecutor:
         batch.started(waited=job.id in self._parked)
         self._parked.discard(job.id)
         record = None
-        if job.id not in self._spans:  # one span a job, over its parkings
-            self._spans[job.id] = telemetry.begin_job(job.id)
-        span = self._spans[job.id]
         try:
             record = run_job(
                 job, folder, self.settings, model=self.model, pool=pool, running=running,
-                learning=learning, trace_parent=telemetry.traceparent(span),
+                learning=learning, trace_parent=self._spans.traceparent(job.id),
             )  # fmt: skip
             if record is PARKED:
                 self._parked.add(job.id)  # before it can be requeued
@@ -541,7 +537,7 @@ class ThreadExecutor:
                 assert learning is not None  # only a batch that learns parks a job
                 learning.settled(job)
                 return None
-            telemetry.end_record(self._spans.pop(job.id), record)
+            self._spans.recorded(job.id, record)
             batch.record(record)
             return record
         finally:  # whatever happened: a learning run that ended lets the waiting jobs go

@@ -341,7 +341,7 @@ class RayExecutor:
             settings = replace(settings, job=replace(settings.job, recipes=None))
         self.settings, self.api_key, self.max_input_mb = settings, api_key, max_input_mb
         self._parked: set[str] = set()  # ids of the jobs waiting for a layout's learning run
-        self._spans: dict[str, telemetry.Begun | None] = {}  # the jobs sent: their spans
+        self._spans = telemetry.JobSpans()
         self.address = address or os.environ.get("RAY_ADDRESS") or "auto"
         self.runners: dict[str, ActorProxy[NodeRunner]] = {}
         self._runner_class = ray.remote(NodeRunner)
@@ -471,9 +471,7 @@ class RayExecutor:
                         self._park(job, batch)
                         continue
                     blobs = inputs.send(job) if inputs is not None else {}
-                    if job.id not in self._spans:  # one span a job, over its parkings
-                        self._spans[job.id] = telemetry.begin_job(job.id)
-                    sent = self._remote(job, carried, telemetry.traceparent(self._spans[job.id]))
+                    sent = self._remote(job, carried, self._spans.traceparent(job.id))
                     pending[self._task.remote(sent, blobs, self.settings, self._key_box, desk)] = (
                         job
                     )
@@ -611,7 +609,7 @@ class RayExecutor:
         return self._record(job, failed(job, error), batch)
 
     def _record(self, job: Job, record: dict[str, Any], batch: Batch) -> dict[str, Any]:
-        telemetry.end_record(self._spans.pop(job.id, None), record)
+        self._spans.recorded(job.id, record)
         batch.record(record)
         return record
 
@@ -641,9 +639,7 @@ class RayExecutor:
                 records.append(self._write(job, result[0], result[1], batch, learning))
         for ref in pending:
             ray.cancel(ref)
-        for span in self._spans.values():  # not started, parked or cancelled: a rerun runs it
-            telemetry.end_job(span, reason, reason)
-        self._spans.clear()
+        self._spans.stopped(reason)  # not started, parked or cancelled: a rerun runs them
         return records
 
     def _close_runners(self) -> None:
