@@ -108,7 +108,9 @@ fi
 
 if ! pgrep -x dockerd >/dev/null 2>&1; then
     echo "sandcell: starting dockerd (log: /var/log/sandcell-dockerd.log)..." >&2
-    (cd / && nohup dockerd >/var/log/sandcell-dockerd.log 2>&1 &)  # from /: it outlives the folder
+    # from /: it outlives the folder. The redirections are the subshell's, so nothing waits
+    # holding this script's stdout (a CI log's pipe stays open while anything holds it)
+    (cd / && exec nohup dockerd) </dev/null >/var/log/sandcell-dockerd.log 2>&1 &
 elif [ "$updated" = yes ] || { docker info >/dev/null 2>&1 && ! known; }; then
     echo "sandcell: reloading dockerd's configuration (SIGHUP, no restart)..." >&2
     kill -HUP "$(pgrep -x dockerd)"

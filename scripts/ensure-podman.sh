@@ -39,8 +39,9 @@ if ! answers; then
     rm -f "$SOCK"  # a stale socket of a service that died
     # --time=0: never ends when idle; setsid: out of this shell's process group; from /: it
     # outlives the folder it was started in (a CI clone removed and cloned again), and its
-    # conmon cannot start a container once its working directory is gone
-    (cd / && setsid nohup podman system service --time=0 "unix://$SOCK" >>"$LOG" 2>&1 </dev/null &)
+    # conmon cannot start a container once its working directory is gone. The redirections are
+    # the subshell's: nothing waits holding this script's stdout (a CI log's pipe)
+    (cd / && exec setsid nohup podman system service --time=0 "unix://$SOCK") </dev/null >>"$LOG" 2>&1 &
     for _ in $(seq 100); do
         answers && break
         sleep 0.1

@@ -7,6 +7,9 @@ variant of their `transport` fixture)."""
 import json
 import os
 import re
+import subprocess
+import tempfile
+from pathlib import Path
 
 import docker
 import pytest
@@ -27,6 +30,32 @@ def podman_env() -> dict[str, str]:
     if problem is not None:
         cannot_run(problem, "Podman test")
     return {**os.environ, "DOCKER_HOST": f"unix://{PODMAN_SOCKET}"}
+
+
+@pytest.mark.timeout(60)
+def test_the_script_that_starts_podman_s_service_leaves_no_one_holding_its_output(podman_env):
+    """CI reads `make test`'s output through a pipe and ends when the pipe does: a shell left
+    waiting on the service it started, holding that pipe, kept CI's run going past its hour.
+    The service runs from / too (its conmon needs a working directory that stays)."""
+    folder = Path(tempfile.mkdtemp(prefix="podsock", dir="/tmp"))  # a socket's path is short
+    sock = folder / "podman.sock"
+    script = Path(__file__).parents[1] / "scripts" / "ensure-podman.sh"
+    env = {**podman_env, "PODMAN_SOCK": str(sock)}
+    started = subprocess.Popen(
+        ["bash", str(script)], cwd=folder, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        output, _ = started.communicate(timeout=30)  # to the pipe's end, not the script's
+        assert started.returncode == 0 and f"API is up on {sock}" in output, output
+        (service,) = subprocess.run(
+            ["pgrep", "-f", f"unix://{sock}"], capture_output=True, text=True
+        ).stdout.split()
+        assert os.readlink(f"/proc/{service}/cwd") == "/"
+    finally:
+        started.kill()
+        subprocess.run(["pkill", "-f", f"unix://{sock}"], check=False)
+        subprocess.run(["rm", "-rf", str(folder)], check=False)
 
 
 @pytest.mark.timeout(180)
