@@ -2,10 +2,12 @@
 a bar chart drawn from its data shows a bar's label and value as text when hovered, a
 DataFrame's columns sort by a click on their header, and all of it under the page's CSP."""
 
+import time
+
 import pytest
 
 from tests.serve_helpers import python
-from tests.test_serve_page import ask, base, browser, model, page  # noqa: F401
+from tests.test_serve_page import answer_text, ask, base, browser, model, page  # noqa: F401
 
 CELL = (
     "import pandas as pd, matplotlib.pyplot as plt\n"
@@ -22,6 +24,26 @@ BAR_AT = """([index]) => {
 }"""
 
 
+def hover_bar(page, index: int, label: str) -> None:
+    """The pointer on bar `index` until the tooltip names it. The bar's place is read again at
+    each try: the page scrolls as messages arrive, and a pointer that stays still sees no
+    move (once, under load, the tooltip never came)."""
+    from playwright.sync_api import expect
+
+    tooltip = page.get_by_test_id("chart-tooltip")
+    deadline = time.monotonic() + 60
+    while True:
+        x, y = page.evaluate(BAR_AT, [index])
+        page.mouse.move(x, y)
+        try:
+            expect(tooltip).to_contain_text(label, timeout=3000)
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            page.mouse.move(0, 0)
+
+
 @pytest.mark.docker
 @pytest.mark.timeout(240)
 def test_hovering_a_bar_shows_its_value_and_a_table_sorts_by_a_click(page, model):  # noqa: F811
@@ -35,14 +57,11 @@ def test_hovering_a_bar_shows_its_value_and_a_table_sorts_by_a_click(page, model
     expect(chart.locator("canvas")).to_be_visible()
     tooltip = page.get_by_test_id("chart-tooltip")
     expect(tooltip).to_be_hidden()
-    x, y = page.evaluate(BAR_AT, [1])
-    page.mouse.move(x, y)
+    assert "drawn." in answer_text(page)  # the question ended: nothing more will scroll
+    hover_bar(page, 1, "South")
     expect(tooltip).to_be_visible()
-    expect(tooltip).to_contain_text("South")
     expect(tooltip).to_contain_text("98.1")
-    x, y = page.evaluate(BAR_AT, [0])
-    page.mouse.move(x, y)
-    expect(tooltip).to_contain_text("North")
+    hover_bar(page, 0, "North")
     expect(tooltip).to_contain_text("120.5")
 
     table = page.get_by_test_id("table")
