@@ -273,8 +273,6 @@ def the_exporter() -> Exporter | None:
                 except OSError as error:  # no process to be had: the questions go on
                     log.warning("traces are not exported: %s", error)
                     _cannot = True
-                else:
-                    atexit.register(close)
             else:
                 log.warning("OTEL_* asks for traces; install sandcell[otel] for them")
                 _cannot = True
@@ -304,6 +302,9 @@ def close() -> None:
         exporter, _exporter = _exporter, None
     if exporter is not None:
         exporter.close()
+
+
+atexit.register(close)  # once: a process's exporter, whichever it has then, ends with it
 
 
 def flush() -> None:

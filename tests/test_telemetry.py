@@ -30,6 +30,7 @@ from tests.cli_runner import sandcell
 from tests.otlp_receiver import receiving
 from tests.polling import wait_for
 from tests.scripted_server import ScriptedServer
+from tests.test_jobs import make_jobs
 
 CODE = "print(6 * 7)  # the cell's own words"
 
@@ -266,16 +267,8 @@ def test_a_run_exports_one_trace_of_its_question(tmp_path, capture):
 def test_a_batch_job_s_questions_are_in_the_job_s_trace(tmp_path):
     """Each job of a batch (threads: run where its driver is) is one trace: the driver's job
     span, its question under it with the job's id as the conversation."""
-    jobs = []
-    for number in range(2):
-        script = [
-            {"content": "Thought: go.", "tool_calls": [{"name": "python", "arguments": {"code": CODE}}]},
-            f"Final Answer: {number}.",
-        ]  # fmt: skip
-        (tmp_path / f"script-{number}.json").write_text(json.dumps(script))
-        jobs.append({"id": f"job-{number}", "task": "Say it.", "replay": f"script-{number}.json"})
-    jobs_file = tmp_path / "jobs.jsonl"
-    jobs_file.write_text("".join(json.dumps(job) + "\n" for job in jobs))
+    jobs_file, _ = make_jobs(tmp_path, 2)
+    jobs = [json.loads(line) for line in jobs_file.read_text().splitlines()]
     with receiving() as receiver:
         env = {
             **os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
@@ -299,6 +292,6 @@ def test_a_batch_job_s_questions_are_in_the_job_s_trace(tmp_path):
         assert agent["name"] == "invoke_agent sandcell"
         assert agent["attributes"]["gen_ai.conversation.id"] == job["id"]
         under = sorted(s["name"] for s in spans if s["parent"] == agent["span_id"])
-        assert under == ["chat replay:script-" + job["id"][-1] + ".json"] * 2 + [
+        assert under == ["chat replay:" + job["replay"]] * 2 + [
             "execute_tool python", "sandbox start",
         ]  # fmt: skip
