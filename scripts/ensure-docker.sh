@@ -5,6 +5,8 @@
 # one with SIGHUP (never a restart: other containers keep running); elsewhere it says what
 # to do.
 set -euo pipefail
+# shellcheck source=scripts/daemon.sh
+. "$(dirname "$0")/daemon.sh"
 
 RUNTIME="${RUNTIME:-}"
 DAEMON_JSON=/etc/docker/daemon.json
@@ -108,9 +110,7 @@ fi
 
 if ! pgrep -x dockerd >/dev/null 2>&1; then
     echo "sandcell: starting dockerd (log: /var/log/sandcell-dockerd.log)..." >&2
-    # from /: it outlives the folder. The redirections are the subshell's, so nothing waits
-    # holding this script's stdout (a CI log's pipe stays open while anything holds it)
-    (cd / && exec nohup dockerd) </dev/null >/var/log/sandcell-dockerd.log 2>&1 &
+    start_daemon /var/log/sandcell-dockerd.log dockerd
 elif [ "$updated" = yes ] || { docker info >/dev/null 2>&1 && ! known; }; then
     echo "sandcell: reloading dockerd's configuration (SIGHUP, no restart)..." >&2
     kill -HUP "$(pgrep -x dockerd)"

@@ -6,6 +6,8 @@
 # copies the image over (`docker save | podman load`, about 30 s, only when it differs);
 # elsewhere it says why it skipped, and the Podman tests then skip too (or fail, with CI=true).
 set -euo pipefail
+# shellcheck source=scripts/daemon.sh
+. "$(dirname "$0")/daemon.sh"
 
 SOCK="${PODMAN_SOCK:-/run/podman/podman.sock}"
 LOG=/var/log/sandcell-podman.log
@@ -37,11 +39,9 @@ fi
 if ! answers; then
     mkdir -p "$(dirname "$SOCK")"
     rm -f "$SOCK"  # a stale socket of a service that died
-    # --time=0: never ends when idle; setsid: out of this shell's process group; from /: it
-    # outlives the folder it was started in (a CI clone removed and cloned again), and its
-    # conmon cannot start a container once its working directory is gone. The redirections are
-    # the subshell's: nothing waits holding this script's stdout (a CI log's pipe)
-    (cd / && exec setsid nohup podman system service --time=0 "unix://$SOCK") </dev/null >>"$LOG" 2>&1 &
+    # --time=0: never ends when idle; from / (start_daemon): its conmon cannot start a
+    # container once its working directory is gone
+    start_daemon "$LOG" podman system service --time=0 "unix://$SOCK"
     for _ in $(seq 100); do
         answers && break
         sleep 0.1

@@ -36,7 +36,8 @@ def podman_env() -> dict[str, str]:
 def test_the_script_that_starts_podman_s_service_leaves_no_one_holding_its_output(podman_env):
     """CI reads `make test`'s output through a pipe and ends when the pipe does: a shell left
     waiting on the service it started, holding that pipe, kept CI's run going past its hour.
-    The service runs from / too (its conmon needs a working directory that stays)."""
+    The service runs from / too (its conmon needs a working directory that stays). dockerd is
+    started by the same `start_daemon` (scripts/daemon.sh)."""
     folder = Path(tempfile.mkdtemp(prefix="podsock", dir="/tmp"))  # a socket's path is short
     sock = folder / "podman.sock"
     script = Path(__file__).parents[1] / "scripts" / "ensure-podman.sh"
