@@ -7,6 +7,7 @@ variant of their `transport` fixture)."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -56,7 +57,7 @@ def test_the_script_that_starts_podman_s_service_leaves_no_one_holding_its_outpu
     finally:
         started.kill()
         subprocess.run(["pkill", "-f", f"unix://{sock}"], check=False)
-        subprocess.run(["rm", "-rf", str(folder)], check=False)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.timeout(180)
